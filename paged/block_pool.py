@@ -1,0 +1,201 @@
+"""BlockPool: fixed-size physical KV blocks with ref counts, a free queue and a hash index.
+
+Invariants (checked by `check_invariants`, relied on everywhere):
+- every block is in exactly one of: used (ref_cnt > 0), free-uncached (ref_cnt == 0,
+  no hash), cached-free (ref_cnt == 0, hashed; held by the eviction policy);
+- a block is in the hash index iff it has a hash; cached-free blocks are exactly the
+  indexed blocks with ref_cnt == 0;
+- allocate takes never-hashed blocks first and evicts a cached-free block (dropping
+  its hash) only when none is left; every operation is O(1) per block (LRU) or
+  O(log n) (heap policies).
+Blocks are created lazily on first use, so a pool of a million blocks costs nothing
+until it is used.
+"""
+from __future__ import annotations
+
+from typing import Hashable
+
+from . import events as ev
+from .errors import BlockStateError, CacheInUseError, ConfigError
+from .eviction import EvictionPolicy, make_policy
+
+class Block:
+    """One physical block. `token_ids`/`parent` are kept to verify prefix hits."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "parent", "parent_gen", "generation",
+                 "prev", "next", "hits", "last_access", "num_filled", "alloc_step")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: Hashable | None = None
+        self.token_ids: tuple[int, ...] | None = None
+        self.parent: Block | None = None      # block holding the previous block of the prefix
+        self.parent_gen = 0                   # the parent's generation when this block was indexed
+        self.generation = 0                   # bumped each time the block loses its hash
+        self.prev: Block | None = None        # links for the LRU policy
+        self.next: Block | None = None
+        self.hits = 0
+        self.last_access = 0
+        self.num_filled = 0                   # slots holding tokens (for token usage)
+        self.alloc_step = 0
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
+
+class BlockPool:
+    def __init__(self, num_blocks: int, *, eviction: str | EvictionPolicy = "lru",
+                 recorder: ev.Recorder | None = None) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ConfigError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.blocks: list[Block | None] = [None] * num_blocks
+        self._next_fresh = 0               # blocks >= this id were never used
+        self._free_plain: list[Block] = []  # ref 0, no hash: reused first (stack)
+        self.cached_free: EvictionPolicy = make_policy(eviction)
+        self.index: dict[Hashable, Block] = {}
+        self.num_used = 0
+        self.num_filled_slots = 0          # sum of num_filled over used blocks
+        self._clock = 0
+        self.recorder = recorder if recorder is not None else ev.NullRecorder()
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be allocated now (plain free + cached-free)."""
+        return self.num_blocks - self.num_used
+
+    def block(self, block_id: int) -> Block:
+        b = self.blocks[block_id] if 0 <= block_id < self.num_blocks else None
+        if b is None:
+            raise BlockStateError(f"block {block_id} was never allocated in this pool")
+        return b
+
+    def ref_count(self, block_id: int) -> int:
+        b = self.blocks[block_id] if 0 <= block_id < self.num_blocks else None
+        return 0 if b is None else b.ref_cnt
+
+    # ---- allocation ----------------------------------------------------------------
+    def allocate(self, n: int, request_id: str | None = None) -> list[Block]:
+        """Take `n` blocks (ref_cnt 1 each). Caller checks `num_free >= n` first."""
+        if n > self.num_free:
+            raise BlockStateError(f"asked for {n} blocks with {self.num_free} free; check num_free first")
+        out = []
+        rec = self.recorder
+        for _ in range(n):
+            if self._free_plain:
+                block = self._free_plain.pop()
+            elif self._next_fresh < self.num_blocks:
+                block = Block(self._next_fresh)
+                self.blocks[self._next_fresh] = block
+                self._next_fresh += 1
+            else:
+                block = self.cached_free.pop()
+                self._drop_hash(block)
+                rec.emit(ev.EVICT, request_id, block.block_id, None)
+            block.ref_cnt = 1
+            block.num_filled = 0
+            block.hits = 0
+            block.alloc_step = rec.step
+            self._clock += 1
+            block.last_access = self._clock
+            rec.emit(ev.ALLOCATE, request_id, block.block_id, None)
+            out.append(block)
+        self.num_used += n
+        return out
+
+    def touch(self, block: Block, request_id: str | None = None) -> None:
+        """Add a holder to a block found by a prefix hit (revives it if cached-free)."""
+        if block.ref_cnt == 0:
+            self.cached_free.remove(block)
+            self.num_used += 1
+            self.num_filled_slots += block.num_filled
+        block.ref_cnt += 1
+        block.hits += 1
+        self._clock += 1
+        block.last_access = self._clock
+
+    def share(self, block: Block) -> None:
+        """Add a holder to a block already in use (fork)."""
+        if block.ref_cnt < 1:
+            raise BlockStateError(f"cannot share {block}: it is not in use")
+        block.ref_cnt += 1
+
+    def free(self, block: Block, request_id: str | None = None) -> None:
+        """Drop one holder. At ref 0 a hashed block becomes cached-free, others plain free."""
+        if block.ref_cnt < 1:
+            raise BlockStateError(f"double free of block {block.block_id}: its ref count is already 0")
+        block.ref_cnt -= 1
+        if block.ref_cnt:
+            return
+        self.num_used -= 1
+        self.num_filled_slots -= block.num_filled
+        self._clock += 1
+        block.last_access = self._clock
+        if block.block_hash is not None:
+            self.cached_free.add(block)
+            self.recorder.emit(ev.FREE, request_id, block.block_id, 1)
+        else:
+            self._free_plain.append(block)
+            self.recorder.emit(ev.FREE, request_id, block.block_id, 0)
+
+    def fill(self, block: Block, num_filled: int) -> None:
+        """Record that `num_filled` slots of a used block hold tokens."""
+        if num_filled > block.num_filled:
+            self.num_filled_slots += num_filled - block.num_filled
+            block.num_filled = num_filled
+
+    # ---- hash index ----------------------------------------------------------------
+    def register(self, block: Block, block_hash: Hashable, token_ids: tuple[int, ...],
+                 parent: Block | None, request_id: str | None = None) -> bool:
+        """Index a full, used block under `block_hash`. First writer wins on a clash."""
+        if block.block_hash is not None or block_hash in self.index:
+            return False
+        block.block_hash = block_hash
+        block.token_ids = token_ids
+        block.parent = parent
+        block.parent_gen = parent.generation if parent is not None else 0
+        self.index[block_hash] = block
+        self.recorder.emit(ev.CACHE_BLOCK, request_id, block.block_id, len(token_ids))
+        return True
+
+    def lookup(self, block_hash: Hashable) -> Block | None:
+        return self.index.get(block_hash)
+
+    def _drop_hash(self, block: Block) -> None:
+        del self.index[block.block_hash]
+        block.block_hash = None
+        block.token_ids = None
+        block.parent = None
+        block.generation += 1
+
+    def reset(self) -> int:
+        """Drop every hash. Only allowed when no block is in use. Returns blocks dropped."""
+        if self.num_used:
+            raise CacheInUseError(f"cannot reset the prefix cache while {self.num_used} blocks are in use; "
+                                  "finish or abort all requests first")
+        dropped = 0
+        while len(self.cached_free):
+            block = self.cached_free.pop()
+            self._drop_hash(block)
+            self._free_plain.append(block)
+            dropped += 1
+        self.recorder.emit(ev.RESET, None, None, dropped)
+        return dropped
+
+    # ---- checks --------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Assert the pool's invariants (O(num_blocks); for tests)."""
+        used = [b for b in self.blocks if b is not None and b.ref_cnt > 0]
+        assert len(used) == self.num_used, (len(used), self.num_used)
+        cached = list(self.cached_free)
+        assert len(cached) == len(self.cached_free)
+        assert all(b.ref_cnt == 0 and b.block_hash is not None for b in cached)
+        assert all(b.ref_cnt == 0 and b.block_hash is None for b in self._free_plain)
+        never = self.num_blocks - self._next_fresh
+        assert self.num_used + len(cached) + len(self._free_plain) + never == self.num_blocks
+        indexed_free = {b.block_id for b in self.index.values() if b.ref_cnt == 0}
+        assert indexed_free == {b.block_id for b in cached}
+        assert all(self.index[b.block_hash] is b for b in self.index.values())
+        assert self.num_filled_slots == sum(b.num_filled for b in used)
+

@@ -1,0 +1,33 @@
+"""Our exception types. Every message says what to change; no state changes when one is raised."""
+from __future__ import annotations
+
+
+class PagedError(Exception):
+    """Base class of every error raised by the workbench."""
+
+
+class ConfigError(PagedError, ValueError):
+    """A configuration value is invalid (block size, pool size, budgets, ...)."""
+
+
+class InvalidRequestError(PagedError, ValueError):
+    """A request can never be served as given (empty, too long, bad sampling parameters)."""
+
+
+class UnknownRequestError(PagedError, KeyError):
+    """A request id is not known to the component that was asked."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateRequestError(PagedError, ValueError):
+    """A request id is already in use."""
+
+
+class BlockStateError(PagedError, RuntimeError):
+    """A block operation contradicts the block's state (double free, freeing a block in use)."""
+
+
+class CacheInUseError(PagedError, RuntimeError):
+    """An operation that needs an idle cache (e.g. reset) was asked while blocks are in use."""

@@ -1,0 +1,318 @@
+"""KVCacheManager: the one owner of block tables and ref counts.
+
+The scheduler asks; the manager answers with a plan or `None` ("cannot, preempt
+something") and never half-applies an operation:
+- `find_cached_prefix(request)` -> verified cached blocks for the prompt's leading full
+  blocks (never all of it: at least one token is computed);
+- `allocate_slots(request, n, cached)` -> the (src, dst) block copies the runner must
+  apply (copy-on-write of a shared partial block), or None if the pool is too small now;
+- `free`, `fork`, `swap_out`, `swap_in`.
+
+Slots: token at position p of a request lives in slot `table[p // bs] * bs + p % bs`.
+Blocks of a finished request are freed tail-first, so under LRU a prefix outlives its
+suffix. Swapping copies a request's blocks to a CPU pool of its own capacity.
+"""
+from __future__ import annotations
+
+import time
+from typing import Hashable, Sequence
+
+from . import events as ev
+from .block_pool import Block, BlockPool
+from .errors import BlockStateError, ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
+from .eviction import EvictionPolicy
+from .prefix_cache import BlockHasher, HashFn, find_cached_prefix
+from .request import Request
+
+BlockMapping = list[tuple[int, int]]
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int = 16, *, enable_prefix_caching: bool = True,
+                 hash_fn: str | HashFn = "sha256", eviction: str | EvictionPolicy = "lru",
+                 num_cpu_blocks: int = 0, max_model_len: int | None = None,
+                 recorder: ev.Recorder | None = None) -> None:
+        if not isinstance(block_size, int) or block_size < 1 or block_size & (block_size - 1):
+            raise ConfigError(f"block_size must be a positive power of two (1, 2, 4, ..., 16, ...), got {block_size!r}")
+        if not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
+            raise ConfigError(f"num_cpu_blocks must be an integer >= 0, got {num_cpu_blocks!r}")
+        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 1):
+            raise ConfigError(f"max_model_len must be a positive integer or None, got {max_model_len!r}")
+        self.recorder = recorder if recorder is not None else ev.NullRecorder()
+        self.pool = BlockPool(num_blocks, eviction=eviction, recorder=self.recorder)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.max_model_len = max_model_len if max_model_len is not None else num_blocks * block_size
+        self.hasher = BlockHasher(block_size, hash_fn)
+        self.num_cpu_blocks = num_cpu_blocks
+        self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self._tables: dict[str, list[Block]] = {}
+        self._swapped: dict[str, list[tuple[int, int]]] = {}   # rid -> [(cpu block, num_filled)]
+        self._hashes: dict[str, list[Hashable]] = {}
+        self._num_indexed: dict[str, int] = {}                  # leading blocks already registered
+        # counters (tokens for the prefix cache, as vLLM counts them)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_cow_copies = 0
+        self.num_swapped_out_blocks = 0
+        self.num_swapped_in_blocks = 0
+
+    # ---- checks on input ---------------------------------------------------------
+    def check_request(self, request: Request) -> None:
+        """Raise InvalidRequestError if `request` can never be served by this cache."""
+        total = request.max_total_tokens
+        if request.num_prompt_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt of {request.num_prompt_tokens} tokens exceeds max_model_len={self.max_model_len}; "
+                "raise max_model_len or truncate the prompt")
+        if total > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.max_tokens}) = {total} exceeds "
+                f"max_model_len={self.max_model_len}; lower max_tokens or raise max_model_len")
+        need = -(-total // self.block_size)
+        if need > self.num_blocks:
+            raise InvalidRequestError(
+                f"request needs up to {need} blocks of {self.block_size} tokens but the pool has only "
+                f"{self.num_blocks}; give the cache more blocks or lower max_tokens")
+
+    # ---- queries -----------------------------------------------------------------
+    def has(self, request_id: str) -> bool:
+        return request_id in self._tables
+
+    def is_swapped(self, request_id: str) -> bool:
+        return request_id in self._swapped
+
+    def block_table(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._table(request_id)]
+
+    def num_blocks_of(self, request_id: str) -> int:
+        return len(self._table(request_id))
+
+    def request_ids(self) -> list[str]:
+        return list(self._tables)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_used
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._cpu_free)
+
+    @property
+    def kv_cache_usage_perc(self) -> float:
+        """Share of blocks in use (vLLM's `kv_cache_usage_perc`, in [0, 1])."""
+        return self.pool.num_used / self.num_blocks
+
+    @property
+    def token_usage(self) -> float:
+        """Slots holding tokens / slots in used blocks; the gap is internal fragmentation."""
+        used = self.pool.num_used
+        return self.pool.num_filled_slots / (used * self.block_size) if used else 0.0
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return len(self.pool.cached_free)
+
+    def blocks_needed(self, request: Request, num_new_tokens: int, num_cached_blocks: int = 0) -> int:
+        """New blocks `allocate_slots` would take (including a copy-on-write copy)."""
+        table = self._tables.get(request.request_id, ())
+        start = request.num_computed_tokens + num_cached_blocks * self.block_size
+        have = len(table) + num_cached_blocks
+        need = max(0, -(-(start + num_new_tokens) // self.block_size) - have)
+        if num_new_tokens and start % self.block_size and table and table[start // self.block_size].ref_cnt > 1:
+            need += 1
+        return need
+
+    # ---- prefix cache --------------------------------------------------------------
+    def find_cached_prefix(self, request: Request) -> list[Block]:
+        """Verified cached blocks for a request not yet holding blocks (no state change)."""
+        if not self.enable_prefix_caching or request.request_id in self._tables:
+            return []
+        hashes = self._hashes.setdefault(request.request_id, [])
+        self.hasher.extend(hashes, request.token_ids, request.extra_keys, request.num_tokens)
+        max_blocks = (request.num_tokens - 1) // self.block_size  # compute at least one token
+        return find_cached_prefix(self.pool, hashes, request.token_ids, self.block_size, max_blocks)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix; only when no block is in use."""
+        dropped = self.pool.reset()
+        return dropped
+
+    # ---- allocation ----------------------------------------------------------------
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       cached_blocks: Sequence[Block] = ()) -> BlockMapping | None:
+        """Make room for tokens [computed + cached, + num_new_tokens) of `request`.
+
+        `cached_blocks` (from `find_cached_prefix`, only for a request holding no blocks)
+        are taken as computed. Returns the (src, dst) copies to apply before the forward
+        pass, or None when the pool cannot hold them now (nothing changed).
+        """
+        t0 = time.perf_counter_ns()
+        rid = request.request_id
+        if num_new_tokens < 0:
+            raise InvalidRequestError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        if rid in self._swapped:
+            raise BlockStateError(f"request {rid!r} is swapped out; swap it in before allocating")
+        table = self._tables.get(rid)
+        if cached_blocks and table:
+            raise BlockStateError(f"request {rid!r} already holds blocks; cached blocks only apply at admission")
+        bs = self.block_size
+        start = request.num_computed_tokens + len(cached_blocks) * bs
+        end = start + num_new_tokens
+        if end > request.num_tokens:
+            raise InvalidRequestError(
+                f"request {rid!r} has {request.num_tokens} tokens; cannot compute up to {end}")
+        revive = sum(1 for b in cached_blocks if b.ref_cnt == 0)
+        need = self.blocks_needed(request, num_new_tokens, len(cached_blocks))
+        if need + revive > self.pool.num_free:
+            return None
+        # ---- commit (nothing below can fail) ----
+        pool = self.pool
+        if table is None:
+            table = self._tables[rid] = []
+            self._num_indexed[rid] = 0
+        if cached_blocks:
+            for b in cached_blocks:
+                pool.touch(b, rid)
+                self.recorder.emit(ev.PREFIX_HIT, rid, b.block_id, bs)
+            table.extend(cached_blocks)
+            self._num_indexed[rid] = len(cached_blocks)
+        if request.num_cached_tokens < 0:  # first admission: count the query once
+            request.num_cached_tokens = len(cached_blocks) * bs
+            if self.enable_prefix_caching:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += len(cached_blocks) * bs
+        copies: BlockMapping = []
+        if num_new_tokens and start % bs:
+            idx = start // bs
+            src = table[idx]
+            if src.ref_cnt > 1:  # shared partial block: copy before writing
+                dst = pool.allocate(1, rid)[0]
+                pool.fill(dst, src.num_filled)
+                pool.free(src, rid)
+                table[idx] = dst
+                copies.append((src.block_id, dst.block_id))
+                self.num_cow_copies += 1
+                self.recorder.emit(ev.COW, rid, dst.block_id, src.block_id)
+        missing = -(-end // bs) - len(table)
+        if missing > 0:
+            table.extend(pool.allocate(missing, rid))
+        for i in range(start // bs, -(-end // bs)):
+            pool.fill(table[i], min(bs, end - i * bs))
+        if self.enable_prefix_caching:
+            self._index_full_blocks(request, table, end)
+        self.recorder.emit(ev.ALLOC_LATENCY, rid, None, time.perf_counter_ns() - t0)
+        return copies
+
+    def _index_full_blocks(self, request: Request, table: list[Block], end: int) -> None:
+        rid = request.request_id
+        first, last = self._num_indexed[rid], end // self.block_size
+        if first >= last:
+            return
+        hashes = self._hashes.setdefault(rid, [])
+        self.hasher.extend(hashes, request.token_ids, request.extra_keys, end)
+        bs = self.block_size
+        for i in range(first, last):
+            self.pool.register(table[i], hashes[i], tuple(request.token_ids[i * bs:(i + 1) * bs]),
+                               table[i - 1] if i else None, rid)
+        self._num_indexed[rid] = last
+
+    # ---- release -------------------------------------------------------------------
+    def free(self, request_id: str) -> None:
+        """Release every block (tail first) or swapped CPU block of a request."""
+        if request_id in self._swapped:
+            for cpu, _ in reversed(self._swapped.pop(request_id)):
+                self._cpu_free.append(cpu)
+        elif request_id in self._tables:
+            table = self._tables.pop(request_id)
+            for b in reversed(table):
+                self.pool.free(b, request_id)
+        else:
+            raise UnknownRequestError(f"request {request_id!r} holds no blocks (already freed or never allocated)")
+        self._hashes.pop(request_id, None)
+        self._num_indexed.pop(request_id, None)
+
+    def release_if_held(self, request_id: str) -> None:
+        if request_id in self._tables or request_id in self._swapped:
+            self.free(request_id)
+        else:
+            self._hashes.pop(request_id, None)
+
+    # ---- fork / swap ---------------------------------------------------------------
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """Give `child_id` a table sharing every block of `parent_id` (ref counts + 1)."""
+        parent = self._table(parent_id)
+        if child_id in self._tables or child_id in self._swapped:
+            raise DuplicateRequestError(f"request {child_id!r} already holds blocks; fork into a new id")
+        for b in parent:
+            self.pool.share(b)
+        self._tables[child_id] = list(parent)
+        self._num_indexed[child_id] = self._num_indexed.get(parent_id, 0)
+        if parent_id in self._hashes:
+            self._hashes[child_id] = list(self._hashes[parent_id])
+        self.recorder.emit(ev.FORK, child_id, None, len(parent))
+
+    def swap_out(self, request_id: str) -> BlockMapping | None:
+        """Move a request's blocks to the CPU pool: (gpu, cpu) pairs, or None if it is full."""
+        table = self._table(request_id)
+        if len(table) > len(self._cpu_free):
+            return None
+        mapping: BlockMapping = []
+        saved: list[tuple[int, int]] = []
+        for b in table:
+            cpu = self._cpu_free.pop()
+            mapping.append((b.block_id, cpu))
+            saved.append((cpu, b.num_filled))
+        del self._tables[request_id]
+        for b in reversed(table):
+            self.pool.free(b, request_id)
+        self._swapped[request_id] = saved
+        self._num_indexed[request_id] = 0
+        self.num_swapped_out_blocks += len(mapping)
+        self.recorder.emit(ev.SWAP_OUT, request_id, None, len(mapping))
+        return mapping
+
+    def swap_in(self, request_id: str) -> BlockMapping | None:
+        """Bring a swapped request back: (cpu, gpu) pairs, or None if the GPU pool is too full."""
+        if request_id not in self._swapped:
+            raise UnknownRequestError(f"request {request_id!r} is not swapped out")
+        saved = self._swapped[request_id]
+        if len(saved) > self.pool.num_free:
+            return None
+        blocks = self.pool.allocate(len(saved), request_id)
+        for b, (_, filled) in zip(blocks, saved):
+            self.pool.fill(b, filled)
+        del self._swapped[request_id]
+        self._cpu_free.extend(cpu for cpu, _ in reversed(saved))
+        self._tables[request_id] = blocks
+        self.num_swapped_in_blocks += len(blocks)
+        self.recorder.emit(ev.SWAP_IN, request_id, None, len(blocks))
+        return [(cpu, b.block_id) for (cpu, _), b in zip(saved, blocks)]
+
+    def _table(self, request_id: str) -> list[Block]:
+        try:
+            return self._tables[request_id]
+        except KeyError:
+            raise UnknownRequestError(f"request {request_id!r} holds no blocks in the GPU pool") from None
+
+    # ---- checks --------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Assert the manager's invariants (for tests; O(total blocks))."""
+        self.pool.check_invariants()
+        holders: dict[int, int] = {}
+        for table in self._tables.values():
+            for b in table:
+                holders[b.block_id] = holders.get(b.block_id, 0) + 1
+        for bid, n in holders.items():
+            assert self.pool.blocks[bid].ref_cnt == n, (bid, self.pool.blocks[bid].ref_cnt, n)
+        assert sum(holders.values()) >= self.pool.num_used == len(holders)
+        cpu_held = [c for saved in self._swapped.values() for c, _ in saved]
+        assert len(set(cpu_held)) == len(cpu_held)
+        assert len(cpu_held) + len(self._cpu_free) == self.num_cpu_blocks
+        assert not set(cpu_held) & set(self._cpu_free)

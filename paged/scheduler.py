@@ -1,0 +1,384 @@
+"""Continuous-batching scheduler over a KVCacheManager.
+
+Each `schedule()` returns a plan (`SchedulerOutput`): which requests compute how many
+tokens this step, the block copies (copy-on-write), swaps and preemptions to apply.
+The executor applies, in this order: swap_out, block_copies, swap_in, then the forward
+pass; it returns one sampled token per chunk with `samples=True`, and `update()` moves
+every request on. Order of a step:
+
+1. running requests in order (FCFS: admission order; priority: best first), each
+   asking for `min(remaining, budget)` tokens (decodes ask for 1). When the pool is
+   full, the newest (FCFS) or lowest-priority running request not yet scheduled in
+   this step is preempted, by swap (if chosen and the CPU pool has room) or recompute;
+   a request may preempt itself. Victims never hold work planned in the same step.
+2. swapped requests come back (oldest first) if no one was preempted this step;
+3. waiting requests are admitted (prefix-cache hits first) while budget, sequence
+   slots and free blocks above the watermark remain, if no one is swapped out.
+
+No request is lost: it is always in exactly one of waiting, running, swapped or
+finished. Preempted requests go back to the head of their queue, so they are served
+before anything that arrived later.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Sequence
+
+from . import events as ev
+from .errors import ConfigError, DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
+from .kv_manager import BlockMapping, KVCacheManager
+from .request import Request, RequestStatus
+
+VictimPolicy = Callable[[Sequence[Request]], int]
+
+
+def newest_first(candidates: Sequence[Request]) -> int:
+    """FCFS victim: the most recently admitted request."""
+    return max(range(len(candidates)), key=lambda i: candidates[i]._seq)
+
+
+def lowest_priority_first(candidates: Sequence[Request]) -> int:
+    """Priority victim: the largest priority value, newest among equals."""
+    return max(range(len(candidates)), key=lambda i: (candidates[i].priority, candidates[i]._seq))
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048  # token budget per step
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"   # or "swap" (falls back to recompute when the CPU pool is full)
+    policy: str = "fcfs"                 # or "priority"
+    watermark: float = 0.01              # share of blocks kept free when admitting new requests
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}")
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached)."""
+    request: Request
+    start: int
+    num_tokens: int
+    samples: bool  # the chunk reaches the end of the known tokens: sample one
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.samples and self.start >= self.request.num_prompt_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    scheduled: list[ScheduledChunk] = field(default_factory=list)
+    block_copies: BlockMapping = field(default_factory=list)
+    swap_out: BlockMapping = field(default_factory=list)   # (gpu block, cpu block)
+    swap_in: BlockMapping = field(default_factory=list)    # (cpu block, gpu block)
+    preempted: list[tuple[str, str]] = field(default_factory=list)  # (request id, "recompute"|"swap")
+    num_waiting: int = 0
+    num_running: int = 0
+    num_swapped: int = 0
+    kv_cache_usage_perc: float = 0.0
+    token_usage: float = 0.0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.scheduled)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for c in self.scheduled if c.is_decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_batched_tokens - self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class _WaitingQueue:
+    """FCFS deque or priority heap; preempted requests re-enter at the front."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self._fifo: deque[Request] = deque()
+        self._heap: list[tuple[int, int, Request]] = []
+
+    def push(self, r: Request, front: bool = False) -> None:
+        if self.policy == "priority":
+            heapq.heappush(self._heap, (r.priority, r._seq, r))
+        elif front:
+            self._fifo.appendleft(r)
+        else:
+            self._fifo.append(r)
+
+    def peek(self) -> Request:
+        return self._heap[0][2] if self.policy == "priority" else self._fifo[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[2] if self.policy == "priority" else self._fifo.popleft()
+
+    def remove(self, r: Request) -> None:
+        if self.policy == "priority":
+            self._heap = [e for e in self._heap if e[2] is not r]
+            heapq.heapify(self._heap)
+        else:
+            self._fifo.remove(r)
+
+    def __len__(self) -> int:
+        return len(self._heap) if self.policy == "priority" else len(self._fifo)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e[2] for e in sorted(self._heap, key=lambda e: e[:2])) if self.policy == "priority" \
+            else iter(self._fifo)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None, *,
+                 victim_policy: VictimPolicy | None = None) -> None:
+        self.kv = kv
+        self.config = config or SchedulerConfig()
+        self.recorder = kv.recorder
+        self.waiting = _WaitingQueue(self.config.policy)
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.requests: dict[str, Request] = {}
+        self.finished: list[Request] = []   # finished since the last `take_finished()`
+        self.victim_policy = victim_policy or (
+            lowest_priority_first if self.config.policy == "priority" else newest_first)
+        self.step_index = 0
+        self.num_preemptions = {"recompute": 0, "swap": 0}
+        self._seq = itertools.count()
+        self._watermark_blocks = int(self.config.watermark * kv.num_blocks)
+
+    # ---- requests in and out --------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request. Raises (and changes nothing) if it can never be served."""
+        if request.request_id in self.requests:
+            raise DuplicateRequestError(f"request id {request.request_id!r} is already in use; pick a new id")
+        self.kv.check_request(request)
+        if not self.config.enable_chunked_prefill and request.max_total_tokens > self.config.max_num_batched_tokens:
+            raise InvalidRequestError(
+                f"request {request.request_id!r} may hold {request.max_total_tokens} tokens, more than the token "
+                f"budget {self.config.max_num_batched_tokens} without chunked prefill (a preempted request is "
+                "recomputed in one step); enable chunked prefill or raise max_num_batched_tokens")
+        request._seq = next(self._seq)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.push(request)
+
+    def abort(self, request_id: str) -> Request:
+        """Remove a request wherever it is and free everything it holds."""
+        return self.finish(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def finish(self, request_id: str, status: RequestStatus) -> Request:
+        if not status.is_finished:
+            raise InvalidRequestError(f"finish needs a finished status, got {status}")
+        request = self.requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError(f"unknown request id {request_id!r} (finished, aborted or never added)")
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, status)
+        return request
+
+    def fork(self, parent_id: str, child_id: str, *, last_token: int | None = None, data=None) -> Request:
+        """A running request's twin sharing all its blocks (parallel sampling, beam search).
+
+        `last_token` replaces the child's last token, which is not computed yet (each
+        sample of n > 1 draws its own first token from the same logits)."""
+        parent = self.requests.get(parent_id)
+        if parent is None or parent.status is not RequestStatus.RUNNING:
+            raise UnknownRequestError(f"request {parent_id!r} is not running; only running requests can be forked")
+        if child_id in self.requests:
+            raise DuplicateRequestError(f"request id {child_id!r} is already in use; pick a new id")
+        if parent.num_computed_tokens >= parent.num_tokens and last_token is not None:
+            raise InvalidRequestError("the parent's last token is already computed; fork before computing it")
+        child = Request(child_id, parent.prompt_token_ids, parent.max_tokens,
+                        stop_token_ids=parent.stop_token_ids, arrival_time=parent.arrival_time,
+                        priority=parent.priority, data=data)
+        child.extra_keys = parent.extra_keys
+        child.token_ids = list(parent.token_ids)
+        if last_token is not None:
+            child.token_ids[-1] = last_token
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        self.kv.fork(parent_id, child_id)
+        child._seq = next(self._seq)
+        child.status = RequestStatus.RUNNING
+        self.requests[child_id] = child
+        self.running.insert(self.running.index(parent) + 1, child)
+        return child
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.swapped or len(self.waiting))
+
+    def take_finished(self) -> list[Request]:
+        out, self.finished = self.finished, []
+        return out
+
+    # ---- one step -------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.step_index += 1
+        self.recorder.step = self.step_index
+        cfg, kv = self.config, self.kv
+        out = SchedulerOutput(step=self.step_index)
+        budget = cfg.max_num_batched_tokens
+        if cfg.policy == "priority":
+            self.running.sort(key=lambda r: (r.priority, r._seq))
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.num_tokens - req.num_computed_tokens
+            if n > budget and not cfg.enable_chunked_prefill:
+                i += 1
+                continue
+            n = min(n, budget)
+            copies = kv.allocate_slots(req, n)
+            while copies is None:  # pool full: preempt someone not yet scheduled (maybe req)
+                j = i + self.victim_policy(running[i:])
+                victim = running.pop(j)
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+                copies = kv.allocate_slots(req, n)
+            if copies is None:
+                continue
+            out.block_copies.extend(copies)
+            out.scheduled.append(ScheduledChunk(req, req.num_computed_tokens, n,
+                                                req.num_computed_tokens + n == req.num_tokens))
+            budget -= n
+            i += 1
+        if not out.preempted:
+            budget = self._resume_swapped(out, budget)
+            if not self.swapped:
+                self._admit_waiting(out, budget)
+        out.num_waiting, out.num_running, out.num_swapped = len(self.waiting), len(running), len(self.swapped)
+        out.kv_cache_usage_perc, out.token_usage = kv.kv_cache_usage_perc, kv.token_usage
+        self.recorder.emit(ev.STEP, None, None, out.num_batched_tokens)
+        return out
+
+    def _resume_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        kv, cfg = self.kv, self.config
+        while self.swapped and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.swapped[0]
+            n = req.num_tokens - req.num_computed_tokens
+            if n > budget and not cfg.enable_chunked_prefill:
+                break
+            n = min(n, budget)
+            blocks = len(kv._swapped[req.request_id])
+            need = blocks + max(0, -(-(req.num_computed_tokens + n) // kv.block_size) - blocks)
+            if kv.num_free_blocks - need < self._watermark_blocks:
+                break
+            mapping = kv.swap_in(req.request_id)
+            assert mapping is not None
+            copies = kv.allocate_slots(req, n)
+            assert copies == [], "blocks are exclusively owned after a swap in"
+            self.swapped.popleft()
+            out.swap_in.extend(mapping)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(ScheduledChunk(req, req.num_computed_tokens, n,
+                                                req.num_computed_tokens + n == req.num_tokens))
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        kv, cfg = self.kv, self.config
+        while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting.peek()
+            cached = kv.find_cached_prefix(req)
+            start = len(cached) * kv.block_size
+            n = req.num_tokens - start
+            if n > budget and not cfg.enable_chunked_prefill:
+                break
+            n = min(n, budget)
+            need = kv.blocks_needed(req, n, len(cached)) + sum(1 for b in cached if b.ref_cnt == 0)
+            if kv.num_free_blocks - need < self._watermark_blocks:
+                break
+            copies = kv.allocate_slots(req, n, cached)
+            if copies is None:
+                break
+            self.waiting.pop()
+            req.num_computed_tokens = start
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self.recorder.emit(ev.ADMIT, req.request_id, None, start)
+            out.block_copies.extend(copies)
+            out.scheduled.append(ScheduledChunk(req, start, n, start + n == req.num_tokens))
+            budget -= n
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        mode = "recompute"
+        if self.config.preemption_mode == "swap":
+            mapping = self.kv.swap_out(req.request_id)
+            if mapping is not None:
+                mode = "swap"
+                out.swap_out.extend(mapping)
+                req.status = RequestStatus.SWAPPED
+                self.swapped.append(req)
+        if mode == "recompute":
+            self.kv.free(req.request_id)
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.WAITING
+            self.waiting.push(req, front=True)
+        req.num_preemptions += 1
+        self.num_preemptions[mode] += 1
+        out.preempted.append((req.request_id, mode))
+        self.recorder.emit(ev.PREEMPT, req.request_id, None,
+                           ev.PREEMPT_SWAP if mode == "swap" else ev.PREEMPT_RECOMPUTE)
+
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
+        """Advance every scheduled request; append sampled tokens; free finished ones."""
+        for chunk in out.scheduled:
+            if chunk.samples and chunk.request.status is RequestStatus.RUNNING and chunk.request_id not in sampled:
+                raise PagedError(f"executor returned no token for request {chunk.request_id!r}; "
+                                 "every chunk with samples=True needs one")
+        done: list[tuple[Request, RequestStatus]] = []
+        for chunk in out.scheduled:
+            req = chunk.request
+            if req.status is not RequestStatus.RUNNING:  # aborted or preempted since scheduling
+                continue
+            req.num_computed_tokens += chunk.num_tokens
+            if chunk.samples:
+                status = req.append_token(int(sampled[req.request_id]))
+                if status is not None:
+                    done.append((req, status))
+        if done:
+            finished_ids = {id(r) for r, _ in done}
+            self.running = [r for r in self.running if id(r) not in finished_ids]
+            for req, status in done:
+                self._finish(req, status)
+        return [r for r, _ in done]
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        self.kv.release_if_held(req.request_id)
+        req.status = status
+        del self.requests[req.request_id]
+        self.finished.append(req)
+        kind = ev.ABORT if status is RequestStatus.FINISHED_ABORTED else ev.FINISH
+        self.recorder.emit(kind, req.request_id, None, req.num_output_tokens)
