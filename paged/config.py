@@ -1,0 +1,347 @@
+"""Model, GPU and KV-format specifications, and KV-cache sizing.
+
+Invariants:
+- ``ModelSpec.kv_bytes_per_token(fmt)`` = 2 (K and V) x layers x kv_heads x head_dim x
+  bytes per element, plus the format's scale overhead (see ``KVFormat``).
+- ``num_kv_blocks`` never returns a negative number; it raises ``SizingError`` (a
+  ``ConfigError``) when the weights and activation reserve do not fit, naming what to change.
+
+Figures: GPU peaks are NVIDIA datasheet values (dense FP16/BF16 tensor-core FLOP/s, no
+sparsity). HBM bandwidths for A100-80GB (2,039 GB/s), H100 SXM (3,352 GB/s) and H200
+(4.8 TB/s) are the ones listed in ANCHORS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from paged.errors import ConfigError
+
+GiB = 1024**3
+
+
+class SizingError(ConfigError):
+    """The model does not fit in GPU memory with the requested settings."""
+
+
+# ----------------------------------------------------------------------------------------------
+# KV formats
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KVFormat:
+    """Storage format of cached K/V elements.
+
+    ``scale_bytes_per_group`` extra bytes are stored for every ``group_size`` elements (per-token,
+    per-head scales for int8; per-group scale+zero for int4). ``group_size=0`` means per-tensor
+    scales only, whose size is negligible (fp8 in vLLM uses per-tensor scales).
+    """
+
+    name: str
+    bits: int
+    group_size: int = 0
+    scale_bytes_per_group: int = 0
+
+    def bytes_per_element(self, head_dim: int) -> float:
+        """Average bytes per stored element including scale overhead."""
+        b = self.bits / 8
+        if self.group_size:
+            b += self.scale_bytes_per_group / self.group_size
+        return b
+
+
+# int8: one fp16 scale per token per head (group = head_dim, resolved at use: group_size=-1).
+KV_FORMATS: dict[str, KVFormat] = {
+    "fp16": KVFormat("fp16", 16),
+    "bf16": KVFormat("bf16", 16),
+    "fp32": KVFormat("fp32", 32),
+    "fp8": KVFormat("fp8", 8),
+    "fp8_e4m3": KVFormat("fp8_e4m3", 8),
+    "fp8_e5m2": KVFormat("fp8_e5m2", 8),
+    "int8": KVFormat("int8", 8, group_size=-1, scale_bytes_per_group=2),
+    "int4": KVFormat("int4", 4, group_size=32, scale_bytes_per_group=4),  # fp16 scale + zero
+}
+
+
+def get_kv_format(name: str | KVFormat) -> KVFormat:
+    """Look up a KV format by name (``fp16``, ``bf16``, ``fp8``, ``int8``, ``int4``, ...)."""
+    if isinstance(name, KVFormat):
+        return name
+    try:
+        return KV_FORMATS[name.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown kv format {name!r}; choose one of {sorted(KV_FORMATS)}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Shape of a LLaMA-family decoder (GQA, SwiGLU MLP, RMSNorm)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    max_model_len: int = 4096
+    dtype_bytes: int = 2
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
+                  "vocab_size", "head_dim", "max_model_len", "dtype_bytes"):
+            if getattr(self, f) <= 0:
+                raise ConfigError(f"ModelSpec {self.name!r}: {f} must be positive, got {getattr(self, f)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"ModelSpec {self.name!r}: num_heads={self.num_heads} is not a multiple "
+                              f"of num_kv_heads={self.num_kv_heads}")
+
+    # -- parameter counts ----------------------------------------------------------------------
+    @property
+    def params_per_layer(self) -> int:
+        h, d = self.hidden_size, self.head_dim
+        q = h * self.num_heads * d
+        kv = 2 * h * self.num_kv_heads * d
+        o = self.num_heads * d * h
+        bias = (self.num_heads + 2 * self.num_kv_heads) * d if self.qkv_bias else 0
+        mlp = 3 * h * self.intermediate_size
+        return q + kv + o + bias + mlp + 2 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters (tied embeddings counted once)."""
+        n = self.num_layers * self.params_per_layer + self.embedding_params + self.hidden_size
+        return n if self.tie_word_embeddings else n + self.lm_head_params
+
+    @property
+    def matmul_params_per_token(self) -> int:
+        """Parameters touched by matmuls for every token (all layers; not the LM head)."""
+        return self.num_layers * self.params_per_layer
+
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    # -- KV sizing ------------------------------------------------------------------------------
+    def kv_bytes_per_token(self, kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1) -> float:
+        """KV bytes per token on one GPU: 2 x layers x kv_heads x head_dim x bytes/element.
+
+        With tensor parallelism the KV heads are split across GPUs (replicated when
+        ``num_kv_heads < tensor_parallel``, as in vLLM).
+        """
+        fmt = get_kv_format(kv_format)
+        heads = max(1, self.num_kv_heads // tensor_parallel) if tensor_parallel > 1 else self.num_kv_heads
+        if fmt.group_size == -1:  # one scale per token per head
+            per_head = self.head_dim * fmt.bits / 8 + fmt.scale_bytes_per_group
+        else:
+            per_head = self.head_dim * fmt.bytes_per_element(self.head_dim)
+        return 2 * self.num_layers * heads * per_head
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, config: str | os.PathLike | Mapping[str, Any], name: str | None = None) -> "ModelSpec":
+        """Build from a Hugging Face ``config.json`` (path to the file or its folder, or a dict)."""
+        if not isinstance(config, Mapping):
+            path = os.fspath(config)
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    cfg: Mapping[str, Any] = json.load(fh)
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ConfigError(f"cannot read HF config {path!r}: {exc}") from exc
+            name = name or os.path.basename(os.path.dirname(os.path.abspath(path))) or "hf-model"
+        else:
+            cfg = config
+        required = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise ConfigError(f"HF config lacks {missing}; only LLaMA-family decoders are supported")
+        dtype = str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16")))
+        dtype_bytes = 4 if "32" in dtype else 2
+        return cls(
+            name=name or str(cfg.get("_name_or_path") or cfg.get("model_type", "hf-model")),
+            num_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=int(cfg["hidden_size"]),
+            num_heads=int(cfg["num_attention_heads"]),
+            num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            head_dim=int(cfg.get("head_dim") or 0),
+            max_model_len=int(cfg.get("max_position_embeddings", 4096)),
+            dtype_bytes=dtype_bytes,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+        )
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        # LLaMA-1 13B as in the vLLM paper (2,048-token context).
+        ModelSpec("llama-13b", 40, 5120, 40, 40, 13824, 32000, max_model_len=2048),
+        ModelSpec("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, max_model_len=4096),
+        ModelSpec("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, max_model_len=4096),
+        ModelSpec("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, max_model_len=4096),
+        ModelSpec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, max_model_len=8192),
+        ModelSpec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, max_model_len=8192),
+        ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, max_model_len=32768),
+        ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, max_model_len=32768, qkv_bias=True),
+        ModelSpec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, max_model_len=8192, tie_word_embeddings=True),
+    )
+}
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(" ", "-")
+
+
+def get_model(name: str | ModelSpec) -> ModelSpec:
+    """A preset by name (case-insensitive), or a ModelSpec from a HF ``config.json`` path."""
+    if isinstance(name, ModelSpec):
+        return name
+    key = _norm(name)
+    if key in MODEL_PRESETS:
+        return MODEL_PRESETS[key]
+    if os.path.exists(name):
+        return ModelSpec.from_hf_config(name)
+    raise ConfigError(f"unknown model {name!r}; choose one of {sorted(MODEL_PRESETS)} or pass a config.json path")
+
+
+# ----------------------------------------------------------------------------------------------
+# GPUs
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """Peak figures of one accelerator (datasheet values)."""
+
+    name: str
+    peak_flops: float  # dense FP16/BF16 tensor-core FLOP/s
+    hbm_bytes: float
+    hbm_bandwidth: float  # bytes/s
+    pcie_bandwidth: float  # bytes/s, host<->device, one direction
+    interconnect_bandwidth: float = 0.0  # bytes/s per GPU for all-reduce (NVLink); 0 = PCIe
+
+    def with_(self, **kw: Any) -> "GPUSpec":
+        return replace(self, **kw)
+
+
+GPU_PRESETS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        GPUSpec("a100-40gb", 312e12, 40 * GiB, 1555e9, 32e9, 300e9),
+        GPUSpec("a100-80gb", 312e12, 80 * GiB, 2039e9, 32e9, 300e9),
+        GPUSpec("h100-sxm", 989e12, 80 * GiB, 3352e9, 64e9, 450e9),
+        GPUSpec("h200", 989e12, 141e9, 4.8e12, 64e9, 450e9),
+        GPUSpec("l4", 121e12, 24e9, 300e9, 32e9, 0.0),
+    )
+}
+
+
+def get_gpu(name: str | GPUSpec) -> GPUSpec:
+    if isinstance(name, GPUSpec):
+        return name
+    key = _norm(name)
+    aliases = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-40g": "a100-40gb", "a100-80g": "a100-80gb"}
+    key = aliases.get(key, key)
+    if key not in GPU_PRESETS:
+        raise ConfigError(f"unknown GPU {name!r}; choose one of {sorted(GPU_PRESETS)}")
+    return GPU_PRESETS[key]
+
+
+# ----------------------------------------------------------------------------------------------
+# Sizing
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KVSizing:
+    """How the memory of one GPU is split (bytes, per GPU)."""
+
+    budget_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    kv_bytes: float
+    bytes_per_block: float
+    num_blocks: int
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int = 2048, max_num_seqs: int = 256,
+                             tensor_parallel: int = 1, fixed_overhead: float = 1 * GiB) -> float:
+    """Rough peak activation memory of one forward pass, plus a fixed runtime overhead.
+
+    Counts the residual stream and attention projections (4 x hidden), the gate/up MLP
+    intermediates (2 x intermediate / tp) per batched token, and fp32 logits for sampled rows.
+    """
+    per_tok = (4 * model.hidden_size + 2 * model.intermediate_size / tensor_parallel) * model.dtype_bytes
+    logits = max_num_seqs * model.vocab_size * 4
+    return max_num_batched_tokens * per_tok + logits + fixed_overhead
+
+
+def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int = 16,
+                    kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1,
+                    gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048,
+                    max_num_seqs: int = 256, activation_bytes: float | None = None) -> KVSizing:
+    """Split one GPU's memory: ``utilization x HBM = weights/tp + activations + KV blocks``."""
+    model, gpu = get_model(model), get_gpu(gpu)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size <= 0 or tensor_parallel <= 0:
+        raise ConfigError(f"block_size and tensor_parallel must be positive, got {block_size}, {tensor_parallel}")
+    budget = gpu.hbm_bytes * gpu_memory_utilization
+    weights = model.weight_bytes() / tensor_parallel
+    act = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tensor_parallel) \
+        if activation_bytes is None else activation_bytes
+    kv = budget - weights - act
+    per_block = model.kv_bytes_per_token(kv_format, tensor_parallel) * block_size
+    if kv < per_block:
+        raise SizingError(
+            f"{model.name} needs {weights / GiB:.1f} GiB of weights + {act / GiB:.1f} GiB activations per GPU "
+            f"but only {budget / GiB:.1f} GiB of {gpu.name} is usable at utilization {gpu_memory_utilization}; "
+            f"raise tensor_parallel, gpu_memory_utilization or pick a larger GPU")
+    return KVSizing(budget, weights, act, kv, per_block, int(kv // per_block), block_size)
+
+
+def num_kv_blocks(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int = 16, **kw: Any) -> int:
+    """Number of KV blocks of ``block_size`` tokens that fit on each GPU (see ``kv_cache_sizing``)."""
+    return kv_cache_sizing(model, gpu, block_size, **kw).num_blocks
+
+
+def max_blocks_per_seq(max_model_len: int, block_size: int) -> int:
+    return math.ceil(max_model_len / block_size)
+
+
+__all__ = [
+    "GiB", "SizingError", "KVFormat", "KV_FORMATS", "get_kv_format", "ModelSpec", "MODEL_PRESETS", "get_model",
+    "GPUSpec", "GPU_PRESETS", "get_gpu", "KVSizing", "activation_reserve_bytes", "kv_cache_sizing",
+    "num_kv_blocks", "max_blocks_per_seq", "field",
+]
