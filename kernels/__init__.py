@@ -1,0 +1,63 @@
+"""Paged KV-cache kernels: Triton kernels, each beside the plain-torch reference that defines it.
+
+Layout (shared with ``paged/``): per layer, ``k`` and ``v`` are ``[num_blocks, block_size,
+num_kv_heads, head_dim]``; token slot ``= block_id * block_size + offset``; block tables are int32
+``[num_seqs, max_blocks]``. Quantized formats keep that block layout for their data (int4: two
+codes per byte along head_dim) and for their per-token scale/zero side tensors (see
+:mod:`kernels.formats`).
+
+Typical use by a model runner::
+
+    layer = kernels.allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim,
+                                      kv_format="auto", dtype=torch.float16, device="cuda")
+    layer.write(k, v, slot_mapping)                       # = kernels.write_kv(k, v, layer, None, slot_mapping)
+    out = layer.prefill(q, block_tables, seq_lens, query_start_loc)   # mixed prefill + decode batch
+    out = layer.decode(q, block_tables, seq_lens)         # one query token per sequence
+    kernels.copy_blocks([layer0, layer1, ...], [(src, dst), ...])      # copy-on-write
+    kernels.swap_blocks(gpu_layers, cpu_layers, [(gpu_block, cpu_block), ...])
+
+Entry points (each takes ``backend=None|"triton"|"interpreter"|"torch"``, see :mod:`kernels.backend`):
+
+* ``paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, k_scale=None,
+  v_scale=None, k_zero=None, v_zero=None, kv_format=None, backend=None, return_lse=False, num_splits=None)``
+* ``paged_prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *, scale=None,
+  k_scale=None, v_scale=None, k_zero=None, v_zero=None, kv_format=None, backend=None)``
+* ``write_kv(key, value, k_cache, v_cache, slot_mapping, *, kv_format=None, k_scale=None, v_scale=None,
+  k_zero=None, v_zero=None, backend=None)``
+* ``copy_blocks(caches, block_mapping, *, backend=None)``, ``swap_blocks(src, dst, block_mapping)``
+* ``quantize_kv(x, kv_format, *, scale=None, group_size=32) -> QuantizedKV(data, scale, zero)``,
+  ``dequantize_kv(data, kv_format, scale, zero, *, dtype=torch.float32)``
+* ``allocate_kv_cache(...) -> KVCacheLayer``; ``k_cache`` may be a ``KVCacheLayer`` (then
+  ``v_cache=None`` and no format/scale arguments: the layer carries them).
+
+KV formats: ``"fp16"``, ``"bf16"``, ``"fp32"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (per-head float32
+scales), ``"int8"`` (per token-head fp16 scale), ``"int4"`` (per token-head group of 32 fp16
+scale and zero point); ``"auto"`` stores the model dtype.
+
+Name note: PyPI has an unrelated package also called ``kernels`` (Hugging Face's hub kernels).
+This one is ``paged-kv-workbench``'s top-level package; if both are installed, whichever comes
+first on ``sys.path`` wins. Check with ``kernels.__file__`` (it should end in
+``kernels/__init__.py`` inside this repository) or ``kernels.WORKBENCH`` (True only here).
+
+Importing this package does not import triton (the Triton kernels load on first use).
+"""
+
+from __future__ import annotations
+
+from .api import paged_decode_attention, paged_prefill_attention, write_kv
+from .backend import BACKENDS, resolve_backend
+from .blocks import copy_blocks, swap_blocks
+from .cache import KVCacheLayer, allocate_kv_cache, as_layer
+from .errors import BackendUnavailableError, KernelError, KVFormatError, ShapeError
+from .formats import FORMATS, KVFormat, bytes_per_token, get_format
+from .quant import QuantizedKV, dequantize_kv, fp8_scale, pack_int4, quantize_kv, unpack_int4
+
+WORKBENCH = True  # marks this package apart from PyPI's unrelated `kernels`
+
+__all__ = [
+    "paged_decode_attention", "paged_prefill_attention", "write_kv", "copy_blocks", "swap_blocks",
+    "KVCacheLayer", "allocate_kv_cache", "as_layer", "quantize_kv", "dequantize_kv", "fp8_scale",
+    "pack_int4", "unpack_int4", "QuantizedKV", "KVFormat", "FORMATS", "get_format", "bytes_per_token",
+    "BACKENDS", "resolve_backend", "KernelError", "KVFormatError", "ShapeError", "BackendUnavailableError",
+    "WORKBENCH",
+]

@@ -1,0 +1,139 @@
+"""Public entry points: validate inputs, pick a backend, call the Triton kernel or the torch reference."""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import resolve_backend
+from .cache import KVCacheLayer, as_layer
+from .errors import ShapeError
+from .reference import decode_attention_ref, prefill_attention_ref, write_kv_ref
+
+__all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _int32(name: str, t: torch.Tensor, dim: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dim() != dim or t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise ShapeError(f"{name} must be a {dim}-D int32 tensor, got "
+                         f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    if t.device != device:
+        raise ShapeError(f"{name} is on {t.device} but the cache is on {device}; move it with .to({str(device)!r})")
+    return t.to(torch.int32).contiguous()
+
+
+def _check_q(q: torch.Tensor, layer: KVCacheLayer, what: str) -> None:
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.dtype not in _FLOATS:
+        raise ShapeError(f"{what} must be a float16/bfloat16/float32 tensor [tokens, num_q_heads, head_dim], "
+                         f"got {getattr(q, 'dtype', None)} {tuple(getattr(q, 'shape', ()))}")
+    if q.device != layer.device:
+        raise ShapeError(f"{what} is on {q.device} but the cache is on {layer.device}")
+    if q.shape[2] != layer.head_dim:
+        raise ShapeError(f"{what} head_dim {q.shape[2]} != cache head_dim {layer.head_dim}")
+    if q.shape[1] % layer.num_kv_heads:
+        raise ShapeError(f"num_q_heads {q.shape[1]} must be a multiple of num_kv_heads {layer.num_kv_heads}")
+
+
+def _check_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs: int, layer: KVCacheLayer) -> None:
+    if block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
+        raise ShapeError(f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} need one "
+                         f"row per sequence ({num_seqs})")
+    if seq_lens.device.type == "cpu" and num_seqs:  # value checks only where they cost no device sync
+        cap = block_tables.shape[1] * layer.block_size
+        if int(seq_lens.min()) < 0 or int(seq_lens.max()) > cap:
+            raise ShapeError(f"seq_lens must lie in [0, {cap}] (block_tables width {block_tables.shape[1]} x "
+                             f"block_size {layer.block_size}); got max {int(seq_lens.max())}")
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer, v_cache: torch.Tensor | None,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, *, scale: float | None = None,
+                           k_scale=None, v_scale=None, k_zero=None, v_zero=None, kv_format: str | None = None,
+                           backend: str | None = None, return_lse: bool = False, num_splits: int | None = None):
+    """Attention of one query token per sequence over its paged K/V.
+
+    ``q`` ``[num_seqs, num_q_heads, head_dim]``; ``k_cache``/``v_cache`` in the block layout
+    (or a :class:`KVCacheLayer` as ``k_cache`` with ``v_cache=None``); ``block_tables`` int32
+    ``[num_seqs, max_blocks]``; ``seq_lens`` int32 ``[num_seqs]`` (tokens in the cache, the
+    current one included). Returns ``out`` ``[num_seqs, num_q_heads, head_dim]`` in ``q.dtype``,
+    and with ``return_lse`` also the float32 natural-log log-sum-exp of the scaled scores
+    ``[num_seqs, num_q_heads]``. ``num_splits`` overrides the split-KV count of the Triton path.
+    """
+    layer = as_layer(k_cache, v_cache, kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
+                     k_zero=k_zero, v_zero=v_zero)
+    _check_q(q, layer, "q")
+    bt = _int32("block_tables", block_tables, 2, layer.device)
+    sl = _int32("seq_lens", seq_lens, 1, layer.device)
+    _check_tables(bt, sl, q.shape[0], layer)
+    be = resolve_backend(backend, q.device)
+    if be == "torch":
+        out, lse = decode_attention_ref(q, layer, bt, sl, scale)
+    else:
+        from .triton_impl.launch import decode_triton
+        out, lse = decode_triton(q, layer, bt, sl, scale, num_splits=num_splits)
+    return (out, lse) if return_lse else out
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer, v_cache: torch.Tensor | None,
+                            block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *,
+                            scale: float | None = None, k_scale=None, v_scale=None, k_zero=None, v_zero=None,
+                            kv_format: str | None = None, backend: str | None = None) -> torch.Tensor:
+    """Prefill/extend attention for a variable-length batch (chunked prefill, prefix hits, decodes).
+
+    ``q`` ``[total_q_tokens, num_q_heads, head_dim]``; ``query_start_loc`` int32 ``[num_seqs+1]``
+    (cumulative query lengths, starting at 0); ``seq_lens`` = context length per sequence
+    *including* the new tokens, whose K/V :func:`write_kv` has already stored. Query ``i`` of
+    sequence ``s`` sits at position ``seq_lens[s] - q_len + i`` and attends to positions
+    ``[0, that position]``. Returns ``[total_q_tokens, num_q_heads, head_dim]`` in ``q.dtype``.
+    """
+    layer = as_layer(k_cache, v_cache, kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
+                     k_zero=k_zero, v_zero=v_zero)
+    _check_q(q, layer, "q")
+    bt = _int32("block_tables", block_tables, 2, layer.device)
+    sl = _int32("seq_lens", seq_lens, 1, layer.device)
+    qsl = _int32("query_start_loc", query_start_loc, 1, layer.device)
+    n = bt.shape[0]
+    _check_tables(bt, sl, n, layer)
+    if qsl.shape[0] != n + 1:
+        raise ShapeError(f"query_start_loc needs num_seqs + 1 = {n + 1} entries, got {qsl.shape[0]}")
+    if qsl.device.type == "cpu":
+        q_lens = qsl[1:] - qsl[:-1]
+        if int(qsl[0]) != 0 or int(qsl[-1]) != q.shape[0] or bool((q_lens < 0).any()):
+            raise ShapeError(f"query_start_loc must rise from 0 to total_q_tokens={q.shape[0]}, "
+                             f"got {qsl.tolist()[:8]}...")
+        if bool((q_lens > sl).any()):
+            raise ShapeError("each seq_len must count the new query tokens too (seq_lens >= query lengths); "
+                             "write their K/V with write_kv first")
+    be = resolve_backend(backend, q.device)
+    if be == "torch":
+        return prefill_attention_ref(q, layer, bt, sl, qsl, scale)
+    from .triton_impl.launch import prefill_triton
+    return prefill_triton(q, layer, bt, sl, qsl, scale)
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer,
+             v_cache: torch.Tensor | None, slot_mapping: torch.Tensor, *, kv_format: str | None = None,
+             k_scale=None, v_scale=None, k_zero=None, v_zero=None, backend: str | None = None) -> None:
+    """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_mapping`` (int,
+    ``[num_tokens]``, slot = block_id * block_size + offset; slots < 0 are skipped), quantizing on
+    write. Quantized formats write into the per-token scale/zero tensors too (pass them, or a layer).
+    """
+    layer = as_layer(k_cache, v_cache, kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
+                     k_zero=k_zero, v_zero=v_zero)
+    for name, x in (("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.dtype not in _FLOATS or \
+                tuple(x.shape[1:]) != (layer.num_kv_heads, layer.head_dim) or x.device != layer.device:
+            raise ShapeError(f"{name} must be a float tensor [num_tokens, {layer.num_kv_heads}, {layer.head_dim}] "
+                             f"on {layer.device}, got {getattr(x, 'dtype', None)} {tuple(getattr(x, 'shape', ()))}")
+    if key.shape != value.shape:
+        raise ShapeError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape")
+    sm = _int32("slot_mapping", slot_mapping, 1, layer.device)
+    if sm.shape[0] != key.shape[0]:
+        raise ShapeError(f"slot_mapping has {sm.shape[0]} entries for {key.shape[0]} tokens")
+    if sm.device.type == "cpu" and sm.numel() and int(sm.max()) >= layer.num_blocks * layer.block_size:
+        raise ShapeError(f"slot {int(sm.max())} is past the cache ({layer.num_blocks} blocks x {layer.block_size})")
+    if resolve_backend(backend, key.device) == "torch":
+        write_kv_ref(layer, key, value, sm)
+        return
+    from .triton_impl.launch import write_kv_triton
+    write_kv_triton(layer, key.contiguous(), value.contiguous(), sm)

@@ -1,0 +1,188 @@
+"""``KVCacheLayer``: one layer's paged K/V cache with its format's side tensors.
+
+Layout (the contract with ``paged/``): ``k`` and ``v`` are ``[num_blocks, block_size,
+num_kv_heads, head_dim]`` (``head_dim // 2`` bytes for packed int4); token slot
+``= block_id * block_size + offset``. Per-token side tensors (int8/int4 scales, int4 zeros) share
+the leading ``[num_blocks, block_size, num_kv_heads]`` layout; fp8 scales are float32
+``[num_kv_heads]``. All tensors are contiguous and on one device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import KVFormatError, ShapeError
+from .formats import DEFAULT_INT4_GROUP, KVFormat, get_format
+from .quant import _head_scale
+
+__all__ = ["KVCacheLayer", "allocate_kv_cache", "as_layer"]
+
+
+@dataclass(slots=True)
+class KVCacheLayer:
+    """One layer's K and V cache in one :class:`~kernels.formats.KVFormat`.
+
+    ``dtype`` is the compute (model) dtype: what dequantized values and attention outputs use
+    when nothing else says so. Build it with :func:`allocate_kv_cache` or :func:`as_layer`.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    kv_format: KVFormat
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    k_zero: torch.Tensor | None = None
+    v_zero: torch.Tensor | None = None
+    dtype: torch.dtype = torch.float16
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k.shape[3] * (2 if self.kv_format.packed else 1)
+
+    @property
+    def group_size(self) -> int:
+        """Values per int4 scale group (head_dim for the other formats)."""
+        return self.head_dim // self.k_scale.shape[-1] if self.kv_format.packed else self.head_dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by block id (data and per-token side tensors), for copy and swap."""
+        out = [self.k, self.v]
+        if self.kv_format.scale == "token":
+            out += [self.k_scale, self.v_scale]
+        if self.kv_format.has_zero:
+            out += [self.k_zero, self.v_zero]
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes held by this layer, side tensors included."""
+        ts = [self.k, self.v, self.k_scale, self.v_scale, self.k_zero, self.v_zero]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+    def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, *,
+              backend: str | None = None) -> None:
+        """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_mapping``."""
+        from .api import write_kv
+        write_kv(key, value, self, None, slot_mapping, backend=backend)
+
+    def decode(self, q: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, **kw):
+        """:func:`kernels.paged_decode_attention` over this layer."""
+        from .api import paged_decode_attention
+        return paged_decode_attention(q, self, None, block_tables, seq_lens, **kw)
+
+    def prefill(self, q: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                query_start_loc: torch.Tensor, **kw):
+        """:func:`kernels.paged_prefill_attention` over this layer."""
+        from .api import paged_prefill_attention
+        return paged_prefill_attention(q, self, None, block_tables, seq_lens, query_start_loc, **kw)
+
+
+def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                      kv_format: str | KVFormat = "auto", *, dtype: torch.dtype = torch.float16,
+                      device: torch.device | str = "cpu", group_size: int = DEFAULT_INT4_GROUP,
+                      k_scale: torch.Tensor | float | None = None,
+                      v_scale: torch.Tensor | float | None = None) -> KVCacheLayer:
+    """Allocate one zero-filled layer. ``kv_format="auto"`` stores ``dtype`` itself.
+
+    fp8 scales default to 1.0 per head (set ``layer.k_scale[:]`` after calibration);
+    ``group_size`` is the int4 group along head_dim.
+    """
+    fmt = get_format(kv_format, dtype)
+    for name, val in (("num_blocks", num_blocks), ("block_size", block_size),
+                      ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if int(val) < 1:
+            raise ShapeError(f"{name} must be >= 1, got {val}")
+    if fmt.packed and (head_dim % group_size or group_size % 2):
+        raise ShapeError(f"int4 group_size {group_size} must be even and divide head_dim {head_dim}")
+    device = torch.device(device)
+    lead = (num_blocks, block_size, num_kv_heads)
+    width = head_dim // 2 if fmt.packed else head_dim
+    new = lambda shape, dt: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
+    layer = KVCacheLayer(new(lead + (width,), fmt.storage_dtype), new(lead + (width,), fmt.storage_dtype),
+                         fmt, dtype=dtype)
+    if fmt.scale == "head":
+        layer.k_scale = _head_scale(k_scale, num_kv_heads, device).clone()
+        layer.v_scale = _head_scale(v_scale, num_kv_heads, device).clone()
+    elif fmt.scale == "token":
+        groups = head_dim // group_size if fmt.packed else 1
+        layer.k_scale, layer.v_scale = new(lead + (groups,), torch.float16), new(lead + (groups,), torch.float16)
+        if fmt.has_zero:
+            layer.k_zero, layer.v_zero = new(lead + (groups,), torch.float16), new(lead + (groups,), torch.float16)
+    return layer
+
+
+def as_layer(k_cache: torch.Tensor | KVCacheLayer, v_cache: torch.Tensor | None, *,
+             kv_format: str | KVFormat | None = None, k_scale=None, v_scale=None, k_zero=None, v_zero=None,
+             dtype: torch.dtype | None = None) -> KVCacheLayer:
+    """Wrap loose cache tensors (or pass a layer through) and check that they fit together."""
+    if isinstance(k_cache, KVCacheLayer):
+        if v_cache is not None or any(x is not None for x in (kv_format, k_scale, v_scale, k_zero, v_zero)):
+            raise ShapeError("when k_cache is a KVCacheLayer, pass v_cache=None and no kv_format/scales: "
+                             "the layer carries them")
+        layer = k_cache
+    else:
+        if not isinstance(k_cache, torch.Tensor) or not isinstance(v_cache, torch.Tensor):
+            raise ShapeError("pass k_cache and v_cache as tensors, or a KVCacheLayer as k_cache with v_cache=None")
+        if kv_format is None:
+            fmt = get_format("int4") if (k_cache.dtype == torch.uint8 and k_zero is not None) \
+                else get_format("auto", k_cache.dtype)
+        else:
+            fmt = get_format(kv_format, k_cache.dtype)
+        if fmt.scale == "head":
+            k_scale = _head_scale(k_scale, k_cache.shape[2] if k_cache.dim() == 4 else 1, k_cache.device)
+            v_scale = _head_scale(v_scale, k_cache.shape[2] if k_cache.dim() == 4 else 1, k_cache.device)
+        layer = KVCacheLayer(k_cache, v_cache, fmt, k_scale, v_scale, k_zero, v_zero,
+                             dtype or (k_cache.dtype if not fmt.quantized else torch.float16))
+    check_layer(layer)
+    return layer
+
+
+def check_layer(layer: KVCacheLayer) -> None:
+    """Raise :class:`ShapeError`/:class:`KVFormatError` unless the layer's tensors fit its format."""
+    fmt, k, v = layer.kv_format, layer.k, layer.v
+    if k.dim() != 4:
+        raise ShapeError(f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(k.shape)}")
+    if v.shape != k.shape or v.dtype != k.dtype or v.device != k.device:
+        raise ShapeError(f"v_cache {tuple(v.shape)} {v.dtype} must match k_cache {tuple(k.shape)} {k.dtype}")
+    if k.dtype != fmt.storage_dtype:
+        raise KVFormatError(f"kv_format {fmt.name!r} stores {fmt.storage_dtype}, but the cache is {k.dtype}; "
+                            f"allocate it with kernels.allocate_kv_cache(..., kv_format={fmt.name!r})")
+    if not (k.is_contiguous() and v.is_contiguous()):
+        raise ShapeError("k_cache and v_cache must be contiguous (kernels index them by slot)")
+    lead = tuple(k.shape[:3])
+    if fmt.scale == "head":
+        for n, s in (("k_scale", layer.k_scale), ("v_scale", layer.v_scale)):
+            if s is None or s.shape != (k.shape[2],) or s.dtype != torch.float32 or s.device != k.device:
+                raise ShapeError(f"{fmt.name} needs {n} as float32 [{k.shape[2]}] on {k.device}")
+    elif fmt.scale == "token":
+        groups = 1
+        if fmt.packed:
+            groups = layer.k_scale.shape[-1] if layer.k_scale is not None else 0
+            if groups < 1 or (2 * k.shape[3]) % groups or ((2 * k.shape[3]) // groups) % 2:
+                raise ShapeError(f"int4 scale last dim {groups} must divide head_dim {2 * k.shape[3]} into even groups")
+        names = ("k_scale", "v_scale", "k_zero", "v_zero") if fmt.has_zero else ("k_scale", "v_scale")
+        for n in names:
+            s = getattr(layer, n)
+            if s is None or tuple(s.shape) != lead + (groups,) or s.dtype != torch.float16 \
+                    or s.device != k.device or not s.is_contiguous():
+                got = None if s is None else (tuple(s.shape), s.dtype)
+                raise ShapeError(f"{fmt.name} needs {n} as contiguous float16 {lead + (groups,)}, got {got}")
+    elif any(x is not None for x in (layer.k_scale, layer.v_scale, layer.k_zero, layer.v_zero)):
+        raise KVFormatError(f"kv_format {fmt.name!r} takes no scales or zero points")

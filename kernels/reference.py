@@ -1,0 +1,133 @@
+"""Plain-torch references: the meaning of every kernel, and the fast CPU path.
+
+All math runs in float32 on dequantized values; outputs take the query's dtype. Positions at or
+past a sequence's ``seq_len`` are zeroed before use, so stale or NaN slots never reach the output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .cache import KVCacheLayer
+from .quant import dequantize_kv, quantize_kv
+
+__all__ = ["write_kv_ref", "gather_kv", "decode_attention_ref", "prefill_attention_ref"]
+
+_MAX_GATHER_ELEMS = 1 << 25  # bound on float32 elements gathered at once by the vectorized decode
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """View a block-layout tensor as ``[num_slots, num_kv_heads, width]`` (fp8 seen as uint8)."""
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        t = t.view(torch.uint8)
+    return t.view(-1, t.shape[2], t.shape[3])
+
+
+def write_kv_ref(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Quantize-on-write ``key``/``value`` ``[num_tokens, H, D]`` into ``slot_mapping`` (slot < 0 skipped)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    fmt = layer.kv_format
+    for x, data, scale, zero in ((key, layer.k, layer.k_scale, layer.k_zero),
+                                 (value, layer.v, layer.v_scale, layer.v_zero)):
+        qz = quantize_kv(x[keep], fmt, scale=scale if fmt.scale == "head" else None, group_size=layer.group_size)
+        d = qz.data.view(torch.uint8) if qz.data.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else qz.data
+        _rows(data)[slots] = d
+        if fmt.scale == "token":
+            _rows(scale)[slots] = qz.scale
+        if fmt.has_zero:
+            _rows(zero)[slots] = qz.zero
+
+
+def gather_kv(layer: KVCacheLayer, which: str, blocks: torch.Tensor) -> torch.Tensor:
+    """Dequantized float32 ``[*blocks.shape, block_size, H, D]`` for block ids ``blocks`` (long)."""
+    data = getattr(layer, which)
+    fmt = layer.kv_format
+    raw = data.view(torch.uint8)[blocks].view(data.dtype) if fmt.code in (1, 2) else data[blocks]
+    scale = getattr(layer, which + "_scale")
+    if fmt.scale == "token":
+        scale = scale[blocks]
+    zero = getattr(layer, which + "_zero")
+    zero = zero[blocks] if zero is not None else None
+    return dequantize_kv(raw, fmt, scale, zero, dtype=torch.float32)
+
+
+def _decode_chunk(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    s, hq, d = q.shape
+    h, bs = layer.num_kv_heads, layer.block_size
+    max_len = int(seq_lens.max()) if s else 0
+    nblk = max(1, -(-max_len // bs))
+    bt = block_tables[:, :nblk].long().clamp(0, layer.num_blocks - 1)
+    valid = (torch.arange(nblk * bs, device=q.device)[None, :] < seq_lens[:, None].long())  # [S, T]
+    vmask = valid[:, :, None, None]
+    k = torch.where(vmask, gather_kv(layer, "k", bt).reshape(s, nblk * bs, h, d), 0.0)
+    v = torch.where(vmask, gather_kv(layer, "v", bt).reshape(s, nblk * bs, h, d), 0.0)
+    qg = q.float().view(s, h, hq // h, d)
+    scores = torch.einsum("shgd,sthd->shgt", qg, k) * scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # -inf for an empty sequence
+    p = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = torch.einsum("shgt,sthd->shgd", p, v)
+    return out.reshape(s, hq, d), lse.reshape(s, hq)
+
+
+def decode_attention_ref(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                         scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query per sequence over its first ``seq_lens[s]`` cached tokens.
+
+    Returns ``(out [S, Hq, D] in q.dtype, lse [S, Hq] float32)``; an empty sequence gives 0 and -inf.
+    Vectorized over sequences in chunks that bound the gathered memory.
+    """
+    s, hq, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    out = torch.empty(s, hq, d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(s, hq, dtype=torch.float32, device=q.device)
+    if s == 0:
+        return out.to(q.dtype), lse
+    per_seq = max(1, int(seq_lens.max()) + layer.block_size) * layer.num_kv_heads * d * 2
+    step = max(1, _MAX_GATHER_ELEMS // per_seq)
+    for i in range(0, s, step):
+        o, l = _decode_chunk(q[i:i + step], layer, block_tables[i:i + step], seq_lens[i:i + step], scale)
+        out[i:i + step], lse[i:i + step] = o, l
+    return out.to(q.dtype), lse
+
+
+def prefill_attention_ref(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                          query_start_loc: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Variable-length queries over cached prefix plus causal self-attention.
+
+    Query ``i`` of sequence ``s`` (``q_len = qsl[s+1] - qsl[s]``) sits at position
+    ``seq_lens[s] - q_len + i`` and attends to cache positions ``[0, that position]``. Sequences
+    with ``q_len == 1`` (decodes in a mixed batch) go through the vectorized decode; longer ones
+    are processed one sequence at a time with SDPA.
+    """
+    t, hq, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    out = torch.zeros(t, hq, d, dtype=q.dtype, device=q.device)
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    q_lens = [qsl[i + 1] - qsl[i] for i in range(len(lens))]
+    single = [i for i, n in enumerate(q_lens) if n == 1]
+    if single:
+        idx = torch.tensor(single, device=q.device)
+        rows = query_start_loc[:-1].long()[idx]
+        out[rows] = decode_attention_ref(q[rows], layer, block_tables[idx], seq_lens[idx], scale)[0]
+    h, bs = layer.num_kv_heads, layer.block_size
+    for i, n in enumerate(q_lens):
+        if n <= 1:
+            continue
+        ctx = lens[i]
+        nblk = -(-ctx // bs)
+        blocks = block_tables[i, :nblk].long()
+        k = gather_kv(layer, "k", blocks).reshape(nblk * bs, h, d)[:ctx]
+        v = gather_kv(layer, "v", blocks).reshape(nblk * bs, h, d)[:ctx]
+        qpos = torch.arange(ctx - n, ctx, device=q.device)
+        mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
+        o = F.scaled_dot_product_attention(q[qsl[i]:qsl[i + 1]].float().transpose(0, 1), k.transpose(0, 1),
+                                           v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True)
+        out[qsl[i]:qsl[i + 1]] = o.transpose(0, 1).to(q.dtype)
+    return out

@@ -1,0 +1,10 @@
+"""Test-wide environment, set before anything imports triton.
+
+Triton kernels decide at definition time whether they run in the interpreter, so
+``TRITON_INTERPRET=1`` must be in the environment before ``kernels``' Triton module is imported.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/paged-triton-cache")
