@@ -1,0 +1,189 @@
+"""A LLaMA-family decoder (LLaMA, Mistral, Qwen2, SmolLM2) over packed token batches.
+
+Tokens of all sequences in a step are packed along one axis ``[T]``; the model never
+sees sequence boundaries itself. Attention is delegated to an ``AttentionBackend``
+(``__call__(layer_idx, q, k, v) -> out``): the paged backend in ``paged.runner``
+writes K/V into the paged cache and reads them through block tables with our
+kernels; ``DenseCausalAttention`` (in ``dense.py``) is the cache-free reference
+used for perplexity and as an oracle.
+
+Weights use HF names without the ``model.`` prefix (see ``load_weights``); q/k/v and
+gate/up are fused at load time so one step issues fewer matmuls.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .rope import RotaryEmbedding
+
+
+class AttentionBackend(Protocol):
+    """Computes attention for one layer on packed tokens.
+
+    q ``[T, num_heads, head_dim]``, k/v ``[T, num_kv_heads, head_dim]`` (after RoPE),
+    returns ``[T, num_heads, head_dim]``.
+    """
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor: ...
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight`` computed in float32, returned in the input dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+                attn: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.nh, self.hd)
+        k = k.view(t, self.nkv, self.hd)
+        v = v.view(t, self.nkv, self.hd)
+        q, k = rope(positions, q, k)
+        out = attn(self.layer_idx, q, k, v.contiguous())
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+                attn: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder + LM head. ``forward`` returns hidden states; ``compute_logits`` the
+    float32 logits of selected rows (only sampled positions pay for the LM head)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = RotaryEmbedding(cfg, min(max_positions or cfg.max_position_embeddings, 1 << 16))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
+            cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @classmethod
+    def from_weights(cls, cfg: ModelConfig, weights: Mapping[str, torch.Tensor],
+                     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                     max_positions: int | None = None) -> "LlamaForCausalLM":
+        """Build without random init (meta device), then copy ``weights`` in.
+        RoPE tables stay float32 whatever ``dtype`` is."""
+        with torch.device("meta"):
+            m = cls(cfg, max_positions)
+        m = m.to_empty(device=device).to(dtype)
+        m.rope.reset(m.rope.cos.shape[0], device)
+        m.load_weights(weights)
+        return m.eval()
+
+    @property
+    def lm_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attn: AttentionBackend) -> torch.Tensor:
+        """``input_ids``/``positions`` int64 ``[T]`` -> final-normed hidden ``[T, H]``."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, self.rope, attn)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_weight).float()
+
+    # ---- weights -------------------------------------------------------------
+    def load_weights(self, weights: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        """Copy HF-named tensors (``layers.{i}.self_attn.q_proj.weight`` ...) into the
+        fused parameters. ``model.`` prefixes are stripped. With ``strict`` every
+        parameter must be covered and no unknown tensor may remain."""
+        w = {k.removeprefix("model."): v for k, v in weights.items()}
+        used: set[str] = set()
+
+        def take(name: str) -> torch.Tensor:
+            if name not in w:
+                raise KeyError(f"checkpoint lacks tensor {name!r}")
+            used.add(name)
+            return w[name]
+
+        def put(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
+            if tuple(param.shape) != tuple(value.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(value.shape)} != "
+                                 f"model shape {tuple(param.shape)}")
+            with torch.no_grad():
+                param.copy_(value.to(param.dtype))
+
+        cfg = self.config
+        put(self.embed_tokens.weight, take("embed_tokens.weight"), "embed_tokens.weight")
+        put(self.norm.weight, take("norm.weight"), "norm.weight")
+        if self.lm_head is not None:
+            put(self.lm_head.weight, take("lm_head.weight"), "lm_head.weight")
+        elif "lm_head.weight" in w:
+            used.add("lm_head.weight")  # tied: HF may still save a copy
+        for i, layer in enumerate(self.layers):
+            p = f"layers.{i}."
+            a = layer.self_attn
+            qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], 0)
+            put(a.qkv_proj.weight, qkv, p + "qkv_proj.weight")
+            if cfg.qkv_bias:
+                b = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"], 0)
+                put(a.qkv_proj.bias, b, p + "qkv_proj.bias")
+            put(a.o_proj.weight, take(p + "self_attn.o_proj.weight"), p + "o_proj.weight")
+            gu = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], 0)
+            put(layer.mlp.gate_up_proj.weight, gu, p + "gate_up_proj.weight")
+            put(layer.mlp.down_proj.weight, take(p + "mlp.down_proj.weight"), p + "down_proj.weight")
+            put(layer.input_layernorm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm")
+            put(layer.post_attention_layernorm.weight, take(p + "post_attention_layernorm.weight"),
+                p + "post_attention_layernorm")
+        leftover = sorted(k for k in w if k not in used and "rotary_emb" not in k)
+        if strict and leftover:
+            raise ValueError(f"checkpoint has tensors the model does not use: {leftover[:5]}")

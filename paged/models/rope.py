@@ -1,0 +1,76 @@
+"""Rotary position embeddings in the rotate-half (GPT-NeoX / HF) convention.
+
+``inverse_frequencies`` applies the checkpoint's theta and scaling; ``RotaryEmbedding``
+caches cos/sin per position and rotates q/k in place-free fashion.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import ModelConfig
+
+
+def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """float32 ``[head_dim // 2]`` inverse frequencies after scaling (float32 math, as HF does)."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = cfg.rope_scaling or {}
+    rt = sc.get("rope_type", "default")
+    if rt == "linear":
+        inv = inv / float(sc["factor"])
+    elif rt == "llama3":
+        factor = float(sc["factor"])
+        low = float(sc.get("low_freq_factor", 1.0))
+        high = float(sc.get("high_freq_factor", 4.0))
+        old_ctx = float(sc["original_max_position_embeddings"])
+        low_wavelen = old_ctx / low
+        high_wavelen = old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = torch.where(medium, smoothed, scaled)
+    if cfg.rope_freq_factors is not None:
+        inv = inv / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
+    return inv.to(torch.float32)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """cos/sin table for positions ``[0, max_positions)``, grown on demand."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.reset(max_positions)
+
+    def reset(self, max_positions: int, device: torch.device | str | None = None) -> None:
+        """(Re)compute the float32 tables, e.g. after ``to_empty``/dtype casts."""
+        self.register_buffer("inv_freq", inverse_frequencies(self.cfg).to(device), persistent=False)
+        self._build(max_positions)
+
+    def _build(self, n: int) -> None:
+        t = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(t, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q ``[T, Hq, D]`` and k ``[T, Hk, D]`` by ``positions`` ``[T]``."""
+        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
+            self._build(max(int(positions.max()) + 1, 2 * self.cos.shape[0]))
+        cos = self.cos[positions].unsqueeze(-2)
+        sin = self.sin[positions].unsqueeze(-2)
+        qf, kf = q.float(), k.float()
+        q2 = qf * cos + rotate_half(qf) * sin
+        k2 = kf * cos + rotate_half(kf) * sin
+        return q2.to(q.dtype), k2.to(k.dtype)

@@ -1,0 +1,52 @@
+"""Our model against transformers on tiny random HF checkpoints (dense path, no cache)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from paged.models import ModelLoadError, dense_logits, load_model
+from paged.models.testing import make_tiny_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+CASES = [
+    # arch, heads, kv heads, head_dim, tie, rope scaling
+    ("llama", 4, 2, None, False, None),
+    ("llama", 8, 1, 8, True, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    ("llama", 4, 4, 32, False, {"rope_type": "linear", "factor": 2.0}),
+    ("qwen2", 4, 2, None, True, None),
+    ("mistral", 8, 2, 16, False, None),
+]
+
+
+@pytest.mark.parametrize("arch,nh,nkv,hd,tie,scaling", CASES)
+def test_dense_logits_match_transformers(tmp_path, arch, nh, nkv, hd, tie, scaling):
+    path = make_tiny_checkpoint(tmp_path / arch, arch, num_heads=nh, num_kv_heads=nkv, head_dim=hd,
+                                tie_word_embeddings=tie, rope_scaling=scaling, rope_theta=5000.0)
+    ours = load_model(path)
+    assert ours.config.architecture == arch
+    assert ours.config.qkv_bias == (arch == "qwen2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (1, 7, 40)]
+    got = dense_logits(ours.model, seqs)
+    for seq, lg in zip(seqs, got):
+        with torch.no_grad():
+            ref = hf(torch.tensor([seq])).logits[0].float()
+        torch.testing.assert_close(lg, ref, atol=2e-4, rtol=1e-4)
+
+
+def test_bad_paths_and_architectures(tmp_path):
+    with pytest.raises(ModelLoadError, match="smollm2"):
+        load_model("no-such-model-anywhere")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ModelLoadError, match="llama"):
+        load_model(tmp_path)
+    empty = tmp_path / "empty"
+    os.makedirs(empty)
+    with pytest.raises(ModelLoadError):
+        load_model(empty)

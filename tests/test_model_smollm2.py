@@ -1,0 +1,64 @@
+"""The embedded SmolLM2-135M (4-bit Q4_1 weights in the GGUF, dequantized to float32).
+
+Perplexity on our own English paragraph catches a wrong Q/K un-permutation (correct:
+~2.75 nats; without un-permuting: ~4.7). The transformers oracle loads the same GGUF.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from paged.models import dense_logits, embedded_gguf_path, load_model, mean_nll
+
+PARAGRAPH = (
+    "The library opens at nine in the morning and closes at six in the evening. "
+    "Most visitors come to read newspapers, borrow books, or use the computers on the second floor. "
+    "On weekends the children's room is busy, because parents bring their kids to story time. "
+    "The librarians are friendly and will help you find what you are looking for. "
+    "If you want to borrow a book, you need a library card, which is free for everyone who lives "
+    "in the city.")
+# token-id prompts (ids from the model's own tokenizer)
+PROMPTS = [
+    [1, 4093, 198, 19556, 905, 17, 378, 2365, 6354, 16438, 30],
+    [504, 746, 27901, 8211, 897, 3608, 282, 260, 1646, 29, 3221, 13842],
+    [788, 216, 34, 32, 34, 36, 28],
+]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_model("smollm2")
+
+
+def test_config_and_perplexity(smol):
+    cfg = smol.config
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
+    assert cfg.tie_word_embeddings and cfg.rope_theta == 100000.0
+    assert "Q4_1" in smol.weight_format
+    ids = smol.tokenizer.encode(PARAGRAPH)
+    assert len(ids) == 93
+    nll = mean_nll(smol.model, ids)
+    assert 2.0 < nll < 3.3, nll  # wrong Q/K permutation gives ~4.7
+
+
+def test_matches_transformers_on_same_gguf(smol):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers needs it to read GGUF files
+    p = embedded_gguf_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(p), gguf_file=os.path.basename(p), dtype=torch.float32).eval()
+    for prompt in PROMPTS:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
+                              pad_token_id=2, eos_token_id=None)[0].tolist()
+        ref_new = out[len(prompt):]
+        assert len(ref_new) == 32
+        # teacher-forced: our argmax at every position must equal HF's greedy token
+        ours = dense_logits(smol.model, [out])[0]
+        assert ours[len(prompt) - 1:-1].argmax(-1).tolist() == ref_new
+        with torch.no_grad():
+            ref = hf(torch.tensor([out])).logits[0].float()
+        err = (ours - ref).abs().max().item()
+        assert err < 1e-3, err  # measured ~6e-5 (float32, logits up to ~35)

@@ -1,0 +1,54 @@
+"""The embedded SmolLM2 tokenizer built from GGUF metadata: fixed ids, digits, specials."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from paged.models import embedded_gguf_path
+from paged.models.gguf_loader import open_gguf
+from paged.tokenizer import tokenizer_from_gguf
+
+# ids verified against transformers' GGUF tokenizer (plain ASCII, no digits) and by hand
+# for the digit split (llama.cpp's `smollm` pre-tokenizer: every digit is its own piece).
+FIXED = {
+    "Hello world! The quick brown fox.": [19556, 905, 17, 378, 2365, 6354, 16438, 30],
+    "In 2024, 12 cats ate 345 fish.":
+        [788, 216, 34, 32, 34, 36, 28, 216, 33, 34, 7680, 15563, 216, 35, 36, 37, 2698, 30],
+    "<|im_start|>user\nHi<|im_end|>": [1, 4093, 198, 26843, 2],
+    " leading space": [2899, 1898],
+    "x 2024 y12": [104, 216, 34, 32, 34, 36, 329, 33, 34],
+}
+PLAIN = """The workbench keeps every block of the key-value cache in a pool. When a request arrives,
+the scheduler asks the manager for free blocks; if none are left, it preempts the newest request.
+  Indented lines,   runs of spaces,\ttabs, "quotes", 'apostrophes' -- and punctuation!?
+Don't forget: you'll see it's done. Ünïcödé wörds."""
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tokenizer_from_gguf(open_gguf(embedded_gguf_path()))
+
+
+def test_fixed_ids_and_round_trip(tok):
+    for text, ids in FIXED.items():
+        assert tok.encode(text) == ids, text
+        assert tok.decode(ids, skip_special_tokens=False) == text
+    assert tok.bos_token_id == 1 and tok.eos_token_id == 2 and tok.vocab_size == 49152
+    assert tok.decode([1, 4093, 198, 26843, 2]) == "user\nHi"  # specials skipped by default
+
+
+def test_digits_are_split_individually(tok):
+    ids = tok.encode("9876543210")
+    assert len(ids) == 10
+    assert [tok.decode([i]) for i in ids] == list("9876543210")
+
+
+def test_matches_transformers_on_plain_ascii_text(tok):
+    transformers = pytest.importorskip("transformers")
+    p = embedded_gguf_path()
+    try:
+        ref = transformers.AutoTokenizer.from_pretrained(os.path.dirname(p), gguf_file=os.path.basename(p))
+    except Exception as e:  # noqa: BLE001 - an optional oracle
+        pytest.skip(f"transformers cannot read the GGUF tokenizer: {e}")
+    assert tok.encode(PLAIN) == ref.encode(PLAIN, add_special_tokens=False)
