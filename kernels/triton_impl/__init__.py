@@ -1,0 +1,1 @@
+"""Triton kernels (imported lazily by :mod:`kernels.api`; never on ``import kernels``)."""

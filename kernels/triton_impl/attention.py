@@ -1,0 +1,155 @@
+"""Paged attention kernels: split-KV decode (two stages) and prefill/extend.
+
+Both pack one KV head's group of query heads into the rows of a tile, so each K/V tile is loaded
+(and dequantized) once per group. K/V are gathered token by token through the block table, which
+makes any block size (1 included) work; loads are masked at ``seq_len``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import block_slots, dot_f32, load_kv_tile
+
+
+@triton.jit
+def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, bt_ptr, sl_ptr, mid_o_ptr, mid_lse_ptr,
+                        sm_scale, bt_stride, tokens_per_split,
+                        HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, BS: tl.constexpr,
+                        GROUP: tl.constexpr, GP: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr):
+    """Stage 1, grid ``(num_seqs, num_kv_heads, NSPLIT)``: attention over one split of the context.
+
+    Writes the split's normalised output ``mid_o[seq, head, split, :]`` and its log-sum-exp
+    ``mid_lse[seq, head, split]`` (-inf for an empty split).
+    """
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(sl_ptr + seq)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < D
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + (seq * HQ + heads)[:, None] * D + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+    if FMT == 1 or FMT == 2:
+        k_hs = tl.load(ks_ptr + kvh)
+        v_hs = tl.load(vs_ptr + kvh)
+    else:
+        k_hs = 1.0
+        v_hs = 1.0
+
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        mask_n = pos < end
+        slots = block_slots(bt_row, pos, mask_n, BS)
+        k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
+        s = dot_f32(q, tl.trans(k), DOT) * sm_scale
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_kv_tile(v_ptr, vs_ptr, vz_ptr, slots, mask_n, kvh, offs_d, mask_d, v_hs, H, D, NG, FMT)
+        acc = acc * alpha[:, None] + dot_f32(p, v, DOT)
+        m_i = m_new
+
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    row = (seq * HQ + heads) * NSPLIT + split
+    tl.store(mid_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask_g[:, None])
+    tl.store(mid_lse_ptr + row, lse, mask=mask_g)
+
+
+@triton.jit
+def decode_merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, D: tl.constexpr, NSPLIT: tl.constexpr,
+                        SP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Stage 2, grid ``(num_seqs * num_q_heads,)``: merge the splits by log-sum-exp."""
+    row = tl.program_id(0)
+    offs_s = tl.arange(0, SP)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < NSPLIT
+    lse = tl.load(mid_lse_ptr + row * NSPLIT + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m_safe)
+    total = tl.sum(w, 0)
+    o = tl.load(mid_o_ptr + (row * NSPLIT + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+                mask=mask_s[:, None], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + row * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < D)
+    tl.store(lse_ptr + row, tl.where(total > 0, m_safe + tl.log(tl.where(total > 0, total, 1.0)), float("-inf")))
+
+
+@triton.jit
+def prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, bt_ptr, sl_ptr, qsl_ptr, out_ptr,
+                   sm_scale, bt_stride,
+                   HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, BS: tl.constexpr,
+                   GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr):
+    """Grid ``(num_seqs, num_kv_heads, q_tiles)``: ``BLOCK_Q`` query tokens x the head group.
+
+    Row ``r`` of the tile is token ``r // GP``, head ``kvh * GROUP + r % GP``. Query token ``i``
+    sits at position ``seq_len - q_len + i`` and sees cache positions ``<=`` that position.
+    """
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    tile = tl.program_id(2)
+    seq_len = tl.load(sl_ptr + seq)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    M: tl.constexpr = BLOCK_Q * GP
+
+    offs_m = tl.arange(0, M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    tok = tile * BLOCK_Q + offs_m // GP
+    g = offs_m % GP
+    mask_m = (tok < q_len) & (g < GROUP)
+    q_pos = seq_len - q_len + tok
+    q_rows = (q_start + tok).to(tl.int64) * HQ + kvh * GROUP + g
+    q = tl.load(q_ptr + q_rows[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :],
+                other=0.0).to(tl.float32)
+    if FMT == 1 or FMT == 2:
+        k_hs = tl.load(ks_ptr + kvh)
+        v_hs = tl.load(vs_ptr + kvh)
+    else:
+        k_hs = 1.0
+        v_hs = 1.0
+
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, BLOCK_D], tl.float32)
+    # keys up to the tile's last query position; nothing for tiles past the query
+    kv_end = tl.where(tile * BLOCK_Q < q_len, tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_Q), 0)
+    bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
+    for n0 in range(0, kv_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        mask_n = pos < kv_end
+        slots = block_slots(bt_row, pos, mask_n, BS)
+        k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
+        s = dot_f32(q, tl.trans(k), DOT) * sm_scale
+        s = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_kv_tile(v_ptr, vs_ptr, vz_ptr, slots, mask_n, kvh, offs_d, mask_d, v_hs, H, D, NG, FMT)
+        acc = acc * alpha[:, None] + dot_f32(p, v, DOT)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + q_rows[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_d[None, :])

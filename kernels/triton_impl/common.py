@@ -1,0 +1,123 @@
+"""Shared Triton device functions: fp8 codecs with integer bit operations, rounding, tile loads.
+
+Why integer bit operations: Triton's interpreter rounds float->fp8 casts wrongly (see
+ANCHORS.md), and GPUs before compute capability 8.9 have no e4m3 conversions. Encoding and
+decoding with integer ops gives the same bits as torch's casts everywhere.
+
+``INTERPRETED`` records whether these kernels were defined under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Kernel format codes (kernels.formats.KVFormat.code).
+FMT_PLAIN, FMT_E4M3, FMT_E5M2, FMT_INT8, FMT_INT4 = 0, 1, 2, 3, 4
+
+
+@triton.jit
+def rne(y):
+    """Round float32 ``y`` to the nearest integer, ties to even (valid for ``|y| < 2**22``)."""
+    return (y + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def encode_fp8(x, MANT: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr):
+    """float32 -> fp8 bit pattern (int32 in [0, 255]) with round-to-nearest-even.
+
+    Finite values above the largest code become ``MAX_CODE`` (pass 0x7E for saturating e4m3fn,
+    0x7B for saturating e5m2, 0x7C to let e5m2 overflow to inf); NaN -> sign | 0x7F.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = bits & 0x7FFFFFFF
+    exp = a >> 23
+    DROP: tl.constexpr = 23 - MANT
+    # normal results: round away DROP mantissa bits (the carry may bump the exponent), re-bias
+    rounded = a + ((1 << (DROP - 1)) - 1) + ((a >> DROP) & 1)
+    normal = (rounded >> DROP) - ((127 - BIAS) << MANT)
+    # subnormal results: code = rne(|x| * 2**(BIAS - 1 + MANT)) from the 24-bit significand
+    mant24 = (a & 0x7FFFFF) | 0x800000
+    shift = (151 - BIAS - MANT) - exp
+    sh = tl.minimum(tl.maximum(shift, 1), 31)
+    q = mant24 >> sh
+    rem = mant24 & ((1 << sh) - 1)
+    half = 1 << (sh - 1)
+    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    sub = tl.where((shift > 31) | (exp == 0), 0, q + up.to(tl.int32))
+    code = tl.where(exp >= 128 - BIAS, normal, sub)
+    code = tl.minimum(code, MAX_CODE)
+    code = tl.where(a > 0x7F800000, 0x7F, code)
+    return code | sign
+
+
+@triton.jit
+def decode_fp8(c, IS_E4M3: tl.constexpr):
+    """fp8 bit pattern (uint8 tensor) -> float32, exactly; e4m3fn 0x7F/0xFF -> NaN."""
+    c16 = c.to(tl.uint16)
+    if IS_E4M3:
+        # s eeee mmm -> fp16 s 0eeee mmm0000000 is the same value times 2**-8 (normals and subnormals)
+        h = ((c16 & 0x80) << 8) | ((c16 & 0x7F) << 7)
+        v = h.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+        v = tl.where((c16 & 0x7F) == 0x7F, float("nan"), v)
+    else:
+        # e5m2 is the high byte of an fp16
+        v = (c16 << 8).to(tl.float16, bitcast=True).to(tl.float32)
+    return v
+
+
+@triton.jit
+def block_slots(bt_ptr, pos, mask, BS: tl.constexpr):
+    """Slot ids (int64) of token positions ``pos`` through a block-table row; 0 where masked."""
+    phys = tl.load(bt_ptr + pos // BS, mask=mask, other=0).to(tl.int64)
+    return phys * BS + (pos % BS)
+
+
+@triton.jit
+def load_kv_tile(data_ptr, scale_ptr, zero_ptr, slots, mask_n, kvh, offs_d, mask_d, head_scale,
+                 H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, FMT: tl.constexpr):
+    """Dequantized float32 ``[BLOCK_N, BLOCK_D]`` K or V tile of KV head ``kvh`` at ``slots``.
+
+    Masked loads give 0, so stale or NaN slots never enter the math.
+    """
+    m = mask_n[:, None] & mask_d[None, :]
+    row = slots * H + kvh
+    if FMT == 4:
+        W: tl.constexpr = D // 2
+        G: tl.constexpr = D // NG
+        b = tl.load(data_ptr + row[:, None] * W + offs_d[None, :] // 2, mask=m, other=0).to(tl.int32)
+        code = ((b >> ((offs_d[None, :] % 2) * 4)) & 0xF).to(tl.float32)
+        gi = row[:, None] * NG + offs_d[None, :] // G
+        s = tl.load(scale_ptr + gi, mask=m, other=0.0).to(tl.float32)
+        z = tl.load(zero_ptr + gi, mask=m, other=0.0).to(tl.float32)
+        x = code * s + z
+    else:
+        raw = tl.load(data_ptr + row[:, None] * D + offs_d[None, :], mask=m, other=0)
+        if FMT == 0:
+            x = raw.to(tl.float32)
+        elif FMT == 3:
+            s = tl.load(scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)
+            x = raw.to(tl.float32) * s[:, None]
+        else:
+            x = decode_fp8(raw, FMT == 1) * head_scale
+    return x
+
+
+@triton.jit
+def dot_f32(a, b, DOT: tl.constexpr):
+    """``a @ b`` with float32 accumulation. DOT: 0 = float32 (IEEE), 1 = fp16 inputs, 2 = bf16 inputs.
+
+    The interpreter always uses 0 (its bf16 dot is wrong); GPUs use the model's 16-bit dtype.
+    """
+    if DOT == 0:
+        r = tl.dot(a, b, input_precision="ieee")
+    elif DOT == 1:
+        r = tl.dot(a.to(tl.float16), b.to(tl.float16))
+    else:
+        r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    return r

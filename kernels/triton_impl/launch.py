@@ -1,0 +1,138 @@
+"""Host-side launchers: pick tile sizes and split counts, then run the Triton kernels.
+
+Shared by the ``triton`` (CUDA) and ``interpreter`` (CPU) backends; the only difference is the
+dot dtype (float32 in the interpreter, whose bf16 dot is wrong; the model's 16-bit dtype on GPUs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from ..cache import KVCacheLayer
+from ..errors import ShapeError
+from .attention import decode_merge_kernel, decode_split_kernel, prefill_kernel
+from .common import INTERPRETED
+from .write import copy_blocks_kernel, write_kv_kernel
+
+MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost dominates
+MAX_SPLITS = 32
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _dot_code(dtype: torch.dtype, device: torch.device) -> int:
+    if INTERPRETED or device.type != "cuda" or dtype == torch.float32:
+        return 0
+    return 2 if dtype == torch.bfloat16 else 1
+
+
+def _side(layer: KVCacheLayer) -> tuple:
+    """(k data, v data, k scale, v scale, k zero, v zero) with dummies for absent tensors."""
+    k, v = layer.k, layer.v
+    if layer.kv_format.code in (1, 2):
+        k, v = k.view(torch.uint8), v.view(torch.uint8)
+    dummy = k  # never read: the format's constexpr branch does not touch it
+    return (k, v, layer.k_scale if layer.k_scale is not None else dummy,
+            layer.v_scale if layer.v_scale is not None else dummy,
+            layer.k_zero if layer.k_zero is not None else dummy,
+            layer.v_zero if layer.v_zero is not None else dummy)
+
+
+def _num_groups(layer: KVCacheLayer) -> int:
+    return layer.k_scale.shape[-1] if layer.kv_format.packed else 1
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU (about 2 per SM), each with at least ``MIN_TOKENS_PER_SPLIT``."""
+    by_len = max(1, math.ceil(max_len / MIN_TOKENS_PER_SPLIT))
+    by_occupancy = max(1, math.ceil(2 * _num_sms(device) / max(1, num_seqs * num_kv_heads)))
+    return max(1, min(by_len, by_occupancy, MAX_SPLITS))
+
+
+def decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                  scale: float | None, num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-stage split-KV decode. The split size comes from the block-table width (no host sync)."""
+    s, hq, d = q.shape
+    h, bs = layer.num_kv_heads, layer.block_size
+    group = hq // h
+    gp = max(16, _pow2(group))
+    block_d = max(16, _pow2(d))
+    block_n = 16 if INTERPRETED else 64
+    max_len = block_tables.shape[1] * bs
+    nsplit = num_splits or choose_num_splits(s, h, max_len, q.device)
+    if nsplit < 1:
+        raise ShapeError(f"num_splits must be >= 1, got {nsplit}")
+    per_split = max(block_n, math.ceil(max(1, max_len) / nsplit / block_n) * block_n)
+    mid_o = torch.empty(s, hq, nsplit, block_d, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(s, hq, nsplit, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    lse = torch.empty(s, hq, dtype=torch.float32, device=q.device)
+    if s == 0:
+        return out, lse
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    qc = q.contiguous()
+    decode_split_kernel[(s, h, nsplit)](
+        qc, *_side(layer), block_tables, seq_lens, mid_o, mid_lse, sm_scale, block_tables.stride(0), per_split,
+        HQ=hq, H=h, D=d, NG=_num_groups(layer), BS=bs, GROUP=group, GP=gp, NSPLIT=nsplit, BLOCK_N=block_n,
+        BLOCK_D=block_d, FMT=layer.kv_format.code, DOT=_dot_code(q.dtype, q.device))
+    decode_merge_kernel[(s * hq,)](mid_o, mid_lse, out, lse, D=d, NSPLIT=nsplit, SP=max(2, _pow2(nsplit)),
+                                   BLOCK_D=block_d)
+    return out, lse
+
+
+def prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                   query_start_loc: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Prefill/extend over a variable-length batch (one host sync for the longest query)."""
+    t, hq, d = q.shape
+    n = block_tables.shape[0]
+    out = torch.empty_like(q)
+    if t == 0 or n == 0:
+        return out
+    h, bs = layer.num_kv_heads, layer.block_size
+    group = hq // h
+    gp = _pow2(group)
+    block_q = max(1, (16 if INTERPRETED else 64) // gp)
+    if block_q * gp < 16:
+        block_q = 16 // gp
+    max_q = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    block_n = 16 if INTERPRETED else 64
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    prefill_kernel[(n, h, triton.cdiv(max_q, block_q))](
+        q.contiguous(), *_side(layer), block_tables, seq_lens, query_start_loc, out, sm_scale,
+        block_tables.stride(0), HQ=hq, H=h, D=d, NG=_num_groups(layer), BS=bs, GROUP=group, GP=gp,
+        BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(d)), FMT=layer.kv_format.code,
+        DOT=_dot_code(q.dtype, q.device))
+    return out
+
+
+def write_kv_triton(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """One program per token-head; quantize-on-write for the quantized formats."""
+    t, h, d = key.shape
+    if t == 0:
+        return
+    ng = _num_groups(layer)
+    write_kv_kernel[(t, h)](key, value, slot_mapping, *_side(layer), H=h, D=d, NG=ng, NGP=_pow2(ng),
+                            HGP=_pow2(max(1, d // ng // 2)), BLOCK_D=_pow2(d), FMT=layer.kv_format.code)
+
+
+def copy_blocks_triton(tensors: list[torch.Tensor], mapping: torch.Tensor) -> None:
+    """Copy whole blocks of each tensor (viewed as 32-bit words when the block size allows)."""
+    m = mapping.to(torch.int64).contiguous()
+    for t in tensors:
+        flat = t.view(torch.uint8).view(t.shape[0], -1)
+        if flat.shape[1] % 4 == 0:
+            flat = flat.view(torch.int32)
+        row = flat.shape[1]
+        block = min(1024, _pow2(row))
+        copy_blocks_kernel[(m.shape[0], triton.cdiv(row, block))](flat, m, ROW=row, BLOCK=block)

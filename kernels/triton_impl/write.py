@@ -1,0 +1,96 @@
+"""KV write ("reshape and cache") with quantize-on-write, and block copy."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import encode_fp8, rne
+
+
+@triton.jit
+def _store_row(x, data_ptr, scale_ptr, zero_ptr, row, ok, head_scale, offs_d,
+               D: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr):
+    """Quantize one token-head row ``x`` ``[BLOCK_D]`` (float32, 0 past D) and store it at ``row``."""
+    mask = (offs_d < D) & ok
+    if FMT == 0:
+        tl.store(data_ptr + row * D + offs_d, x.to(data_ptr.dtype.element_ty), mask=mask)
+    elif FMT == 1:
+        tl.store(data_ptr + row * D + offs_d, encode_fp8(x / head_scale, 3, 7, 0x7E).to(tl.uint8), mask=mask)
+    elif FMT == 2:
+        tl.store(data_ptr + row * D + offs_d, encode_fp8(x / head_scale, 2, 15, 0x7B).to(tl.uint8), mask=mask)
+    else:  # int8, symmetric per token-head, fp16 scale
+        s = (tl.max(tl.abs(x), 0) / 127.0).to(tl.float16)
+        s32 = s.to(tl.float32)
+        q = tl.minimum(tl.maximum(rne(x / tl.where(s32 == 0, 1.0, s32)), -127.0), 127.0)
+        tl.store(data_ptr + row * D + offs_d, q.to(tl.int8), mask=mask)
+        tl.store(scale_ptr + row, s, mask=ok)
+
+
+@triton.jit
+def _store_row_int4(src_ptr, data_ptr, scale_ptr, zero_ptr, row, ok,
+                    D: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr, HGP: tl.constexpr):
+    """int4: groups of ``D // NG`` along head_dim, fp16 scale and zero, even/odd codes packed in a byte."""
+    HG: tl.constexpr = D // NG // 2  # byte pairs per group
+    gi = tl.arange(0, NGP)[:, None]
+    j = tl.arange(0, HGP)[None, :]
+    m = (gi < NG) & (j < HG)
+    idx = gi * (2 * HG) + 2 * j
+    xe = tl.load(src_ptr + idx, mask=m, other=0.0).to(tl.float32)
+    xo = tl.load(src_ptr + idx + 1, mask=m, other=0.0).to(tl.float32)
+    inf = float("inf")
+    mn = tl.minimum(tl.min(tl.where(m, xe, inf), 1), tl.min(tl.where(m, xo, inf), 1))
+    mx = tl.maximum(tl.max(tl.where(m, xe, -inf), 1), tl.max(tl.where(m, xo, -inf), 1))
+    s = ((mx - mn) / 15.0).to(tl.float16)
+    z = mn.to(tl.float16)
+    s32 = s.to(tl.float32)
+    safe = tl.where(s32 == 0, 1.0, s32)[:, None]
+    z32 = z.to(tl.float32)[:, None]
+    qe = tl.minimum(tl.maximum(rne((xe - z32) / safe), 0.0), 15.0).to(tl.int32)
+    qo = tl.minimum(tl.maximum(rne((xo - z32) / safe), 0.0), 15.0).to(tl.int32)
+    byte = (qe | (qo << 4)).to(tl.uint8)
+    tl.store(data_ptr + row * (D // 2) + gi * HG + j, byte, mask=m & ok)
+    g1 = tl.arange(0, NGP)
+    tl.store(scale_ptr + row * NG + g1, s, mask=(g1 < NG) & ok)
+    tl.store(zero_ptr + row * NG + g1, z, mask=(g1 < NG) & ok)
+
+
+@triton.jit
+def write_kv_kernel(key_ptr, value_ptr, slot_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr,
+                    H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr, HGP: tl.constexpr,
+                    BLOCK_D: tl.constexpr, FMT: tl.constexpr):
+    """Grid ``(num_tokens, num_kv_heads)``: store one token-head of K and V at its slot (skip slot < 0)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    ok = slot >= 0
+    row = tl.maximum(slot, 0) * H + h
+    src = (t.to(tl.int64) * H + h) * D
+    if FMT == 4:
+        _store_row_int4(key_ptr + src, k_ptr, ks_ptr, kz_ptr, row, ok, D, NG, NGP, HGP)
+        _store_row_int4(value_ptr + src, v_ptr, vs_ptr, vz_ptr, row, ok, D, NG, NGP, HGP)
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        md = offs_d < D
+        if FMT == 1 or FMT == 2:
+            k_hs = tl.load(ks_ptr + h)
+            v_hs = tl.load(vs_ptr + h)
+        else:
+            k_hs = 1.0
+            v_hs = 1.0
+        kx = tl.load(key_ptr + src + offs_d, mask=md, other=0.0).to(tl.float32)
+        _store_row(kx, k_ptr, ks_ptr, kz_ptr, row, ok, k_hs, offs_d, D, BLOCK_D, FMT)
+        vx = tl.load(value_ptr + src + offs_d, mask=md, other=0.0).to(tl.float32)
+        _store_row(vx, v_ptr, vs_ptr, vz_ptr, row, ok, v_hs, offs_d, D, BLOCK_D, FMT)
+
+
+@triton.jit
+def copy_blocks_kernel(ptr, map_ptr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid ``(num_pairs, cdiv(ROW, BLOCK))``: copy ``ROW`` elements of block ``src`` to block ``dst``."""
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    src = tl.load(map_ptr + 2 * pair).to(tl.int64)
+    dst = tl.load(map_ptr + 2 * pair + 1).to(tl.int64)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    m = offs < ROW
+    tl.store(ptr + dst * ROW + offs, tl.load(ptr + src * ROW + offs, mask=m), mask=m)
