@@ -17,6 +17,10 @@ memory bound) and vidur's operator split, reduced to closed form; vidur instead 
 random forests on profiles (<9% error claimed). ``CostModel.fit`` calibrates ``overhead``,
 ``per_seq``, ``per_token``, the effective FLOP/s and bandwidth (via their ridge point) to measured
 step times by non-negative least squares and reports the held-out error.
+
+With ``kv_block_size`` set, KV reads are slowed by ``paged_attention_efficiency(block_size)``
+(measured paged-vs-contiguous kernel bandwidth from flash-attention PR 2468, see ANCHORS.md), so
+tiny blocks cost attention time as in the vLLM paper's block-size ablation (its Fig. 18).
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class CostModel:
     per_seq_s: float = 4e-6
     per_token_s: float = 0.0
     allreduce_latency_s: float = 8e-6
+    kv_block_size: int | None = None  # paged KV: scale KV-read bandwidth by paged_attention_efficiency
     # derived constants (filled in __post_init__)
     _kv_bytes: float = field(init=False, default=0.0)
     _attn_flops_per_tok: float = field(init=False, default=0.0)
@@ -120,6 +125,8 @@ class CostModel:
             raise ConfigError(f"mfu and mbu must be in (0, 1], got {self.mfu}, {self.mbu}")
         m, tp = self.model, self.tensor_parallel
         self._kv_bytes = m.kv_bytes_per_token(self.kv_format, tp)
+        if self.kv_block_size is not None:
+            self._kv_bytes /= paged_attention_efficiency(self.kv_block_size)
         self._attn_flops_per_tok = 4.0 * m.num_layers * (m.num_heads / tp) * m.head_dim
         self._lin_flops_per_tok = 2.0 * m.matmul_params_per_token / tp
         self._head_flops_per_tok = 2.0 * m.lm_head_params / tp
@@ -136,7 +143,8 @@ class CostModel:
 
     @property
     def kv_bytes_per_token(self) -> float:
-        return self._kv_bytes
+        """Stored KV bytes per token on one GPU (without the paged-kernel penalty)."""
+        return self.model.kv_bytes_per_token(self.kv_format, self.tensor_parallel)
 
     # -- features -------------------------------------------------------------------------------
     def _parts(self, s: StepShape) -> tuple[np.ndarray, np.ndarray]:
@@ -262,6 +270,21 @@ class CostModel:
         return FitReport(fitted, len(train), n_hold, float(ape[train].mean()), h_mape, h_p90, r2, r)
 
 
+# (block size, achieved share of the contiguous kernel's bandwidth), from flash-attention PR 2468
+# as summarised in ANCHORS.md: page 1 reached 0.87 of 4.0 TB/s at page 128; pages of 16 / 64
+# cost 24% / 17%; pages of 128 cost < 1%.
+_PAGE_EFFICIENCY = ((1, 0.87 / 4.0), (16, 1 / 1.24), (64, 1 / 1.17), (128, 0.99), (1 << 20, 0.99))
+
+
+def paged_attention_efficiency(block_size: int) -> float:
+    """Bandwidth of a paged attention kernel relative to a contiguous one (interpolated in log2)."""
+    if block_size < 1:
+        raise ConfigError(f"block_size must be >= 1, got {block_size}")
+    xs = np.log2([b for b, _ in _PAGE_EFFICIENCY])
+    ys = [e for _, e in _PAGE_EFFICIENCY]
+    return float(np.interp(np.log2(block_size), xs, ys))
+
+
 def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative least squares on relative residuals (rows scaled by 1/y); drops negative columns."""
     w = 1.0 / np.maximum(np.abs(y), 1e-12)
@@ -280,4 +303,4 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-__all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport"]
+__all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency"]

@@ -1,0 +1,352 @@
+"""Discrete-event simulation of a deployment with the engine's own Scheduler and KV-cache manager.
+
+The loop: requests of a trace are added when the simulated clock passes their arrival time;
+``Scheduler.schedule()`` plans a step; the ``CostModel`` turns the plan (new tokens and cached
+context per chunk, swapped and copied blocks) into a duration; every chunk that samples gets a
+dummy token (no stop tokens, so a request ends at its trace output length); ``Scheduler.update``
+moves requests on. Memory decisions (admission, preemption, prefix hits, swaps) are therefore
+exactly those the real engine makes; only time is modelled.
+
+Prompts are synthesized token ids (seeded): requests with the same ``prefix_id`` share their
+first ``prefix_tokens`` ids, everything else is random over the vocabulary, so prefix-cache hits
+happen only where the trace says prompts share text.
+
+Invariant checked at the end of every run: every request finished or was rejected at admission,
+and no KV block is in use (``num_blocks_in_use_at_end == 0``).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from paged.baselines import ContiguousKVCacheManager
+from paged.config import GiB, ModelSpec, get_gpu, get_model, kv_cache_sizing
+from paged.cost_model import CostModel, StepShape
+from paged.errors import ConfigError, InvalidRequestError, PagedError
+from paged.events import NullRecorder, Recorder
+from paged.kv_manager import KVCacheManager
+from paged.request import Request
+from paged.scheduler import Scheduler, SchedulerConfig
+from paged.workload import normalize_trace
+
+ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+DUMMY_TOKEN = 17  # first non-control id of SmolLM2's vocabulary; never a stop token here
+
+
+class SimulationStuck(PagedError, RuntimeError):
+    """No request can make progress and no arrival is pending (e.g. the watermark blocks admission)."""
+
+
+@dataclass
+class SimConfig:
+    """Everything a simulated deployment needs besides its trace."""
+
+    model: str = "llama-2-13b"
+    gpu: str = "a100-80gb"
+    tensor_parallel: int = 1
+    block_size: int = 16
+    num_blocks: int | None = None  # None: what fits at gpu_memory_utilization
+    gpu_memory_utilization: float = 0.9
+    kv_format: str = "fp16"
+    allocator: str = "paged"
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    preemption_mode: str = "recompute"
+    policy: str = "fcfs"
+    watermark: float = 0.01
+    enable_prefix_caching: bool = True
+    swap_space_gib: float = 4.0  # CPU pool per GPU for preemption_mode="swap"
+    max_model_len: int | None = None  # None: the model's
+    hash_fn: str = "builtin"  # prefix hits are verified on tokens, so a fast hash is safe
+    paged_kernel_penalty: bool = True  # slow KV reads for small blocks (see cost_model)
+    mfu: float | None = None
+    mbu: float | None = None
+    step_overhead_s: float | None = None
+    seed: int = 0
+    record_events: bool = False
+
+    def __post_init__(self) -> None:
+        if self.allocator not in ALLOCATORS:
+            raise ConfigError(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SimResult:
+    """A finished run: ``summary`` (flat dict), per-request and per-step DataFrames."""
+
+    config: SimConfig
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    recorder: Recorder | None = field(default=None, repr=False)
+
+
+class _Tokens:
+    """Seeded synthetic prompt token ids; shared prefixes are identical across requests."""
+
+    def __init__(self, vocab_size: int, seed: int) -> None:
+        self.lo, self.hi = 17, max(vocab_size, 18)
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.prefixes: dict[int, np.ndarray] = {}
+
+    def prompt(self, n: int, prefix_id: int, prefix_tokens: int) -> list[int]:
+        if prefix_id < 0 or prefix_tokens <= 0:
+            return self.rng.integers(self.lo, self.hi, n).tolist()
+        pre = self.prefixes.get(prefix_id)
+        if pre is None or len(pre) < prefix_tokens:
+            pre = np.random.default_rng([self.seed, 1 + prefix_id]).integers(self.lo, self.hi, max(prefix_tokens, 1))
+            self.prefixes[prefix_id] = pre
+        own = self.rng.integers(self.lo, self.hi, n - prefix_tokens)
+        return np.concatenate([pre[:prefix_tokens], own]).tolist()
+
+
+def build_cost_model(cfg: SimConfig, model: ModelSpec) -> CostModel:
+    kw: dict[str, Any] = {}
+    for k in ("mfu", "mbu", "step_overhead_s"):
+        if getattr(cfg, k) is not None:
+            kw[k] = getattr(cfg, k)
+    bs = cfg.block_size if (cfg.allocator == "paged" and cfg.paged_kernel_penalty) else None
+    return CostModel(model, get_gpu(cfg.gpu), tensor_parallel=cfg.tensor_parallel, kv_format=cfg.kv_format,
+                     kv_block_size=bs, **kw)
+
+
+class Simulator:
+    """One simulated deployment (build a new one per run: the scheduler keeps state)."""
+
+    def __init__(self, config: SimConfig | None = None, cost_model: CostModel | None = None) -> None:
+        cfg = self.config = config or SimConfig()
+        self.model = get_model(cfg.model)
+        self.max_model_len = cfg.max_model_len or self.model.max_model_len
+        self.sizing = kv_cache_sizing(self.model, cfg.gpu, cfg.block_size, kv_format=cfg.kv_format,
+                                      tensor_parallel=cfg.tensor_parallel,
+                                      gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                      max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                      max_num_seqs=cfg.max_num_seqs)
+        self.num_blocks = cfg.num_blocks if cfg.num_blocks is not None else self.sizing.num_blocks
+        self.block_bytes = self.model.kv_bytes_per_token(cfg.kv_format, cfg.tensor_parallel) * cfg.block_size
+        self.recorder: Recorder = Recorder() if cfg.record_events else NullRecorder()
+        if cfg.allocator == "paged":
+            num_cpu = int(cfg.swap_space_gib * GiB // self.block_bytes) if cfg.preemption_mode == "swap" else 0
+            self.kv: KVCacheManager = KVCacheManager(
+                self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
+                hash_fn=cfg.hash_fn, num_cpu_blocks=num_cpu, max_model_len=self.max_model_len,
+                recorder=self.recorder)
+        else:
+            # same memory, counted in token slots
+            self.kv = ContiguousKVCacheManager(self.num_blocks * cfg.block_size, cfg.allocator.split("-")[1],
+                                               max_model_len=self.max_model_len, recorder=self.recorder)
+        self.scheduler = Scheduler(self.kv, SchedulerConfig(
+            max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
+            enable_chunked_prefill=cfg.enable_chunked_prefill, preemption_mode=cfg.preemption_mode,
+            policy=cfg.policy, watermark=cfg.watermark))
+        self.cost = cost_model or build_cost_model(cfg, self.model)
+        self._ran = False
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.config.block_size
+
+    def run(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False,
+            max_steps: int | None = None) -> SimResult:
+        """Simulate ``trace`` to completion (see module docstring). ``progress``: tqdm bar or callback."""
+        if self._ran:
+            raise ConfigError("a Simulator runs once; build a new one for another run")
+        self._ran = True
+        tr = normalize_trace(trace)
+        n = len(tr)
+        arr = tr["arrival_time"].to_numpy(dtype=np.float64)
+        P = tr["prompt_tokens"].to_numpy()
+        O = tr["output_tokens"].to_numpy()
+        pid = tr["prefix_id"].to_numpy()
+        ptok = tr["prefix_tokens"].to_numpy()
+        priority = tr["priority"].to_numpy() if "priority" in tr.columns else None
+        toks = _Tokens(self.model.vocab_size, self.config.seed)
+        sched, kv, cost = self.scheduler, self.kv, self.cost
+        block_bytes, bs = self.block_bytes, self.config.block_size
+
+        # per request: [first_scheduled, first_token, last_token, finish]; -1 = not yet
+        rec = np.full((n, 4), -1.0)
+        preempts = np.zeros(n, dtype=np.int64)
+        cached = np.zeros(n, dtype=np.int64)
+        rejected: list[tuple[int, str]] = []
+        tbt = array("d")
+        steps: list[tuple] = []
+        bar = None
+        if progress is True:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=n, unit="req", desc=f"simulate {self.config.allocator}", leave=False)
+        callback = progress if callable(progress) else None
+
+        wall0 = time.perf_counter()
+        clock, nxt, done, n_steps = 0.0, 0, 0, 0
+        while done + len(rejected) < n:
+            while nxt < n and arr[nxt] <= clock:
+                req = Request(str(nxt), toks.prompt(int(P[nxt]), int(pid[nxt]), int(ptok[nxt])), int(O[nxt]),
+                              arrival_time=float(arr[nxt]), priority=int(priority[nxt]) if priority is not None else 0,
+                              data=nxt)
+                try:
+                    sched.add_request(req)
+                except InvalidRequestError as exc:
+                    rejected.append((nxt, str(exc)))
+                nxt += 1
+            if not sched.has_unfinished_requests():
+                if nxt < n:
+                    clock = max(clock, float(arr[nxt]))
+                continue
+            plan = sched.schedule()
+            chunks = plan.scheduled
+            if not chunks:
+                if plan.preempted or plan.swap_out:
+                    continue
+                if nxt < n:
+                    clock = max(clock, float(arr[nxt]))
+                    continue
+                raise SimulationStuck(
+                    f"step {plan.step}: {plan.num_waiting} waiting, {plan.num_swapped} swapped requests cannot be "
+                    f"scheduled and no arrival is pending; lower the watermark or give the cache more blocks")
+            q = np.fromiter((c.num_tokens for c in chunks), np.float64, len(chunks))
+            ctx = np.fromiter((c.start for c in chunks), np.float64, len(chunks))
+            sampling = [c for c in chunks if c.samples]
+            swap_blocks = len(plan.swap_out) + len(plan.swap_in)
+            shape = StepShape(q, ctx, len(sampling), swap_blocks * block_bytes, len(plan.block_copies) * block_bytes)
+            dt = cost.step_time(shape)
+            t_end = clock + dt
+            for c in chunks:
+                i = c.request.data
+                if rec[i, 0] < 0:
+                    rec[i, 0] = clock
+            sampled = {}
+            for c in sampling:
+                r = c.request
+                sampled[r.request_id] = DUMMY_TOKEN
+                i = r.data
+                last = rec[i, 2]
+                if last < 0:
+                    rec[i, 1] = t_end
+                else:
+                    tbt.append(t_end - last)
+                rec[i, 2] = t_end
+            num_decode = sum(1 for c in sampling if c.num_tokens == 1 and c.start >= c.request.num_prompt_tokens)
+            steps.append((clock, dt, len(chunks), int(q.sum()) - num_decode, num_decode, plan.kv_cache_usage_perc,
+                          plan.token_usage, plan.num_waiting, plan.num_running, plan.num_swapped,
+                          len(plan.preempted), swap_blocks))
+            finished = sched.update(plan, sampled)
+            clock = t_end
+            n_steps += 1
+            if finished:
+                for r in finished:
+                    i = r.data
+                    rec[i, 3] = t_end
+                    preempts[i] = r.num_preemptions
+                    cached[i] = max(r.num_cached_tokens, 0)
+                sched.take_finished()
+                done += len(finished)
+                if bar is not None:
+                    bar.update(len(finished))
+                if callback is not None:
+                    callback(done)
+            if max_steps is not None and n_steps >= max_steps:
+                break
+        wall = time.perf_counter() - wall0
+        if bar is not None:
+            bar.close()
+        return self._result(tr, rec, preempts, cached, rejected, tbt, steps, wall)
+
+    # ---- results -------------------------------------------------------------------
+    def _result(self, tr: pd.DataFrame, rec: np.ndarray, preempts: np.ndarray, cached: np.ndarray,
+                rejected: list[tuple[int, str]], tbt: array, steps: list[tuple], wall: float) -> SimResult:
+        cfg, kv = self.config, self.kv
+        reqs = tr.copy()
+        reqs["first_scheduled"], reqs["first_token_time"], reqs["last_token_time"], reqs["finish_time"] = rec.T
+        reqs["ttft"] = np.where(rec[:, 1] >= 0, rec[:, 1] - reqs["arrival_time"], np.nan)
+        reqs["queueing_time"] = np.where(rec[:, 0] >= 0, rec[:, 0] - reqs["arrival_time"], np.nan)
+        reqs["e2e_latency"] = np.where(rec[:, 3] >= 0, rec[:, 3] - reqs["arrival_time"], np.nan)
+        reqs["num_preemptions"] = preempts
+        reqs["num_cached_tokens"] = cached
+        reqs["rejected"] = False
+        for i, _ in rejected:
+            reqs.loc[i, "rejected"] = True
+        st = pd.DataFrame(steps, columns=["time", "duration", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
+                                          "kv_block_usage", "kv_token_usage", "num_waiting", "num_running",
+                                          "num_swapped", "num_preempted", "num_swap_blocks"])
+        ok = reqs["finish_time"] >= 0
+        fin = reqs[ok]
+        t0 = float(tr["arrival_time"].min()) if len(tr) else 0.0
+        t1 = float(fin["finish_time"].max()) if len(fin) else t0
+        span = max(t1 - t0, 1e-12)
+        out_tok = int(fin["output_tokens"].sum())
+        in_tok = int(fin["prompt_tokens"].sum())
+        busy = st["kv_block_usage"] > 0
+        w = st["duration"].to_numpy()
+        tbt_a = np.frombuffer(tbt, dtype=np.float64) if len(tbt) else np.array([np.nan])
+
+        def q(x: Any, p: float) -> float:
+            x = np.asarray(x, dtype=np.float64)
+            x = x[~np.isnan(x)]
+            return float(np.quantile(x, p)) if len(x) else float("nan")
+
+        def wmean(col: str) -> float:
+            m = busy.to_numpy()
+            return float(np.average(st[col].to_numpy()[m], weights=w[m])) if m.any() and w[m].sum() > 0 else 0.0
+
+        hits = getattr(kv, "prefix_cache_hits", 0)
+        queries = getattr(kv, "prefix_cache_queries", 0)
+        tok_use, blk_use = wmean("kv_token_usage"), wmean("kv_block_usage")
+        summary: dict[str, Any] = {
+            "model": self.model.name, "gpu": cfg.gpu, "tensor_parallel": cfg.tensor_parallel,
+            "allocator": cfg.allocator, "block_size": cfg.block_size, "kv_format": cfg.kv_format,
+            "num_kv_blocks": self.num_blocks, "kv_capacity_tokens": self.capacity_tokens,
+            "requests": len(tr), "requests_finished": int(ok.sum()), "requests_rejected": len(rejected),
+            "duration_s": span,
+            "throughput_tok_s": out_tok / span, "total_throughput_tok_s": (in_tok + out_tok) / span,
+            "throughput_req_s": int(ok.sum()) / span,
+            "ttft_mean_s": float(np.nanmean(fin["ttft"])) if len(fin) else float("nan"),
+            "ttft_p50_s": q(fin["ttft"], 0.5), "ttft_p99_s": q(fin["ttft"], 0.99),
+            "tbt_mean_s": float(np.nanmean(tbt_a)), "tbt_p50_s": q(tbt_a, 0.5), "tbt_p99_s": q(tbt_a, 0.99),
+            "tbt_max_s": float(np.nanmax(tbt_a)),
+            "e2e_p50_s": q(fin["e2e_latency"], 0.5), "e2e_p99_s": q(fin["e2e_latency"], 0.99),
+            "queueing_p50_s": q(fin["queueing_time"], 0.5), "queueing_p99_s": q(fin["queueing_time"], 0.99),
+            "kv_token_usage_mean": tok_use, "kv_block_usage_mean": blk_use,
+            "kv_tokens_per_capacity_mean": wmean_product(st, busy.to_numpy(), w),
+            "mean_batch_size": float(np.average(st["num_seqs"], weights=w)) if len(st) else 0.0,
+            "num_preemptions": int(sum(self.scheduler.num_preemptions.values())),
+            "num_preemptions_swap": int(self.scheduler.num_preemptions.get("swap", 0)),
+            "num_swapped_blocks": int(getattr(kv, "num_swapped_out_blocks", 0) + getattr(kv, "num_swapped_in_blocks", 0)),
+            "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+            "num_blocks_in_use_at_end": int(kv.num_used_blocks),
+            "num_steps": len(st), "wall_s": wall, "sim_requests_per_wall_s": int(ok.sum()) / max(wall, 1e-9),
+        }
+        if rejected:
+            summary["first_rejection"] = rejected[0][1]
+        return SimResult(cfg, summary, reqs, st, self.recorder if cfg.record_events else None)
+
+
+def wmean_product(st: pd.DataFrame, mask: np.ndarray, w: np.ndarray) -> float:
+    """Time-weighted mean of slots holding tokens / all slots of the pool."""
+    if not mask.any() or w[mask].sum() <= 0:
+        return 0.0
+    x = st["kv_token_usage"].to_numpy()[mask] * st["kv_block_usage"].to_numpy()[mask]
+    return float(np.average(x, weights=w[mask]))
+
+
+def simulate(trace: pd.DataFrame, config: SimConfig | None = None, progress: bool = False,
+             cost_model: CostModel | None = None, **overrides: Any) -> SimResult:
+    """Run ``trace`` on a fresh ``Simulator(config with overrides)``."""
+    cfg = config or SimConfig()
+    if overrides:
+        cfg = SimConfig(**{**cfg.as_dict(), **overrides})
+    return Simulator(cfg, cost_model).run(trace, progress=progress)
+
+
+__all__ = ["ALLOCATORS", "SimConfig", "SimResult", "Simulator", "SimulationStuck", "simulate", "build_cost_model"]
