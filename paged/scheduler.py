@@ -15,6 +15,9 @@ every request on. Order of a step:
 3. waiting requests are admitted (prefix-cache hits first) while budget, sequence
    slots and free blocks above the watermark remain, if no one is swapped out.
 
+A prefix hit may name a block that another request fills in the same step (as in
+vLLM): the runner writes every chunk's K/V before any chunk attends, in each layer.
+
 No request is lost: it is always in exactly one of waiting, running, swapped or
 finished. Preempted requests go back to the head of their queue, so they are served
 before anything that arrived later.
