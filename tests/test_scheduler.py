@@ -190,3 +190,57 @@ def test_bad_input_is_rejected_and_changes_nothing():
     assert list(sched.requests) == ["ok"] and len(sched.waiting) == 1
     out = sched.schedule()
     assert [c.request_id for c in out.scheduled] == ["ok"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_configurations_with_aborts_and_forks(seed):
+    """Random pool/budget/policy/mode; random aborts and forks; the shadow checks every step."""
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 8, 16])
+    kv = KVCacheManager(-(-rng.randint(130, 300) // bs), bs, num_cpu_blocks=rng.choice([0, 4, 64]),
+                        eviction=rng.choice(["lru", "lfu", "weighted"]), recorder=Recorder())
+    cfg = SchedulerConfig(max_num_batched_tokens=rng.choice([16, 64, 256]), max_num_seqs=rng.choice([2, 8, 32]),
+                          enable_chunked_prefill=True, preemption_mode=rng.choice(["recompute", "swap"]),
+                          policy=rng.choice(["fcfs", "priority"]), watermark=rng.choice([0.0, 0.05]))
+    sched = Scheduler(kv, cfg)
+    shadow = ShadowKV(kv)
+    reqs = workload(30, seed)
+    for r in reqs:
+        r.priority = rng.randrange(3)
+    aborted, forked = set(), 0
+    for _ in range(20_000):
+        if reqs and rng.random() < 0.5:
+            sched.add_request(reqs.pop())
+        if not sched.has_unfinished_requests() and not reqs:
+            break
+        out = sched.schedule()
+        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        shadow.apply(out)
+        sched.update(out, {c.request_id: rng.randrange(50) for c in out.scheduled if c.samples})
+        running = [r for r in sched.running if r.num_computed_tokens == r.num_tokens - 1]
+        if running and rng.random() < 0.05:
+            parent = rng.choice(running)
+            sched.fork(parent.request_id, f"{parent.request_id}.f{forked}", last_token=rng.randrange(50))
+            forked += 1
+        if sched.requests and rng.random() < 0.03:
+            rid = rng.choice(sorted(sched.requests))
+            sched.abort(rid)
+            aborted.add(rid)
+        kv.check_invariants()
+    else:
+        raise AssertionError("did not finish")
+    finished = sched.take_finished()
+    assert len(finished) == 30 + forked
+    for r in finished:
+        if r.request_id not in aborted:
+            assert r.num_output_tokens == r.max_tokens
+    assert kv.num_used_blocks == 0 and kv.num_free_cpu_blocks == kv.num_cpu_blocks
+
+
+def test_watermark_never_blocks_a_request_that_fits_alone():
+    kv = KVCacheManager(10, 4)
+    sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64, watermark=0.2))  # keeps 2 blocks free
+    sched.add_request(Request("big", list(range(1, 37)), max_tokens=4))  # needs all 10 blocks
+    plans = run(sched, [])
+    assert [r.num_output_tokens for r in sched.take_finished()] == [4]
+    assert kv.num_used_blocks == 0 and plans
