@@ -39,6 +39,7 @@ class KVCacheManager:
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 1):
             raise ConfigError(f"max_model_len must be a positive integer or None, got {max_model_len!r}")
         self.recorder = recorder if recorder is not None else ev.NullRecorder()
+        self._timed = not isinstance(self.recorder, ev.NullRecorder)  # allocation latency events
         self.pool = BlockPool(num_blocks, eviction=eviction, recorder=self.recorder)
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -88,6 +89,12 @@ class KVCacheManager:
 
     def num_blocks_of(self, request_id: str) -> int:
         return len(self._table(request_id))
+
+    def num_swapped_blocks(self, request_id: str) -> int:
+        """Blocks a swapped-out request holds in the CPU pool."""
+        if request_id not in self._swapped:
+            raise UnknownRequestError(f"request {request_id!r} is not swapped out")
+        return len(self._swapped[request_id])
 
     def request_ids(self) -> list[str]:
         return list(self._tables)
@@ -149,12 +156,26 @@ class KVCacheManager:
                        cached_blocks: Sequence[Block] = ()) -> BlockMapping | None:
         """Make room for tokens [computed + cached, + num_new_tokens) of `request`.
 
+        Only the allocation-latency event is skipped on the decode fast path (one token
+        into a partly filled block the request owns alone: no new block, no copy).
+
         `cached_blocks` (from `find_cached_prefix`, only for a request holding no blocks)
         are taken as computed. Returns the (src, dst) copies to apply before the forward
         pass, or None when the pool cannot hold them now (nothing changed).
         """
-        t0 = time.perf_counter_ns()
         rid = request.request_id
+        if num_new_tokens == 1 and not cached_blocks:  # decode fast path: room in an owned block
+            table = self._tables.get(rid)
+            start = request.num_computed_tokens
+            offset = start % self.block_size
+            if table and offset and start < request.num_tokens:
+                block = table[start // self.block_size]
+                if block.ref_cnt == 1:
+                    self.pool.fill(block, offset + 1)
+                    if offset + 1 == self.block_size and self.enable_prefix_caching:
+                        self._index_full_blocks(request, table, start + 1)
+                    return []
+        t0 = time.perf_counter_ns() if self._timed else 0
         if num_new_tokens < 0:
             raise InvalidRequestError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         if rid in self._swapped:
@@ -207,7 +228,8 @@ class KVCacheManager:
             pool.fill(table[i], min(bs, end - i * bs))
         if self.enable_prefix_caching:
             self._index_full_blocks(request, table, end)
-        self.recorder.emit(ev.ALLOC_LATENCY, rid, None, time.perf_counter_ns() - t0)
+        if self._timed:
+            self.recorder.emit(ev.ALLOC_LATENCY, rid, None, time.perf_counter_ns() - t0)
         return copies
 
     def _index_full_blocks(self, request: Request, table: list[Block], end: int) -> None:

@@ -293,9 +293,9 @@ class Scheduler:
             if n > budget and not cfg.enable_chunked_prefill:
                 break
             n = min(n, budget)
-            blocks = len(kv._swapped[req.request_id])
+            blocks = kv.num_swapped_blocks(req.request_id)
             need = blocks + max(0, -(-(req.num_computed_tokens + n) // kv.block_size) - blocks)
-            if kv.num_free_blocks - need < self._watermark(need):
+            if kv.num_free_blocks - need < self._watermark():
                 break
             mapping = kv.swap_in(req.request_id)
             assert mapping is not None
@@ -321,7 +321,7 @@ class Scheduler:
                 break
             n = min(n, budget)
             need = kv.blocks_needed(req, n, len(cached)) + sum(1 for b in cached if b.ref_cnt == 0)
-            if kv.num_free_blocks - need < self._watermark(need):
+            if kv.num_free_blocks - need < self._watermark():
                 break
             copies = kv.allocate_slots(req, n, cached)
             if copies is None:
@@ -335,7 +335,7 @@ class Scheduler:
             out.scheduled.append(ScheduledChunk(req, start, n, start + n == req.num_tokens))
             budget -= n
 
-    def _watermark(self, need: int) -> int:
+    def _watermark(self) -> int:
         """Blocks to keep free when admitting; waived when nothing runs, so a request
         needing more than `num_blocks - watermark` blocks still gets served."""
         return self._watermark_blocks if self.running else 0
