@@ -1,0 +1,112 @@
+"""Offline API mirroring vLLM: ``LLM(model=...).generate(prompts, SamplingParams(...))``.
+
+``LLM()`` / ``LLM(model="smollm2")`` loads the embedded SmolLM2-135M-Instruct (its GGUF
+weights are 4-bit Q4_1, dequantized to ``dtype``: outputs come from a 4-bit-weight model).
+``model`` may also be a local ``.gguf`` file or a Hugging Face directory (llama, mistral,
+qwen2). Nothing is downloaded.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .engine import EngineConfig, LLMEngine, RequestOutput, StepOutput
+from .errors import ConfigError, PagedError
+from .models.loader import LoadedModel, load_model
+from .sampling import SamplingParams
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def _dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.float16
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not supported; use 'auto', {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+class LLM:
+    """A model plus an ``LLMEngine`` (``self.engine``: step API, ``kv_manager``, events)."""
+
+    def __init__(self, model: str | LoadedModel | None = "smollm2", *, block_size: int = 16,
+                 num_blocks: int | None = None, kv_cache_memory: int | None = None,
+                 kv_cache_dtype: str = "auto", enable_prefix_caching: bool = True,
+                 max_num_batched_tokens: int | None = None, max_num_seqs: int = 256,
+                 enable_chunked_prefill: bool = True, preemption_mode: str = "recompute",
+                 num_cpu_blocks: int | None = None, max_model_len: int | None = None,
+                 device: str | torch.device | None = None, dtype: str | torch.dtype = "auto",
+                 seed: int = 0, attention_backend: str | None = None, policy: str = "fcfs",
+                 split_prefill_decode: bool = False, record_events: bool = True,
+                 watermark: float = 0.01) -> None:
+        dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        if isinstance(model, LoadedModel):
+            self.loaded = model
+        else:
+            self.loaded = load_model(model, dtype=_dtype(dtype, dev), device=dev)
+        self.engine = LLMEngine(self.loaded, EngineConfig(
+            block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
+            kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=enable_prefix_caching,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
+            num_cpu_blocks=num_cpu_blocks, max_model_len=max_model_len, policy=policy,
+            seed=seed, attention_backend=attention_backend, split_prefill_decode=split_prefill_decode,
+            record_events=record_events, watermark=watermark))
+        self._counter = 0
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def kv_manager(self):
+        return self.engine.kv
+
+    def _next_id(self) -> str:
+        self._counter += 1
+        return f"gen-{self._counter}"
+
+    def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, on_step=None) -> list[RequestOutput]:
+        """Run ``prompts`` (strings or token-id lists) to completion; outputs in input order.
+
+        Every prompt is validated before any is queued, so a bad prompt raises and leaves the
+        engine as it was. ``on_step(StepOutput)`` is called after every step (for recording).
+        """
+        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        plist = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(plist)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(plist):
+                raise ConfigError(f"{len(params)} sampling params for {len(plist)} prompts")
+        ids = []
+        try:
+            for p, sp in zip(plist, params):
+                rid = self._next_id()
+                self.engine.add_request(rid, p, sp)
+                ids.append(rid)
+        except Exception:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        results: dict[str, RequestOutput] = {}
+        idle = 0
+        while any(r not in results for r in ids):
+            out: StepOutput = self.engine.step()
+            idle = 0 if (out.scheduled or out.finished) else idle + 1
+            if idle > 100:
+                raise PagedError("the scheduler made no progress in 100 steps; the cache is too small "
+                                 "for the waiting requests (raise num_blocks)")
+            if on_step is not None:
+                on_step(out)
+            for ro in out.finished:
+                results[ro.request_id] = ro
+        return [results[r] for r in ids]

@@ -1,0 +1,112 @@
+"""ModelRunner: the real-model executor. Owns the paged K/V tensors, applies a plan's cache
+operations, builds batch metadata and runs the model through our kernels.
+
+Per step (order fixed by the scheduler's contract): swap_out (device -> host pool), block
+copies (copy-on-write), swap_in (host -> device), then one forward pass over all scheduled
+chunks. Every attention layer first writes the new tokens' K/V through ``slot_mapping``
+(``kernels.write_kv``) and then reads the whole context through block tables
+(``paged_prefill_attention``; ``paged_decode_attention`` when every chunk is one decode
+token). Only the rows that sample a token pay for the LM head.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+import kernels
+
+from .batch import BatchMetadata, build_batch
+from .kv_manager import KVCacheManager
+from .models.llama import LlamaForCausalLM
+from .scheduler import ScheduledChunk, SchedulerOutput
+
+
+class PagedAttention:
+    """The model's attention backend for one step: write K/V, then attend over the cache."""
+
+    def __init__(self, layers: Sequence[kernels.KVCacheLayer], meta: BatchMetadata,
+                 backend: str | None) -> None:
+        self.layers = layers
+        self.meta = meta
+        self.backend = backend
+        self.decode_only = meta.max_query_len == 1
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        layer, m = self.layers[layer_idx], self.meta
+        layer.write(k, v, m.slot_mapping, backend=self.backend)
+        if self.decode_only:
+            return layer.decode(q, m.block_tables, m.seq_lens, backend=self.backend)
+        return layer.prefill(q, m.block_tables, m.seq_lens, m.query_start_loc, backend=self.backend)
+
+
+@dataclass(slots=True)
+class ForwardResult:
+    """Float32 logits ``[num_sampling_chunks, vocab]`` in the order of ``sample_ids``."""
+
+    sample_ids: list[str]
+    logits: torch.Tensor
+    forward_ms: float
+    num_tokens: int
+
+
+def default_backend(device: torch.device) -> str | None:
+    """``"torch"`` references on CPU (fast, and immune to TRITON_INTERPRET); auto on GPU."""
+    return "torch" if device.type == "cpu" else None
+
+
+class ModelRunner:
+    """Holds ``num_layers`` device cache layers and (for swap) as many host layers."""
+
+    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, *, kv_cache_dtype: str = "auto",
+                 num_cpu_blocks: int = 0, attention_backend: str | None = None) -> None:
+        self.model = model
+        self.kv = kv
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.backend = attention_backend if attention_backend is not None else default_backend(self.device)
+        cfg = model.config
+        self.kv_cache_dtype = kv_cache_dtype
+        mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
+            n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
+            group_size=min(32, cfg.head_dim))
+            for _ in range(cfg.num_layers)]
+        self.layers = mk(kv.num_blocks, self.device)
+        self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks else []
+        if self.cpu_layers and self.layers[0].kv_format.scale == "head":
+            for g, c in zip(self.layers, self.cpu_layers):  # swaps need the same per-layer scales
+                c.k_scale, c.v_scale = g.k_scale.cpu(), g.v_scale.cpu()
+
+    def cache_bytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def apply_cache_ops(self, plan: SchedulerOutput) -> float:
+        """swap_out, then block copies, then swap_in (the scheduler's order); returns ms."""
+        t0 = time.perf_counter()
+        if plan.swap_out:
+            kernels.swap_blocks(self.layers, self.cpu_layers, plan.swap_out)
+        if plan.block_copies:
+            kernels.copy_blocks(self.layers, plan.block_copies, backend=self.backend)
+        if plan.swap_in:
+            kernels.swap_blocks(self.cpu_layers, self.layers, plan.swap_in)
+        self._sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardResult:
+        """One forward pass over ``chunks``; logits only for the chunks that sample."""
+        t1 = time.perf_counter()
+        if not chunks:
+            return ForwardResult([], torch.zeros(0, self.model.config.vocab_size), 0.0, 0)
+        meta = build_batch(chunks, self.kv).to(self.device)
+        hidden = self.model(meta.input_ids, meta.positions, PagedAttention(self.layers, meta, self.backend))
+        rows = [i for i, s in enumerate(meta.samples) if s]
+        logits = self.model.compute_logits(hidden[meta.sample_indices[rows]])
+        self._sync()
+        return ForwardResult([meta.request_ids[i] for i in rows], logits,
+                             (time.perf_counter() - t1) * 1e3, meta.num_tokens)

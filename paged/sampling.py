@@ -1,0 +1,102 @@
+"""Sampling parameters and the sampler (greedy, temperature, top-k, top-p, seeds).
+
+Invariants: ``temperature == 0`` is greedy (argmax, ties to the lowest id); a request with a
+``seed`` draws from its own ``torch.Generator`` row by row, so its tokens do not depend on
+what else is in the batch; sample ``k`` of an ``n > 1`` request uses seed ``(seed, k)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .errors import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    """Per-request generation settings (names follow vLLM).
+
+    ``n`` samples share the prompt's blocks (fork); ``use_beam_search`` keeps ``n`` beams
+    (``beam_width`` = n) scored by summed log-probabilities, with copy-on-write of shared
+    blocks. ``stop_token_ids`` end a sequence (EOS too unless ``ignore_eos``); the stop
+    token is kept in ``token_ids``.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0              # 0 or -1: disabled
+    seed: int | None = None
+    max_tokens: int = 16
+    stop_token_ids: Sequence[int] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    skip_special_tokens: bool = True
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the bad field and its valid range."""
+        def bad(msg: str) -> InvalidRequestError:
+            return InvalidRequestError(f"SamplingParams: {msg}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad(f"n must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0.0):
+            raise bad(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise bad(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad(f"seed must be an integer or None, got {self.seed!r}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise bad(f"stop_token_ids must be non-negative integers, got {list(self.stop_token_ids)!r}")
+        if self.use_beam_search and self.temperature != 0.0 and self.temperature != 1.0:
+            raise bad("beam search is deterministic; leave temperature at its default")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.use_beam_search
+
+
+def make_generator(seed: int | None, index: int, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A generator for sample ``index`` of a seeded request (None when unseeded)."""
+    if seed is None:
+        return None
+    g = torch.Generator(device="cpu")
+    g.manual_seed((int(seed) * 1_000_003 + index) & 0xFFFF_FFFF_FFFF)
+    return g
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Scaled float32 logits with entries outside top-k / nucleus top-p set to -inf (1-D)."""
+    x = logits.float() / max(temperature, 1e-6)
+    if top_k and top_k > 0 and top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, idx = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, -1)
+        cum = probs.cumsum(-1)
+        drop = cum - probs >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop[0] = False
+        x = x.scatter(0, idx, sorted_x.masked_fill(drop, float("-inf")))
+    return x
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+               fallback: torch.Generator) -> int:
+    """One token from a 1-D logits row."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    x = filter_logits(logits, params.temperature, params.top_k, params.top_p)
+    probs = torch.softmax(x, -1).cpu()
+    return int(torch.multinomial(probs, 1, generator=generator or fallback))
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """Argmax of each row (one device->host copy for the whole batch)."""
+    return torch.argmax(logits, dim=-1).tolist()

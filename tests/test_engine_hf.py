@@ -1,0 +1,240 @@
+"""The engine on tiny random HF checkpoints: equality with transformers, invariance, sampling,
+fork / beam search, bad input. CPU-cheap: 2-layer models, torch reference kernels."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged import events as ev
+from paged.errors import InvalidRequestError, PagedError
+from paged.llm import LLM
+from paged.models import ModelLoadError, dense_logits, load_model
+from paged.models.testing import make_tiny_checkpoint
+from paged.sampling import SamplingParams
+
+transformers = pytest.importorskip("transformers")
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+def _prompts(seed: int, lengths, vocab: int = 256) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _hf_greedy(path: str, prompts, max_new: int) -> list[list[int]]:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = []
+    for p in prompts:
+        with torch.no_grad():
+            ids = hf.generate(torch.tensor([p]), max_new_tokens=max_new, do_sample=False,
+                              pad_token_id=0, eos_token_id=None)
+        out.append(ids[0, len(p):].tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A Llama with GQA 4:2, loaded once; its HF greedy references for a few prompts."""
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("llama"), "llama", num_heads=4, num_kv_heads=2)
+    prompts = _prompts(0, (1, 5, 17, 33, 9, 40))
+    return {"path": path, "model": load_model(path), "prompts": prompts,
+            "ref": _hf_greedy(path, prompts, GREEDY.max_tokens)}
+
+
+def _check_all_free(llm: LLM) -> None:
+    kv = llm.kv_manager
+    kv.check_invariants()
+    assert kv.num_used_blocks == 0 and kv.num_free_cpu_blocks == kv.num_cpu_blocks
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("arch,nh,nkv,hd,tie", [
+    ("llama", 8, 1, 8, False),     # MQA, head_dim 8
+    ("qwen2", 4, 2, 16, True),     # q/k/v bias, tied embeddings
+    ("mistral", 6, 3, 32, False),  # GQA 2:1, head_dim 32
+])
+def test_greedy_equals_transformers(tmp_path, arch, nh, nkv, hd, tie):
+    path = make_tiny_checkpoint(tmp_path, arch, num_heads=nh, num_kv_heads=nkv, head_dim=hd,
+                                hidden_size=48 if nh == 6 else 64, tie_word_embeddings=tie)
+    prompts = _prompts(1, (3, 11, 26))
+    llm = LLM(path, num_blocks=48, block_size=8, device="cpu")
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert got == _hf_greedy(path, prompts, GREEDY.max_tokens)
+    _check_all_free(llm)
+
+
+def test_greedy_equals_transformers_batched_with_prefix_hits(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    outs = llm.generate(tiny["prompts"], GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == tiny["ref"]
+    # the same prompts again hit the prefix cache and give the same tokens
+    again = llm.generate(tiny["prompts"], GREEDY)
+    assert [o.outputs[0].token_ids for o in again] == tiny["ref"]
+    assert sum(o.num_cached_tokens for o in again) > 0
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    _check_all_free(llm)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(enable_prefix_caching=False),
+    dict(max_num_batched_tokens=7),                                      # chunked prefill
+    dict(enable_chunked_prefill=False, max_num_batched_tokens=128),
+    dict(num_blocks=20, preemption_mode="recompute"),                    # memory pressure
+    dict(num_blocks=20, preemption_mode="swap", num_cpu_blocks=40),
+    dict(num_blocks=20, preemption_mode="swap", num_cpu_blocks=4),       # swap falls back to recompute
+    dict(max_num_seqs=2, block_size=16),
+    dict(split_prefill_decode=True),
+])
+def test_invariance(tiny, kw):
+    base = dict(num_blocks=64, block_size=4)
+    llm = LLM(tiny["model"], **{**base, **kw})
+    # two rounds: the second reuses cached prefixes
+    for _ in range(2):
+        outs = llm.generate(tiny["prompts"], GREEDY)
+        assert [o.outputs[0].token_ids for o in outs] == tiny["ref"]
+    if "preemption_mode" in kw:
+        assert sum(llm.engine.scheduler.num_preemptions.values()) > 0
+        if kw.get("num_cpu_blocks") == 40:
+            assert llm.engine.scheduler.num_preemptions["swap"] > 0
+    _check_all_free(llm)
+
+
+def test_quantized_kv_formats_run(tiny):
+    for fmt in ("int8", "fp8_e5m2", "fp8_e4m3", "int4"):
+        llm = LLM(tiny["model"], num_blocks=64, block_size=4, kv_cache_dtype=fmt)
+        outs = llm.generate(tiny["prompts"][:3], GREEDY)
+        first = [o.outputs[0].token_ids[0] for o in outs]
+        if fmt == "int8":
+            assert first == [r[0] for r in tiny["ref"][:3]]
+        assert all(len(o.outputs[0].token_ids) == GREEDY.max_tokens for o in outs)
+        _check_all_free(llm)
+
+
+def test_sampling_seeds_topk_topp(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    p = tiny["prompts"][2]
+    sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7, max_tokens=12)
+    a = llm.generate([p], sp)[0].outputs[0].token_ids
+    # same seed, different batch company: same tokens
+    b = llm.generate([tiny["prompts"][0], p, tiny["prompts"][3]],
+                     [SamplingParams(temperature=1.0, max_tokens=5), sp, GREEDY])[1].outputs[0].token_ids
+    assert a == b
+    c = llm.generate([p], SamplingParams(temperature=0.8, top_p=0.9, seed=8, max_tokens=12))[0]
+    assert c.outputs[0].token_ids != a
+    top1 = llm.generate([p], SamplingParams(temperature=1.0, top_k=1, seed=3, max_tokens=24))[0]
+    assert top1.outputs[0].token_ids == tiny["ref"][2]
+    tiny_p = llm.generate([p], SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=24))[0]
+    assert tiny_p.outputs[0].token_ids == tiny["ref"][2]
+    _check_all_free(llm)
+
+
+def test_stop_tokens(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    ref = tiny["ref"][3]
+    stop = ref[5]
+    out = llm.generate([tiny["prompts"][3]], SamplingParams(temperature=0, max_tokens=24,
+                                                            stop_token_ids=[stop]))[0].outputs[0]
+    assert out.token_ids == ref[:ref.index(stop) + 1] and out.finish_reason == "stop"
+
+
+def test_parallel_sampling_forks_and_shares_blocks(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    p = tiny["prompts"][4]
+    mark = len(llm.engine.recorder)
+    out = llm.generate([p], SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=10))[0]
+    assert [o.index for o in out.outputs] == [0, 1, 2, 3]
+    assert all(len(o.token_ids) == 10 for o in out.outputs)
+    assert len({tuple(o.token_ids) for o in out.outputs}) > 1
+    kinds = [e.kind for e in llm.engine.recorder.since(mark)]
+    assert kinds.count(ev.FORK) == 3 and kinds.count(ev.COW) >= 1  # 9-token prompt: partial block shared
+    again = llm.generate([p], SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=10))[0]
+    assert [o.token_ids for o in again.outputs] == [o.token_ids for o in out.outputs]
+    greedy = llm.generate([p], SamplingParams(n=3, temperature=0, max_tokens=24))[0]
+    assert all(o.token_ids == tiny["ref"][4] for o in greedy.outputs)
+    _check_all_free(llm)
+
+
+def _reference_beam(model, prompt, width, max_tokens):
+    """Plain beam search on dense logits (no cache): n finished-or-max-length beams."""
+    beams = [(0.0, [])]
+    for _ in range(max_tokens):
+        cands = []
+        for score, toks in beams:
+            lp = torch.log_softmax(dense_logits(model, [prompt + toks])[0][-1], -1)
+            top = torch.topk(lp, 2 * width + 1)
+            cands += [(score + float(v), toks + [int(t)]) for v, t in zip(top.values, top.indices)]
+        cands.sort(key=lambda c: -c[0])
+        beams = cands[:width]
+    return sorted(beams, key=lambda b: -b[0] / len(b[1]))
+
+
+def test_beam_search_matches_reference_and_uses_cow(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    p = tiny["prompts"][2]
+    one = llm.generate([p], SamplingParams(n=1, use_beam_search=True, max_tokens=24))[0]
+    assert one.outputs[0].token_ids == tiny["ref"][2]
+    mark = len(llm.engine.recorder)
+    out = llm.generate([p], SamplingParams(n=3, use_beam_search=True, max_tokens=8))[0]
+    ref = _reference_beam(tiny["model"].model, p, 3, 8)
+    assert [o.token_ids for o in out.outputs] == [t for _, t in ref]
+    for o, (score, _) in zip(out.outputs, ref):
+        assert o.cumulative_logprob == pytest.approx(score, abs=1e-3)
+    kinds = [e.kind for e in llm.engine.recorder.since(mark)]
+    assert ev.FORK in kinds and ev.COW in kinds
+    _check_all_free(llm)
+
+
+def test_step_api_and_abort(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4, max_num_batched_tokens=16)
+    eng = llm.engine
+    eng.add_request("a", tiny["prompts"][3], GREEDY)
+    eng.add_request("b", tiny["prompts"][5], GREEDY)
+    s1 = eng.step()
+    assert s1.step == 1 and s1.num_prefill_tokens == 16 and s1.num_decode_tokens == 0
+    assert [c.request_id for c in s1.scheduled] == ["a"] and s1.new_tokens == {}
+    assert any(e.kind == ev.ALLOCATE for e in s1.events) and s1.forward_ms > 0
+    assert eng.kv_manager.block_table("a")
+    steps = [eng.step() for _ in range(4)]
+    assert any(s.num_decode_tokens and s.num_prefill_tokens for s in steps)  # mixed batch
+    aborted = eng.abort("b")
+    assert aborted.outputs[0].finish_reason == "abort"
+    assert not eng.kv_manager.has("b")
+    finished = []
+    while eng.has_unfinished_requests():
+        finished += eng.step().finished
+    assert [f.request_id for f in finished] == ["a"] and finished[0].outputs[0].token_ids == tiny["ref"][3]
+    _check_all_free(llm)
+
+
+def test_bad_input_keeps_engine_serving(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4, max_model_len=64)
+    eng = llm.engine
+    eng.add_request("good", tiny["prompts"][2], GREEDY)
+    eng.step()
+    bad = [
+        ([], GREEDY),
+        (list(range(65)), GREEDY),
+        (tiny["prompts"][1], SamplingParams(max_tokens=0)),
+        (tiny["prompts"][1], SamplingParams(n=0)),
+        (tiny["prompts"][1], SamplingParams(top_p=0.0)),
+        (tiny["prompts"][1], SamplingParams(top_p=1.5)),
+        (tiny["prompts"][1], SamplingParams(temperature=-1)),
+        ([1, 2, 999], GREEDY),                       # token id outside the vocabulary
+        ("text prompt", GREEDY),                      # this checkpoint has no tokenizer
+        (tiny["prompts"][1], SamplingParams(max_tokens=60)),  # prompt + max_tokens > max_model_len
+    ]
+    for i, (prompt, sp) in enumerate(bad):
+        with pytest.raises(InvalidRequestError):
+            eng.add_request(f"bad{i}", prompt, sp)
+    with pytest.raises(PagedError):
+        eng.add_request("good", tiny["prompts"][1], GREEDY)  # duplicate id
+    with pytest.raises(InvalidRequestError):  # generate validates everything before queuing
+        llm.generate([tiny["prompts"][0], []], GREEDY)
+    with pytest.raises(ModelLoadError):
+        LLM("definitely/not/a/model")
+    out = []
+    while eng.has_unfinished_requests():
+        out += eng.step().finished
+    assert [o.outputs[0].token_ids for o in out] == [tiny["ref"][2]]
+    _check_all_free(llm)
