@@ -57,6 +57,18 @@ def encode_fp8(x, MANT: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr
 
 
 @triton.jit
+def bf16_bits_rne(x):
+    """float32 -> bfloat16 bit pattern (int16), round to nearest even; NaN stays NaN.
+
+    The interpreter's own float32->bfloat16 cast truncates, hence the integer version.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = ((bits >> 16) | 0x40)
+    return tl.where((bits & 0x7FFFFFFF) > 0x7F800000, nan, rounded).to(tl.int16)
+
+
+@triton.jit
 def decode_fp8(c, IS_E4M3: tl.constexpr):
     """fp8 bit pattern (uint8 tensor) -> float32, exactly; e4m3fn 0x7F/0xFF -> NaN."""
     c16 = c.to(tl.uint16)

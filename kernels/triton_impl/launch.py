@@ -122,8 +122,12 @@ def write_kv_triton(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor,
     if t == 0:
         return
     ng = _num_groups(layer)
-    write_kv_kernel[(t, h)](key, value, slot_mapping, *_side(layer), H=h, D=d, NG=ng, NGP=_pow2(ng),
-                            HGP=_pow2(max(1, d // ng // 2)), BLOCK_D=_pow2(d), FMT=layer.kv_format.code)
+    side = list(_side(layer))
+    bf16 = layer.k.dtype == torch.bfloat16
+    if bf16:  # store RNE-rounded bits ourselves (the interpreter's bf16 cast truncates)
+        side[0], side[1] = layer.k.view(torch.int16), layer.v.view(torch.int16)
+    write_kv_kernel[(t, h)](key, value, slot_mapping, *side, H=h, D=d, NG=ng, NGP=_pow2(ng),
+                            HGP=_pow2(max(1, d // ng // 2)), BLOCK_D=_pow2(d), FMT=layer.kv_format.code, BF16=bf16)
 
 
 def copy_blocks_triton(tensors: list[torch.Tensor], mapping: torch.Tensor) -> None:

@@ -5,15 +5,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import encode_fp8, rne
+from .common import bf16_bits_rne, encode_fp8, rne
 
 
 @triton.jit
 def _store_row(x, data_ptr, scale_ptr, zero_ptr, row, ok, head_scale, offs_d,
-               D: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr):
-    """Quantize one token-head row ``x`` ``[BLOCK_D]`` (float32, 0 past D) and store it at ``row``."""
+               D: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr, BF16: tl.constexpr):
+    """Quantize one token-head row ``x`` ``[BLOCK_D]`` (float32, 0 past D) and store it at ``row``.
+
+    ``BF16``: the data pointer is a bfloat16 cache viewed as int16; store RNE-rounded bits.
+    """
     mask = (offs_d < D) & ok
-    if FMT == 0:
+    if BF16:
+        tl.store(data_ptr + row * D + offs_d, bf16_bits_rne(x), mask=mask)
+    elif FMT == 0:
         tl.store(data_ptr + row * D + offs_d, x.to(data_ptr.dtype.element_ty), mask=mask)
     elif FMT == 1:
         tl.store(data_ptr + row * D + offs_d, encode_fp8(x / head_scale, 3, 7, 0x7E).to(tl.uint8), mask=mask)
@@ -58,7 +63,7 @@ def _store_row_int4(src_ptr, data_ptr, scale_ptr, zero_ptr, row, ok,
 @triton.jit
 def write_kv_kernel(key_ptr, value_ptr, slot_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr,
                     H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr, HGP: tl.constexpr,
-                    BLOCK_D: tl.constexpr, FMT: tl.constexpr):
+                    BLOCK_D: tl.constexpr, FMT: tl.constexpr, BF16: tl.constexpr):
     """Grid ``(num_tokens, num_kv_heads)``: store one token-head of K and V at its slot (skip slot < 0)."""
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -79,9 +84,9 @@ def write_kv_kernel(key_ptr, value_ptr, slot_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, 
             k_hs = 1.0
             v_hs = 1.0
         kx = tl.load(key_ptr + src + offs_d, mask=md, other=0.0).to(tl.float32)
-        _store_row(kx, k_ptr, ks_ptr, kz_ptr, row, ok, k_hs, offs_d, D, BLOCK_D, FMT)
+        _store_row(kx, k_ptr, ks_ptr, kz_ptr, row, ok, k_hs, offs_d, D, BLOCK_D, FMT, BF16)
         vx = tl.load(value_ptr + src + offs_d, mask=md, other=0.0).to(tl.float32)
-        _store_row(vx, v_ptr, vs_ptr, vz_ptr, row, ok, v_hs, offs_d, D, BLOCK_D, FMT)
+        _store_row(vx, v_ptr, vs_ptr, vz_ptr, row, ok, v_hs, offs_d, D, BLOCK_D, FMT, BF16)
 
 
 @triton.jit
