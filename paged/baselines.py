@@ -112,6 +112,12 @@ class ContiguousKVCacheManager(KVCacheManager):
     def request_ids(self) -> list[str]:
         return list(self._res)
 
+    def is_swapped(self, request_id: str) -> bool:
+        return False
+
+    def num_swapped_blocks(self, request_id: str) -> int:
+        raise UnknownRequestError(f"request {request_id!r} is not swapped out (contiguous caches never swap)")
+
     def blocks_needed(self, request: Request, num_new_tokens: int, num_cached_blocks: int = 0) -> int:
         return 0 if request.request_id in self._res else self.reservation_for(request)
 

@@ -175,8 +175,9 @@ class Simulator:
         sched, kv, cost = self.scheduler, self.kv, self.cost
         block_bytes, bs = self.block_bytes, self.config.block_size
 
-        # per request: [first_scheduled, first_token, last_token, finish]; -1 = not yet
-        rec = np.full((n, 4), -1.0)
+        # per request (in Request.data): [index, first_scheduled, first_token, last_token]; -1 = not yet
+        finish = np.full(n, -1.0)
+        info: list[list] = [None] * n  # type: ignore[list-item]
         preempts = np.zeros(n, dtype=np.int64)
         cached = np.zeros(n, dtype=np.int64)
         rejected: list[tuple[int, str]] = []
@@ -187,14 +188,17 @@ class Simulator:
             from tqdm.auto import tqdm
             bar = tqdm(total=n, unit="req", desc=f"simulate {self.config.allocator}", leave=False)
         callback = progress if callable(progress) else None
+        step_time = cost.step_time
+        tbt_append = tbt.append
 
         wall0 = time.perf_counter()
         clock, nxt, done, n_steps = 0.0, 0, 0, 0
         while done + len(rejected) < n:
             while nxt < n and arr[nxt] <= clock:
+                d = info[nxt] = [nxt, -1.0, -1.0, -1.0]
                 req = Request(str(nxt), toks.prompt(int(P[nxt]), int(pid[nxt]), int(ptok[nxt])), int(O[nxt]),
                               arrival_time=float(arr[nxt]), priority=int(priority[nxt]) if priority is not None else 0,
-                              data=nxt)
+                              data=d)
                 try:
                     sched.add_request(req)
                 except InvalidRequestError as exc:
@@ -215,30 +219,37 @@ class Simulator:
                 raise SimulationStuck(
                     f"step {plan.step}: {plan.num_waiting} waiting, {plan.num_swapped} swapped requests cannot be "
                     f"scheduled and no arrival is pending; lower the watermark or give the cache more blocks")
-            q = np.fromiter((c.num_tokens for c in chunks), np.float64, len(chunks))
-            ctx = np.fromiter((c.start for c in chunks), np.float64, len(chunks))
-            sampling = [c for c in chunks if c.samples]
-            swap_blocks = len(plan.swap_out) + len(plan.swap_in)
-            shape = StepShape(q, ctx, len(sampling), swap_blocks * block_bytes, len(plan.block_copies) * block_bytes)
-            dt = cost.step_time(shape)
-            t_end = clock + dt
+            qs: list[int] = []
+            cs: list[int] = []
+            sampling: list[list] = []
+            sampled: dict[str, int] = {}
+            num_decode = 0
             for c in chunks:
-                i = c.request.data
-                if rec[i, 0] < 0:
-                    rec[i, 0] = clock
-            sampled = {}
-            for c in sampling:
                 r = c.request
-                sampled[r.request_id] = DUMMY_TOKEN
-                i = r.data
-                last = rec[i, 2]
+                d = r.data
+                if d[1] < 0:
+                    d[1] = clock
+                nt, st = c.num_tokens, c.start
+                qs.append(nt)
+                cs.append(st)
+                if c.samples:
+                    sampled[r.request_id] = DUMMY_TOKEN
+                    sampling.append(d)
+                    if nt == 1 and st >= r.num_prompt_tokens:
+                        num_decode += 1
+            swap_blocks = len(plan.swap_out) + len(plan.swap_in)
+            q = np.array(qs, dtype=np.float64)
+            dt = step_time(StepShape(q, np.array(cs, dtype=np.float64), len(sampling), swap_blocks * block_bytes,
+                                     len(plan.block_copies) * block_bytes))
+            t_end = clock + dt
+            for d in sampling:
+                last = d[3]
                 if last < 0:
-                    rec[i, 1] = t_end
+                    d[2] = t_end
                 else:
-                    tbt.append(t_end - last)
-                rec[i, 2] = t_end
-            num_decode = sum(1 for c in sampling if c.num_tokens == 1 and c.start >= c.request.num_prompt_tokens)
-            steps.append((clock, dt, len(chunks), int(q.sum()) - num_decode, num_decode, plan.kv_cache_usage_perc,
+                    tbt_append(t_end - last)
+                d[3] = t_end
+            steps.append((clock, dt, len(chunks), sum(qs) - num_decode, num_decode, plan.kv_cache_usage_perc,
                           plan.token_usage, plan.num_waiting, plan.num_running, plan.num_swapped,
                           len(plan.preempted), swap_blocks))
             finished = sched.update(plan, sampled)
@@ -246,8 +257,8 @@ class Simulator:
             n_steps += 1
             if finished:
                 for r in finished:
-                    i = r.data
-                    rec[i, 3] = t_end
+                    i = r.data[0]
+                    finish[i] = t_end
                     preempts[i] = r.num_preemptions
                     cached[i] = max(r.num_cached_tokens, 0)
                 sched.take_finished()
@@ -261,6 +272,8 @@ class Simulator:
         wall = time.perf_counter() - wall0
         if bar is not None:
             bar.close()
+        rec = np.array([d[1:] if d is not None else [-1.0] * 3 for d in info], dtype=np.float64).reshape(n, 3)
+        rec = np.column_stack([rec, finish])
         return self._result(tr, rec, preempts, cached, rejected, tbt, steps, wall)
 
     # ---- results -------------------------------------------------------------------

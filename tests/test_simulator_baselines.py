@@ -68,3 +68,16 @@ def test_scheduler_never_preempts_with_reservations():
         kv.check_invariants()
         steps += 1
     assert len(finished) == 7 and kv.num_used_blocks == 0
+
+
+def test_overrides_every_cache_method_the_scheduler_uses():
+    """Guard against drift: anything the Scheduler asks of its cache is answered by the reservation logic."""
+    import inspect
+    import re
+
+    import paged.scheduler as sch
+
+    used = set(re.findall(r"\bkv\.(\w+)", inspect.getsource(sch)))
+    inherited_ok = {"recorder", "num_blocks", "block_size"}
+    missing = {name for name in used - inherited_ok if name not in ContiguousKVCacheManager.__dict__}
+    assert not missing, f"ContiguousKVCacheManager must override {sorted(missing)}"
