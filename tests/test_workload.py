@@ -98,3 +98,17 @@ def test_malformed_jsonl_rows_are_named(tmp_path):
         load_trace(p)
     with pytest.raises(TraceFormatError, match="does not exist"):
         load_trace(tmp_path / "nope.csv")
+
+
+def test_sample_traces_in_data_load():
+    import glob
+    import os
+
+    here = os.path.join(os.path.dirname(__file__), "..", "data", "traces")
+    files = sorted(glob.glob(os.path.join(here, "*.csv")) + glob.glob(os.path.join(here, "*.jsonl")))
+    assert len(files) == 5
+    for f in files:
+        df = load_trace(f)
+        assert len(df) in (500, 1000) and df["arrival_time"].iloc[0] >= 0 and (df["output_tokens"] >= 1).all()
+    shared = load_trace(os.path.join(here, "sharegpt_like_shared_prefix_1k.csv"))
+    assert shared["prefix_id"].nunique() == 9  # 8 prompts + "none"
