@@ -15,4 +15,15 @@ __all__ = [
     "Block", "BlockPool", "BlockStateError", "CacheInUseError", "ConfigError", "DuplicateRequestError",
     "Event", "InvalidRequestError", "KVCacheManager", "NullRecorder", "PagedError", "Recorder", "Request",
     "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "UnknownRequestError",
+    "LLM", "LLMEngine", "EngineConfig", "SamplingParams",
 ]
+
+# The real-model engine needs torch; import it on first use so `import paged` stays light.
+_LAZY = {"LLM": ".llm", "LLMEngine": ".engine", "EngineConfig": ".engine", "SamplingParams": ".sampling"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
