@@ -3,6 +3,7 @@
     python benchmarks/simulator.py                 # speed: 10,000 ShareGPT-like requests, Llama-2-13B, A100-80GB
     python benchmarks/simulator.py --studies       # + memory story, interference, block-size ablation tables
     python benchmarks/simulator.py -n 2000 --profile   # cProfile of the simulation loop (top functions)
+    python benchmarks/simulator.py --calibrate     # fit the cost model to SmolLM2 steps on this CPU
 
 Every number is measured here, in this process; nothing is copied from elsewhere.
 """
@@ -17,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from paged.simulator import SimConfig, Simulator, block_size_ablation, interference_study, memory_story  # noqa: E402
@@ -44,6 +46,65 @@ def speed(n: int, profile: bool, model: str, gpu: str, rate: float) -> dict:
             "preemptions": s["num_preemptions"], "blocks_in_use_at_end": s["num_blocks_in_use_at_end"]}
 
 
+def record_engine_steps(num_requests: int = 48, seed: int = 0, block_size: int = 16, budget: int = 512):
+    """Run the real engine (SmolLM2-135M, fp32, CPU) on mixed requests and return its StepOutputs.
+
+    Requests arrive in waves (a few per step) with prompts of 8-480 tokens and 4-48 output tokens,
+    so steps cover pure decode batches of 1-30 sequences, chunked prefills and mixed steps.
+    """
+    import numpy as np
+    import torch
+
+    from paged.engine import EngineConfig, LLMEngine
+    from paged.models.loader import load_model
+    from paged.sampling import SamplingParams
+
+    torch.manual_seed(seed)
+    loaded = load_model("smollm2", dtype=torch.float32, device=torch.device("cpu"))
+    eng = LLMEngine(loaded, EngineConfig(block_size=block_size, num_blocks=1024, max_num_batched_tokens=budget,
+                                         record_events=False, enable_prefix_caching=False))
+    rng = np.random.default_rng(seed)
+    vocab = loaded.config.vocab_size
+    pending = [(rng.integers(20, vocab, int(rng.integers(8, 480))).tolist(), int(rng.integers(4, 48)))
+               for _ in range(num_requests)]
+    steps, k = [], 0
+    for _ in range(3):  # warm-up (allocator, kernels) outside the record
+        eng.add_request(f"w{_}", pending[0][0][:32], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        eng.step()
+    while pending or eng.has_unfinished_requests():
+        for _ in range(int(rng.integers(0, 4))):
+            if pending:
+                ids, out = pending.pop()
+                eng.add_request(f"r{k}", ids, SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True))
+                k += 1
+        if eng.has_unfinished_requests():
+            steps.append(eng.step())
+    return steps, loaded
+
+
+def calibrate(num_requests: int, seed: int) -> None:
+    from dataclasses import replace
+
+    from paged.config import get_gpu, get_model
+    from paged.cost_model import CostModel, shapes_from_steps
+
+    t0 = time.perf_counter()
+    steps, _ = record_engine_steps(num_requests, seed)
+    wall = time.perf_counter() - t0
+    shapes, secs = shapes_from_steps(steps)
+    model = replace(get_model("smollm2-135m"), dtype_bytes=4)  # the engine runs fp32 on CPU
+    prior = CostModel(model, get_gpu("cpu"))
+    rep = prior.fit(shapes, secs, holdout_fraction=0.25, seed=seed)
+    prior_err = float(np.mean(np.abs(prior.predict(shapes) - secs) / secs))
+    ntok = np.array([s.num_tokens for s in shapes])
+    print(f"## calibration: SmolLM2-135M fp32 on this CPU, {len(shapes)} engine steps recorded in {wall:.1f} s "
+          f"(tokens/step {ntok.min()}-{ntok.max()}, step time {secs.min() * 1e3:.1f}-{secs.max() * 1e3:.1f} ms)")
+    row = rep.as_dict()
+    row["uncalibrated_mape"] = prior_err
+    print(pd.DataFrame([row]).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("-n", type=int, default=10_000)
@@ -53,7 +114,12 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--studies", action="store_true")
     p.add_argument("-j", "--jobs", type=int, default=2)
+    p.add_argument("--calibrate", action="store_true", help="only: fit the cost model to real engine steps")
+    p.add_argument("--calibrate-requests", type=int, default=48)
     a = p.parse_args()
+    if a.calibrate:
+        calibrate(a.calibrate_requests, 0)
+        return
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 30)
     row = speed(a.n, a.profile, a.model, a.gpu, a.rate)

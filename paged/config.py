@@ -258,6 +258,8 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec("h100-sxm", 989e12, 80 * GiB, 3352e9, 64e9, 450e9),
         GPUSpec("h200", 989e12, 141e9, 4.8e12, 64e9, 450e9),
         GPUSpec("l4", 121e12, 24e9, 300e9, 32e9, 0.0),
+        # Not a GPU: a rough starting point for calibrating on a CPU (CostModel.fit replaces the rates).
+        GPUSpec("cpu", 2e11, 128 * GiB, 20e9, 20e9, 0.0),
     )
 }
 

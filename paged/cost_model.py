@@ -26,7 +26,7 @@ tiny blocks cost attention time as in the vLLM paper's block-size ablation (its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -233,7 +233,7 @@ class CostModel:
         T = np.array([s.q.sum() for s in shapes], dtype=np.float64)
         extra = np.array([self._comm(s) + self._swap(s) for s in shapes])
         if ridge_grid is None:
-            ridge_grid = np.geomspace(0.1, 1e4, 101)
+            ridge_grid = np.geomspace(0.01, 1e4, 121)
         best: tuple[float, float, np.ndarray] | None = None
         for r in ridge_grid:
             roof = np.array([np.maximum(f, r * b).sum() for f, b in parts])
@@ -285,6 +285,29 @@ def paged_attention_efficiency(block_size: int) -> float:
     return float(np.interp(np.log2(block_size), xs, ys))
 
 
+def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
+                      time_field: str = "total_ms") -> tuple[list[StepShape], np.ndarray]:
+    """Engine step records -> (``StepShape`` list, seconds) for ``CostModel.fit``.
+
+    Each record needs ``scheduled`` (chunks with ``start``, ``num_tokens``, ``samples``) and a time
+    in milliseconds (``time_field``; ``total_ms`` of ``paged.engine.StepOutput`` covers scheduling,
+    cache ops, forward and sampling, which is what ``step_time`` predicts). Steps that scheduled
+    nothing are skipped. ``block_bytes`` prices swapped/copied blocks when the records count them.
+    """
+    shapes: list[StepShape] = []
+    secs: list[float] = []
+    for st in steps:
+        chunks = list(st.scheduled)
+        if not chunks:
+            continue
+        swaps = getattr(st, "num_swapped_out_blocks", 0) + getattr(st, "num_swapped_in_blocks", 0)
+        shapes.append(StepShape.make([c.num_tokens for c in chunks], [c.start for c in chunks],
+                                     sum(1 for c in chunks if c.samples), swaps * block_bytes,
+                                     getattr(st, "num_block_copies", 0) * block_bytes))
+        secs.append(float(getattr(st, time_field)) * 1e-3)
+    return shapes, np.asarray(secs)
+
+
 def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative least squares on relative residuals (rows scaled by 1/y); drops negative columns."""
     w = 1.0 / np.maximum(np.abs(y), 1e-12)
@@ -303,4 +326,5 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-__all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency"]
+__all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency",
+           "shapes_from_steps"]

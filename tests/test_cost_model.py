@@ -71,3 +71,29 @@ def test_fit_faster_device_than_preset_and_errors():
         CostModel("smollm2-135m", "l4").fit(shapes[:3], [1.0] * 3)
     with pytest.raises(ConfigError, match="same length"):
         StepShape.make([1, 2], [3])
+
+
+def test_shapes_from_engine_steps():
+    from types import SimpleNamespace as NS
+
+    from paged.cost_model import shapes_from_steps
+
+    chunk = lambda start, n, samples: NS(start=start, num_tokens=n, samples=samples)  # noqa: E731
+    steps = [NS(scheduled=[chunk(0, 100, True), chunk(50, 1, True)], total_ms=12.0, num_block_copies=1,
+                num_swapped_out_blocks=2, num_swapped_in_blocks=0),
+             NS(scheduled=[], total_ms=0.1),
+             NS(scheduled=[chunk(0, 64, False)], total_ms=8.0)]
+    shapes, secs = shapes_from_steps(steps, block_bytes=1000.0)
+    assert len(shapes) == 2 and secs.tolist() == [0.012, 0.008]
+    assert shapes[0].q.tolist() == [100, 1] and shapes[0].ctx.tolist() == [0, 50] and shapes[0].num_sampled == 2
+    assert shapes[0].swap_bytes == 2000.0 and shapes[0].copy_bytes == 1000.0 and shapes[1].num_sampled == 0
+
+
+def test_paged_attention_efficiency_from_published_points():
+    from paged.cost_model import paged_attention_efficiency as eff
+
+    assert eff(1) == pytest.approx(0.87 / 4.0) and eff(128) == pytest.approx(0.99) and eff(256) == pytest.approx(0.99)
+    assert eff(1) < eff(8) < eff(16) < eff(64) < eff(128)
+    slow = CostModel("llama-2-7b", "a100-80gb", kv_block_size=1).step_time(StepShape.make([1] * 64, [2000] * 64))
+    fast = CostModel("llama-2-7b", "a100-80gb", kv_block_size=128).step_time(StepShape.make([1] * 64, [2000] * 64))
+    assert slow > 1.5 * fast
