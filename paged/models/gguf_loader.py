@@ -89,8 +89,10 @@ def gguf_config(reader: Any, name: str = "") -> ModelConfig:
     n_head = int(req("attention.head_count"))
     n_kv = int(_field(reader, f"{a}.attention.head_count_kv", n_head))
     head_dim = int(_field(reader, f"{a}.attention.key_length", hidden // n_head))
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(_field(reader, f"{a}.vocab_size", len(tokens.data) if tokens is not None else 0))
+    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if emb is None:
+        raise ModelLoadError("GGUF file lacks tensor token_embd.weight")
+    vocab = int(_field(reader, f"{a}.vocab_size", int(emb.shape[1])))
     scaling = None
     st = _field(reader, f"{a}.rope.scaling.type")
     if st == "linear":

@@ -121,7 +121,11 @@ class LlamaForCausalLM(nn.Module):
             m = cls(cfg, max_positions)
         m = m.to_empty(device=device).to(dtype)
         m.rope.reset(m.rope.cos.shape[0], device)
-        m.load_weights(weights)
+        try:
+            m.load_weights(weights)
+        except (KeyError, ValueError) as e:
+            from .errors import ModelLoadError
+            raise ModelLoadError(f"checkpoint does not fit the {cfg.architecture} config: {e}") from e
         return m.eval()
 
     @property
