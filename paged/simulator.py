@@ -454,11 +454,13 @@ def interference_study(num_requests: int = 600, rate: float = 4.0, budgets: tupl
                        max_model_len: int = 4096, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
     """Prefill/decode interference (Sarathi-Serve): p99 TBT and TTFT without and with chunked prefill.
 
-    Without chunking the budget is ``max_model_len`` so any prompt fits in one step.
+    Without chunking the budget is ``max_model_len + max_num_seqs`` (256), so any prompt fits in one
+    step next to a full decode batch: TTFT then measures interference, not head-of-line blocking
+    of a long prompt behind the decodes.
     """
     base = dict(model=model, gpu=gpu, workload=workload, num_requests=num_requests, rate=rate,
                 max_model_len=max_model_len, seed=seed)
-    pts = [{**base, "enable_chunked_prefill": False, "max_num_batched_tokens": max_model_len}]
+    pts = [{**base, "enable_chunked_prefill": False, "max_num_batched_tokens": max_model_len + 256}]
     pts += [{**base, "enable_chunked_prefill": True, "max_num_batched_tokens": b} for b in budgets]
     df = run_grid(pts, jobs=jobs)
     ref = df.iloc[0]
