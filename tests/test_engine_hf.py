@@ -238,3 +238,18 @@ def test_bad_input_keeps_engine_serving(tiny):
         out += eng.step().finished
     assert [o.outputs[0].token_ids for o in out] == [tiny["ref"][2]]
     _check_all_free(llm)
+
+
+def test_triton_kernels_in_the_interpreter_give_the_same_tokens(tiny):
+    """The engine on our Triton kernels (run by Triton's interpreter on CPU): same greedy tokens."""
+    pytest.importorskip("triton")
+    from kernels.backend import interpreter_enabled
+    if not interpreter_enabled():
+        pytest.skip("TRITON_INTERPRET=1 was not set before kernels loaded")
+    prompts = [tiny["prompts"][1], tiny["prompts"][2][:13]]
+    sp = SamplingParams(temperature=0, max_tokens=6)
+    ref = [o.outputs[0].token_ids for o in LLM(tiny["model"], num_blocks=32, block_size=4).generate(prompts, sp)]
+    llm = LLM(tiny["model"], num_blocks=32, block_size=4, attention_backend="interpreter",
+              max_num_batched_tokens=8)  # chunked prefill, mixed and decode-only batches
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == ref
+    _check_all_free(llm)
