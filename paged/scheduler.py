@@ -35,17 +35,18 @@ from .errors import ConfigError, DuplicateRequestError, InvalidRequestError, Pag
 from .kv_manager import BlockMapping, KVCacheManager
 from .request import Request, RequestStatus
 
-VictimPolicy = Callable[[Sequence[Request]], int]
+VictimPolicy = Callable[[Sequence[Request], int], int]
+"""Chooses a preemption victim: an index j >= start into the running list."""
 
 
-def newest_first(candidates: Sequence[Request]) -> int:
-    """FCFS victim: the most recently admitted request."""
-    return max(range(len(candidates)), key=lambda i: candidates[i]._seq)
+def newest_first(running: Sequence[Request], start: int) -> int:
+    """FCFS victim: the most recently admitted request (O(candidates), only on preemption)."""
+    return max(range(start, len(running)), key=lambda i: running[i]._seq)
 
 
-def lowest_priority_first(candidates: Sequence[Request]) -> int:
+def lowest_priority_first(running: Sequence[Request], start: int) -> int:
     """Priority victim: the largest priority value, newest among equals."""
-    return max(range(len(candidates)), key=lambda i: (candidates[i].priority, candidates[i]._seq))
+    return max(range(start, len(running)), key=lambda i: (running[i].priority, running[i]._seq))
 
 
 @dataclass
@@ -263,7 +264,7 @@ class Scheduler:
             n = min(n, budget)
             copies = kv.allocate_slots(req, n)
             while copies is None:  # pool full: preempt someone not yet scheduled (maybe req)
-                j = i + self.victim_policy(running[i:])
+                j = self.victim_policy(running, i)
                 victim = running.pop(j)
                 self._preempt(victim, out)
                 if victim is req:
