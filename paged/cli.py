@@ -62,7 +62,8 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="sharegpt", choices=sorted(WORKLOADS))
     w.add_argument("--trace", default=None, help="trace file (CSV paged/vidur/azure or JSONL); overrides --workload")
-    w.add_argument("--num-requests", "-n", type=int, default=1000)
+    w.add_argument("--num-requests", "-n", type=int, default=None,
+                   help="requests to generate (default 1000), or the first N rows of --trace (default all)")
     w.add_argument("--rate", type=float, default=math.inf, help="requests/s (inf: all at t=0)")
     w.add_argument("--arrival", choices=("poisson", "gamma", "fixed"), default="poisson")
     w.add_argument("--cv", type=float, default=2.0, help="coefficient of variation of gamma gaps")
@@ -84,7 +85,7 @@ def _trace(args: argparse.Namespace, max_model_len: int):
     if args.trace:
         tr = load_trace(args.trace)
         return tr.iloc[: args.num_requests] if args.num_requests and args.num_requests < len(tr) else tr
-    return synthetic_trace(args.workload, args.num_requests, rate=args.rate, arrival=args.arrival, cv=args.cv,
+    return synthetic_trace(args.workload, args.num_requests or 1000, rate=args.rate, arrival=args.arrival, cv=args.cv,
                            seed=args.seed, max_model_len=max_model_len, num_prefixes=args.num_prefixes,
                            prefix_tokens=args.prefix_tokens, prefix_fraction=args.prefix_fraction)
 
@@ -158,7 +159,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from paged.simulator import run_grid
 
     base = {k: getattr(args, k) for k in _SIM_FLAGS}
-    base.update(workload=args.workload, num_requests=args.num_requests, rate=args.rate, arrival=args.arrival,
+    base.update(workload=args.workload, num_requests=args.num_requests or 1000, rate=args.rate, arrival=args.arrival,
                 cv=args.cv, num_prefixes=args.num_prefixes, prefix_tokens=args.prefix_tokens,
                 prefix_fraction=args.prefix_fraction, trace=args.trace)
     grid = parse_grid(args.grid)

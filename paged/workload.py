@@ -5,7 +5,8 @@ A trace is a pandas DataFrame sorted by ``arrival_time`` with columns (see ``TRA
 - ``arrival_time`` (float seconds from the start, >= 0),
 - ``prompt_tokens`` (int >= 1, includes any shared prefix), ``output_tokens`` (int >= 1),
 - ``prefix_id`` (int, -1 = none): requests with the same id share their first ``prefix_tokens``
-  prompt tokens (a system prompt or an earlier turn of a session).
+  prompt tokens (a system prompt or an earlier turn of a session),
+- optionally ``priority`` (int, lower is served first under ``policy="priority"``).
 
 Length presets are lognormals clipped to ``[lo, hi]`` whose location is solved so that the
 *clipped* mean equals a published mean:
@@ -271,6 +272,8 @@ def normalize_trace(df: pd.DataFrame, src: str = "trace", row_offset: int = 0,
         out["prefix_tokens"] = _numeric(df, "prefix_tokens", src, row_offset, True, 0).astype(np.int64)
     else:
         out["prefix_tokens"] = np.int64(0)
+    if "priority" in df.columns:  # optional, for policy="priority" (lower = served first)
+        out["priority"] = _numeric(df, "priority", src, row_offset, True, -(2**62)).astype(np.int64)
     bad = (out["prefix_tokens"] >= out["prompt_tokens"]) | ((out["prefix_id"] >= 0) != (out["prefix_tokens"] > 0))
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])

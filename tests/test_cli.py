@@ -66,3 +66,12 @@ def test_demo_writes_report(tmp_path):
 def test_module_entry_point():
     r = subprocess.run([sys.executable, "-m", "paged", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "simulate" in r.stdout and "sweep" in r.stdout and "demo" in r.stdout
+
+
+def test_sweep_parquet_needs_an_engine(tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") or importlib.util.find_spec("fastparquet"):
+        pytest.skip("a Parquet engine is installed")
+    assert main(["sweep", *SMALL, "--grid", "block_size=16", "--out", str(tmp_path / "s.parquet")]) == 2
+    assert "pyarrow" in capsys.readouterr().err

@@ -92,3 +92,11 @@ def test_simulator_runs_once_and_progress_callback():
     assert seen[-1] == 10
     with pytest.raises(Exception, match="runs once"):
         sim.run(_trace(10))
+
+
+def test_priority_column_reaches_the_scheduler():
+    tr = pd.DataFrame({"arrival_time": [0.0] * 6, "prompt_tokens": [200] * 6, "output_tokens": [50] * 6,
+                       "priority": [5, 5, 5, 0, 0, 0]})
+    res = simulate(tr, SimConfig(**SMALL, policy="priority", max_num_seqs=3))
+    r = res.requests
+    assert r.loc[r["priority"] == 0, "finish_time"].max() < r.loc[r["priority"] == 5, "finish_time"].min()
