@@ -83,16 +83,22 @@ def record_engine_steps(num_requests: int = 48, seed: int = 0, block_size: int =
     return steps, loaded
 
 
-def calibrate(num_requests: int, seed: int) -> None:
+def calibrate(num_requests: int, seed: int, steps_csv: str | None) -> None:
     from dataclasses import replace
 
     from paged.config import get_gpu, get_model
-    from paged.cost_model import CostModel, shapes_from_steps
+    from paged.cost_model import CostModel, shapes_from_frame, steps_to_frame
 
     t0 = time.perf_counter()
-    steps, _ = record_engine_steps(num_requests, seed)
+    if steps_csv and os.path.exists(steps_csv):
+        frame = pd.read_csv(steps_csv)
+    else:
+        steps, _ = record_engine_steps(num_requests, seed)
+        frame = steps_to_frame(steps)
+        if steps_csv:
+            frame.to_csv(steps_csv, index=False)
     wall = time.perf_counter() - t0
-    shapes, secs = shapes_from_steps(steps)
+    shapes, secs = shapes_from_frame(frame)
     model = replace(get_model("smollm2-135m"), dtype_bytes=4)  # the engine runs fp32 on CPU
     prior = CostModel(model, get_gpu("cpu"))
     rep = prior.fit(shapes, secs, holdout_fraction=0.25, seed=seed)
@@ -116,9 +122,10 @@ def main() -> None:
     p.add_argument("-j", "--jobs", type=int, default=2)
     p.add_argument("--calibrate", action="store_true", help="only: fit the cost model to real engine steps")
     p.add_argument("--calibrate-requests", type=int, default=48)
+    p.add_argument("--steps-csv", default=None, help="with --calibrate: reuse (or save) recorded engine steps")
     a = p.parse_args()
     if a.calibrate:
-        calibrate(a.calibrate_requests, 0)
+        calibrate(a.calibrate_requests, 0, a.steps_csv)
         return
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 30)

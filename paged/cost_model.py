@@ -26,12 +26,15 @@ tiny blocks cost attention time as in the vLLM paper's block-size ablation (its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
 from paged.config import GPUSpec, KVFormat, ModelSpec, get_gpu, get_model
 from paged.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(slots=True)
@@ -308,6 +311,25 @@ def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
     return shapes, np.asarray(secs)
 
 
+def steps_to_frame(steps: Iterable[Any], time_field: str = "total_ms") -> "pd.DataFrame":
+    """Engine step records -> tidy DataFrame, one row per chunk (``step, start, num_tokens, samples,
+    seconds``), to save measurements and fit later (``shapes_from_frame``)."""
+    import pandas as pd
+
+    rows = [(i, c.start, c.num_tokens, bool(c.samples), float(getattr(st, time_field)) * 1e-3)
+            for i, st in enumerate(steps) for c in st.scheduled]
+    return pd.DataFrame(rows, columns=["step", "start", "num_tokens", "samples", "seconds"])
+
+
+def shapes_from_frame(df: "pd.DataFrame") -> tuple[list[StepShape], np.ndarray]:
+    """Inverse of ``steps_to_frame``: (shapes, seconds) for ``CostModel.fit``."""
+    shapes, secs = [], []
+    for _, g in df.groupby("step", sort=True):
+        shapes.append(StepShape.make(g["num_tokens"].tolist(), g["start"].tolist(), int(g["samples"].sum())))
+        secs.append(float(g["seconds"].iloc[0]))
+    return shapes, np.asarray(secs)
+
+
 def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Non-negative least squares on relative residuals (rows scaled by 1/y); drops negative columns."""
     w = 1.0 / np.maximum(np.abs(y), 1e-12)
@@ -327,4 +349,4 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency",
-           "shapes_from_steps"]
+           "shapes_from_steps", "steps_to_frame", "shapes_from_frame"]
