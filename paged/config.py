@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from paged.errors import ConfigError
@@ -48,14 +48,11 @@ class KVFormat:
     scale_bytes_per_group: int = 0
 
     def bytes_per_element(self, head_dim: int) -> float:
-        """Average bytes per stored element including scale overhead."""
-        b = self.bits / 8
-        if self.group_size:
-            b += self.scale_bytes_per_group / self.group_size
-        return b
+        """Average bytes per stored element including scale overhead (``group_size=-1``: per head)."""
+        group = head_dim if self.group_size == -1 else self.group_size
+        return self.bits / 8 + (self.scale_bytes_per_group / group if group else 0.0)
 
 
-# int8: one fp16 scale per token per head (group = head_dim, resolved at use: group_size=-1).
 KV_FORMATS: dict[str, KVFormat] = {
     "fp16": KVFormat("fp16", 16),
     "bf16": KVFormat("bf16", 16),
@@ -63,7 +60,7 @@ KV_FORMATS: dict[str, KVFormat] = {
     "fp8": KVFormat("fp8", 8),
     "fp8_e4m3": KVFormat("fp8_e4m3", 8),
     "fp8_e5m2": KVFormat("fp8_e5m2", 8),
-    "int8": KVFormat("int8", 8, group_size=-1, scale_bytes_per_group=2),
+    "int8": KVFormat("int8", 8, group_size=-1, scale_bytes_per_group=2),  # fp16 scale per token per head
     "int4": KVFormat("int4", 4, group_size=32, scale_bytes_per_group=4),  # fp16 scale + zero
 }
 
@@ -153,11 +150,7 @@ class ModelSpec:
         """
         fmt = get_kv_format(kv_format)
         heads = max(1, self.num_kv_heads // tensor_parallel) if tensor_parallel > 1 else self.num_kv_heads
-        if fmt.group_size == -1:  # one scale per token per head
-            per_head = self.head_dim * fmt.bits / 8 + fmt.scale_bytes_per_group
-        else:
-            per_head = self.head_dim * fmt.bytes_per_element(self.head_dim)
-        return 2 * self.num_layers * heads * per_head
+        return 2 * self.num_layers * heads * self.head_dim * fmt.bytes_per_element(self.head_dim)
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -345,5 +338,5 @@ def max_blocks_per_seq(max_model_len: int, block_size: int) -> int:
 __all__ = [
     "GiB", "SizingError", "KVFormat", "KV_FORMATS", "get_kv_format", "ModelSpec", "MODEL_PRESETS", "get_model",
     "GPUSpec", "GPU_PRESETS", "get_gpu", "KVSizing", "activation_reserve_bytes", "kv_cache_sizing",
-    "num_kv_blocks", "max_blocks_per_seq", "field",
+    "num_kv_blocks", "max_blocks_per_seq",
 ]

@@ -75,3 +75,13 @@ def test_from_hf_config(tmp_path):
     assert get_model(str(tmp_path / "config.json")).num_layers == 30
     with pytest.raises(ConfigError, match="lacks"):
         ModelSpec.from_hf_config({"hidden_size": 3})
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8", "int4"])
+def test_kv_bytes_agree_with_the_kernels_layout(fmt):
+    """The simulator sizes the cache exactly as the engine's kernels lay it out."""
+    kernels = pytest.importorskip("kernels")
+    for name in ("llama-3-8b", "smollm2-135m", "qwen2.5-7b"):
+        m = get_model(name)
+        per_layer = kernels.bytes_per_token(fmt, m.num_kv_heads, m.head_dim)
+        assert m.kv_bytes_per_token(fmt) == m.num_layers * per_layer
