@@ -127,6 +127,21 @@ class StepOutput:
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens
 
+    def to_row(self) -> dict:
+        """Scalars of this step (one DataFrame row; lists become counts)."""
+        row = {k: v for k, v in self.__dict__.items()
+               if not isinstance(v, (list, dict))}
+        row.update(num_seqs=len(self.scheduled), num_new_tokens=len(self.new_tokens),
+                   num_finished=len(self.finished), num_preempted=len(self.preempted),
+                   num_events=len(self.events))
+        return row
+
+
+def steps_to_frame(steps: Sequence[StepOutput]):
+    """pandas DataFrame with one row per step (see ``StepOutput.to_row``)."""
+    import pandas as pd
+    return pd.DataFrame([s.to_row() for s in steps])
+
 
 @dataclass
 class _Seq:

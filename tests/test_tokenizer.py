@@ -52,3 +52,19 @@ def test_matches_transformers_on_plain_ascii_text(tok):
     except Exception as e:  # noqa: BLE001 - an optional oracle
         pytest.skip(f"transformers cannot read the GGUF tokenizer: {e}")
     assert tok.encode(PLAIN) == ref.encode(PLAIN, add_special_tokens=False)
+
+
+def test_hf_directory_tokenizer_json(tmp_path, tok):
+    """A HF directory with tokenizer.json: string prompts in, text out."""
+    pytest.importorskip("transformers")
+    from paged.llm import LLM
+    from paged.models.testing import make_tiny_checkpoint
+    from paged.sampling import SamplingParams
+    path = make_tiny_checkpoint(tmp_path, "llama", vocab_size=tok.vocab_size, hidden_size=32,
+                                intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+    tok._tok.save(str(tmp_path / "tokenizer.json"))
+    llm = LLM(path, num_blocks=16, block_size=8)
+    assert llm.tokenizer.encode("In 2024, 12 cats ate 345 fish.") == FIXED["In 2024, 12 cats ate 345 fish."]
+    out = llm.generate("Hello world!", SamplingParams(temperature=0, max_tokens=5))[0]
+    assert out.prompt_token_ids == [19556, 905, 17]
+    assert out.outputs[0].text == tok.decode(out.outputs[0].token_ids)
