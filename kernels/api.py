@@ -67,7 +67,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer
     _check_tables(bt, sl, q.shape[0], layer)
     be = resolve_backend(backend, q.device)
     if be == "torch":
-        out, lse = decode_attention_ref(q, layer, bt, sl, scale)
+        out, lse = decode_attention_ref(q, layer, bt, sl, scale, need_lse=return_lse)
     else:
         from .triton_impl.launch import decode_triton
         out, lse = decode_triton(q, layer, bt, sl, scale, num_splits=num_splits)

@@ -42,58 +42,78 @@ def write_kv_ref(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor, sl
             _rows(zero)[slots] = qz.zero
 
 
+def _take(t: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """``t[blocks]`` via index_select (several times faster than advanced indexing on CPU)."""
+    return t.index_select(0, blocks.reshape(-1)).view(*blocks.shape, *t.shape[1:])
+
+
 def gather_kv(layer: KVCacheLayer, which: str, blocks: torch.Tensor) -> torch.Tensor:
     """Dequantized float32 ``[*blocks.shape, block_size, H, D]`` for block ids ``blocks`` (long)."""
     data = getattr(layer, which)
     fmt = layer.kv_format
-    raw = data.view(torch.uint8)[blocks].view(data.dtype) if fmt.code in (1, 2) else data[blocks]
+    raw = _take(data.view(torch.uint8), blocks).view(data.dtype) if fmt.code in (1, 2) else _take(data, blocks)
     scale = getattr(layer, which + "_scale")
     if fmt.scale == "token":
-        scale = scale[blocks]
+        scale = _take(scale, blocks)
     zero = getattr(layer, which + "_zero")
-    zero = zero[blocks] if zero is not None else None
+    zero = _take(zero, blocks) if zero is not None else None
     return dequantize_kv(raw, fmt, scale, zero, dtype=torch.float32)
 
 
 def _decode_chunk(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float, need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     s, hq, d = q.shape
     h, bs = layer.num_kv_heads, layer.block_size
-    max_len = int(seq_lens.max()) if s else 0
+    lens = seq_lens.long()
+    max_len = int(lens.max()) if s else 0
     nblk = max(1, -(-max_len // bs))
+    t = nblk * bs
     bt = block_tables[:, :nblk].long().clamp(0, layer.num_blocks - 1)
-    valid = (torch.arange(nblk * bs, device=q.device)[None, :] < seq_lens[:, None].long())  # [S, T]
-    vmask = valid[:, :, None, None]
-    k = torch.where(vmask, gather_kv(layer, "k", bt).reshape(s, nblk * bs, h, d), 0.0)
-    v = torch.where(vmask, gather_kv(layer, "v", bt).reshape(s, nblk * bs, h, d), 0.0)
-    qg = q.float().view(s, h, hq // h, d)
-    scores = torch.einsum("shgd,sthd->shgt", qg, k) * scale
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # -inf for an empty sequence
-    p = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    out = torch.einsum("shgt,sthd->shgd", p, v)
-    return out.reshape(s, hq, d), lse.reshape(s, hq)
+    k = gather_kv(layer, "k", bt).view(s, t, h, d)
+    v = gather_kv(layer, "v", bt).view(s, t, h, d)
+    valid = torch.arange(t, device=q.device)[None, :] < lens[:, None]  # [S, T]
+    lo = (int(lens.min()) // bs) * bs  # every position below lo is valid in every sequence
+    if lo < t:  # zero stale slots (may hold NaN): a masked score does not stop 0 * NaN
+        tail = ~valid[:, lo:, None, None]
+        k[:, lo:].masked_fill_(tail, 0.0)
+        v[:, lo:].masked_fill_(tail, 0.0)
+    qf = q.float()[:, :, None]  # [S, Hq, 1, D]
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [S, H, T, D] views
+    out = F.scaled_dot_product_attention(qf, kt, vt, attn_mask=valid[:, None, None, :], scale=scale,
+                                         enable_gqa=True)[:, :, 0]
+    empty = lens == 0
+    if bool(empty.any()):
+        out[empty] = 0.0
+    lse = None
+    if need_lse:
+        scores = torch.matmul(qf.view(s, h, hq // h, d), kt.transpose(2, 3)) * scale  # [S, H, G, T]
+        lse = torch.logsumexp(scores.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1).view(s, hq)
+    return out, lse
 
 
 def decode_attention_ref(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                         scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         scale: float | None = None, need_lse: bool = True
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One query per sequence over its first ``seq_lens[s]`` cached tokens.
 
-    Returns ``(out [S, Hq, D] in q.dtype, lse [S, Hq] float32)``; an empty sequence gives 0 and -inf.
-    Vectorized over sequences in chunks that bound the gathered memory.
+    Returns ``(out [S, Hq, D] in q.dtype, lse [S, Hq] float32 or None without need_lse)``; an
+    empty sequence gives 0 and -inf. Vectorized over sequences (gather through the block table,
+    then SDPA with a length mask), in chunks that bound the gathered memory.
     """
     s, hq, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    out = torch.empty(s, hq, d, dtype=torch.float32, device=q.device)
-    lse = torch.empty(s, hq, dtype=torch.float32, device=q.device)
+    out = torch.empty(s, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(s, hq, dtype=torch.float32, device=q.device) if need_lse else None
     if s == 0:
-        return out.to(q.dtype), lse
+        return out, lse
     per_seq = max(1, int(seq_lens.max()) + layer.block_size) * layer.num_kv_heads * d * 2
     step = max(1, _MAX_GATHER_ELEMS // per_seq)
     for i in range(0, s, step):
-        o, l = _decode_chunk(q[i:i + step], layer, block_tables[i:i + step], seq_lens[i:i + step], scale)
-        out[i:i + step], lse[i:i + step] = o, l
-    return out.to(q.dtype), lse
+        o, l = _decode_chunk(q[i:i + step], layer, block_tables[i:i + step], seq_lens[i:i + step], scale, need_lse)
+        out[i:i + step] = o
+        if need_lse:
+            lse[i:i + step] = l
+    return out, lse
 
 
 def prefill_attention_ref(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
@@ -115,7 +135,7 @@ def prefill_attention_ref(q: torch.Tensor, layer: KVCacheLayer, block_tables: to
     if single:
         idx = torch.tensor(single, device=q.device)
         rows = query_start_loc[:-1].long()[idx]
-        out[rows] = decode_attention_ref(q[rows], layer, block_tables[idx], seq_lens[idx], scale)[0]
+        out[rows] = decode_attention_ref(q[rows], layer, block_tables[idx], seq_lens[idx], scale, False)[0]
     h, bs = layer.num_kv_heads, layer.block_size
     for i, n in enumerate(q_lens):
         if n <= 1:

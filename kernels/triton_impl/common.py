@@ -27,6 +27,16 @@ def rne(y):
 
 
 @triton.jit
+def div_rn(a, b):
+    """IEEE round-to-nearest ``a / b`` (float32); ``b`` is broadcast to ``a``'s shape.
+
+    ``tl.div_rn`` does not broadcast (it would fail to compile on a GPU, though the interpreter
+    broadcasts), and plain ``/`` is approximate on NVIDIA GPUs.
+    """
+    return tl.div_rn(a, tl.zeros_like(a) + b)
+
+
+@triton.jit
 def encode_fp8(x, MANT: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr):
     """float32 -> fp8 bit pattern (int32 in [0, 255]) with round-to-nearest-even.
 

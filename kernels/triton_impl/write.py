@@ -1,11 +1,15 @@
-"""KV write ("reshape and cache") with quantize-on-write, and block copy."""
+"""KV write ("reshape and cache") with quantize-on-write, and block copy.
+
+Divisions use ``div_rn`` (IEEE round-to-nearest) because plain ``/`` on float32 compiles to an
+approximate division on NVIDIA GPUs; with it the stored codes equal torch's bit for bit.
+"""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .common import bf16_bits_rne, encode_fp8, rne
+from .common import bf16_bits_rne, div_rn, encode_fp8, rne
 
 
 @triton.jit
@@ -21,13 +25,13 @@ def _store_row(x, data_ptr, scale_ptr, zero_ptr, row, ok, head_scale, offs_d,
     elif FMT == 0:
         tl.store(data_ptr + row * D + offs_d, x.to(data_ptr.dtype.element_ty), mask=mask)
     elif FMT == 1:
-        tl.store(data_ptr + row * D + offs_d, encode_fp8(x / head_scale, 3, 7, 0x7E).to(tl.uint8), mask=mask)
+        tl.store(data_ptr + row * D + offs_d, encode_fp8(div_rn(x, head_scale), 3, 7, 0x7E).to(tl.uint8), mask=mask)
     elif FMT == 2:
-        tl.store(data_ptr + row * D + offs_d, encode_fp8(x / head_scale, 2, 15, 0x7B).to(tl.uint8), mask=mask)
+        tl.store(data_ptr + row * D + offs_d, encode_fp8(div_rn(x, head_scale), 2, 15, 0x7B).to(tl.uint8), mask=mask)
     else:  # int8, symmetric per token-head, fp16 scale
-        s = (tl.max(tl.abs(x), 0) / 127.0).to(tl.float16)
+        s = div_rn(tl.max(tl.abs(x), 0), 127.0).to(tl.float16)
         s32 = s.to(tl.float32)
-        q = tl.minimum(tl.maximum(rne(x / tl.where(s32 == 0, 1.0, s32)), -127.0), 127.0)
+        q = tl.minimum(tl.maximum(rne(div_rn(x, tl.where(s32 == 0, 1.0, s32))), -127.0), 127.0)
         tl.store(data_ptr + row * D + offs_d, q.to(tl.int8), mask=mask)
         tl.store(scale_ptr + row, s, mask=ok)
 
@@ -46,13 +50,13 @@ def _store_row_int4(src_ptr, data_ptr, scale_ptr, zero_ptr, row, ok,
     inf = float("inf")
     mn = tl.minimum(tl.min(tl.where(m, xe, inf), 1), tl.min(tl.where(m, xo, inf), 1))
     mx = tl.maximum(tl.max(tl.where(m, xe, -inf), 1), tl.max(tl.where(m, xo, -inf), 1))
-    s = ((mx - mn) / 15.0).to(tl.float16)
+    s = div_rn(mx - mn, 15.0).to(tl.float16)
     z = mn.to(tl.float16)
     s32 = s.to(tl.float32)
     safe = tl.where(s32 == 0, 1.0, s32)[:, None]
     z32 = z.to(tl.float32)[:, None]
-    qe = tl.minimum(tl.maximum(rne((xe - z32) / safe), 0.0), 15.0).to(tl.int32)
-    qo = tl.minimum(tl.maximum(rne((xo - z32) / safe), 0.0), 15.0).to(tl.int32)
+    qe = tl.minimum(tl.maximum(rne(div_rn(xe - z32, safe)), 0.0), 15.0).to(tl.int32)
+    qo = tl.minimum(tl.maximum(rne(div_rn(xo - z32, safe)), 0.0), 15.0).to(tl.int32)
     byte = (qe | (qo << 4)).to(tl.uint8)
     tl.store(data_ptr + row * (D // 2) + gi * HG + j, byte, mask=m & ok)
     g1 = tl.arange(0, NGP)

@@ -1,0 +1,103 @@
+"""Compile every Triton kernel for NVIDIA targets without a GPU (Triton ships ``ptxas``).
+
+Catches what the interpreter forgives (shapes an MLIR op will not broadcast, ``tl.dot`` size
+limits, dtype mismatches) on a machine with no GPU::
+
+    TRITON_INTERPRET=0 python -m kernels.triton_impl.compile_check [--arch 80 90] [--quick]
+
+Each case is (kernel, argument types, constexprs); the first failure is raised with its case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Iterator
+
+# (format code, data pointer type, scale pointer type) for every KV format
+_FORMATS = [(0, "*fp16", "*fp16"), (0, "*bf16", "*bf16"), (0, "*fp32", "*fp32"), (1, "*u8", "*fp32"),
+            (2, "*u8", "*fp32"), (3, "*i8", "*fp16"), (4, "*u8", "*fp16")]
+
+
+def _sig(fn, types: dict, consts: dict) -> tuple[dict, dict]:
+    sig, const = {}, {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name], const[name] = "constexpr", consts[name]
+        else:
+            sig[name] = types[name]
+    return sig, const
+
+
+def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
+    """Every kernel specialisation worth compiling: all formats, dot dtypes and tile shapes."""
+    from .attention import decode_merge_kernel, decode_split_kernel, prefill_kernel
+    from .write import copy_blocks_kernel, write_kv_kernel
+
+    for fmt, data, scale in _FORMATS:
+        plain_q = {"*fp16": "*fp16", "*bf16": "*bf16", "*fp32": "*fp32"}.get(data)
+        q_types = (plain_q,) if fmt == 0 else (("*fp16",) if quick else ("*fp16", "*bf16"))
+        for q in q_types:
+            dot = {"*fp16": 1, "*bf16": 2, "*fp32": 0}[q]
+            for d, group in ((128, 8),) if quick else ((128, 4), (64, 1)):
+                ng = d // 32 if fmt == 4 else 1
+                ptrs = dict(q_ptr=q, k_ptr=data, v_ptr=data, ks_ptr=scale, vs_ptr=scale, kz_ptr=scale, vz_ptr=scale,
+                            bt_ptr="*i32", sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32", mid_lse_ptr="*fp32",
+                            out_ptr=q, sm_scale="fp32", bt_stride="i32", tokens_per_split="i32")
+                gp = max(16, 1 << (group - 1).bit_length())
+                yield (f"decode fmt={fmt} data={data} q={q} d={d} g={group}", decode_split_kernel, ptrs,
+                       dict(HQ=8 * group, H=8, D=d, NG=ng, BS=16, GROUP=group, GP=gp, NSPLIT=4, BLOCK_N=64,
+                            BLOCK_D=d, FMT=fmt, DOT=dot))
+                gp = 1 << (group - 1).bit_length()
+                yield (f"prefill fmt={fmt} data={data} q={q} d={d} g={group}", prefill_kernel, ptrs,
+                       dict(HQ=8 * group, H=8, D=d, NG=ng, BS=16, GROUP=group, GP=gp, BLOCK_Q=max(1, 64 // gp),
+                            BLOCK_N=64, BLOCK_D=d, FMT=fmt, DOT=dot))
+        bf16 = data == "*bf16"
+        wdata = "*i16" if bf16 else data
+        for src in ("*bf16",) if quick else ("*fp16", "*bf16", "*fp32"):
+            ng = 128 // 32 if fmt == 4 else 1
+            yield (f"write fmt={fmt} data={data} src={src}", write_kv_kernel,
+                   dict(key_ptr=src, value_ptr=src, slot_ptr="*i32", k_ptr=wdata, v_ptr=wdata, ks_ptr=scale,
+                        vs_ptr=scale, kz_ptr=scale, vz_ptr=scale),
+                   dict(H=8, D=128, NG=ng, NGP=ng, HGP=16 if fmt == 4 else 64, BLOCK_D=128, FMT=fmt, BF16=bf16))
+    for q in ("*fp16", "*bf16", "*fp32"):
+        yield (f"merge q={q}", decode_merge_kernel,
+               dict(mid_o_ptr="*fp32", mid_lse_ptr="*fp32", out_ptr=q, lse_ptr="*fp32"),
+               dict(D=128, NSPLIT=5, SP=8, BLOCK_D=128))
+    for t in ("*i32", "*u8"):
+        yield (f"copy {t}", copy_blocks_kernel, dict(ptr=t, map_ptr="*i64"), dict(ROW=4096, BLOCK=1024))
+
+
+def compile_all(archs: tuple[int, ...] = (80, 90), quick: bool = False, log=print) -> int:
+    """Compile every case for every arch to a cubin; return the number compiled."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise RuntimeError("compile_check needs TRITON_INTERPRET unset (interpreted kernels cannot be compiled)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    n = 0
+    for arch in archs:
+        for name, fn, types, consts in cases(quick):
+            sig, const = _sig(fn, types, consts)
+            t0 = time.perf_counter()
+            try:
+                triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", arch, 32))
+            except Exception as e:  # report which specialisation broke
+                raise RuntimeError(f"sm_{arch} {name}: {type(e).__name__}: {e}") from e
+            n += 1
+            log(f"sm_{arch} {name}: ok ({time.perf_counter() - t0:.1f}s)")
+    return n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, nargs="+", default=[80, 90])
+    p.add_argument("--quick", action="store_true", help="one specialisation per kernel and format")
+    a = p.parse_args()
+    print(f"compiled {compile_all(tuple(a.arch), a.quick)} kernels")
+
+
+if __name__ == "__main__":
+    main()
