@@ -82,7 +82,18 @@ class SimConfig:
 
 @dataclass
 class SimResult:
-    """A finished run: ``summary`` (flat dict), per-request and per-step DataFrames."""
+    """A finished run.
+
+    - ``summary``: flat dict (what ``python -m paged simulate --json`` prints); usages are
+      time-weighted means over steps with blocks in use.
+    - ``requests``: the trace plus ``first_scheduled``, ``first_token_time``, ``last_token_time``,
+      ``finish_time``, ``ttft``, ``queueing_time``, ``e2e_latency``, ``num_preemptions``,
+      ``num_cached_tokens``, ``rejected`` (seconds on the simulated clock).
+    - ``steps``: one row per step: ``time`` (start), ``duration``, ``num_seqs``, prefill/decode
+      tokens, ``kv_block_usage`` (used / all blocks), ``kv_token_usage`` (slots holding tokens /
+      slots of used blocks), ``kv_internal_fragmentation``, ``num_cached_free_blocks``, queue
+      lengths, preemptions and swapped blocks.
+    """
 
     config: SimConfig
     summary: dict[str, Any]
@@ -251,7 +262,7 @@ class Simulator:
                 d[3] = t_end
             steps.append((clock, dt, len(chunks), sum(qs) - num_decode, num_decode, plan.kv_cache_usage_perc,
                           plan.token_usage, plan.num_waiting, plan.num_running, plan.num_swapped,
-                          len(plan.preempted), swap_blocks))
+                          len(plan.preempted), swap_blocks, kv.num_cached_free_blocks))
             finished = sched.update(plan, sampled)
             clock = t_end
             n_steps += 1
@@ -292,7 +303,8 @@ class Simulator:
             reqs.loc[i, "rejected"] = True
         st = pd.DataFrame(steps, columns=["time", "duration", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
                                           "kv_block_usage", "kv_token_usage", "num_waiting", "num_running",
-                                          "num_swapped", "num_preempted", "num_swap_blocks"])
+                                          "num_swapped", "num_preempted", "num_swap_blocks", "num_cached_free_blocks"])
+        st["kv_internal_fragmentation"] = np.where(st["kv_block_usage"] > 0, 1.0 - st["kv_token_usage"], 0.0)
         ok = reqs["finish_time"] >= 0
         fin = reqs[ok]
         t0 = float(tr["arrival_time"].min()) if len(tr) else 0.0
@@ -331,6 +343,7 @@ class Simulator:
             "e2e_p50_s": q(fin["e2e_latency"], 0.5), "e2e_p99_s": q(fin["e2e_latency"], 0.99),
             "queueing_p50_s": q(fin["queueing_time"], 0.5), "queueing_p99_s": q(fin["queueing_time"], 0.99),
             "kv_token_usage_mean": tok_use, "kv_block_usage_mean": blk_use,
+            "kv_internal_fragmentation_mean": 1.0 - tok_use if blk_use else 0.0,
             "kv_tokens_per_capacity_mean": wmean_product(st, busy.to_numpy(), w),
             "mean_batch_size": float(np.average(st["num_seqs"], weights=w)) if len(st) else 0.0,
             "num_preemptions": int(sum(self.scheduler.num_preemptions.values())),
