@@ -87,14 +87,14 @@ def calibrate(num_requests: int, seed: int, steps_csv: str | None) -> None:
     from dataclasses import replace
 
     from paged.config import get_gpu, get_model
-    from paged.cost_model import CostModel, shapes_from_frame, steps_to_frame
+    from paged.cost_model import CostModel, shapes_from_frame, calibration_frame
 
     t0 = time.perf_counter()
     if steps_csv and os.path.exists(steps_csv):
         frame = pd.read_csv(steps_csv)
     else:
         steps, _ = record_engine_steps(num_requests, seed)
-        frame = steps_to_frame(steps)
+        frame = calibration_frame(steps)
         if steps_csv:
             frame.to_csv(steps_csv, index=False)
     wall = time.perf_counter() - t0

@@ -25,7 +25,7 @@ from paged.errors import PagedError
 _SIM_FLAGS = ("model", "gpu", "tensor_parallel", "block_size", "num_blocks", "gpu_memory_utilization", "kv_format",
               "allocator", "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "preemption_mode",
               "policy", "watermark", "enable_prefix_caching", "swap_space_gib", "max_model_len", "seed", "mfu", "mbu",
-              "step_overhead_s", "paged_kernel_penalty")
+              "step_overhead_s", "paged_kernel_penalty", "calibration")
 
 
 def _add_sim_args(p: argparse.ArgumentParser) -> None:
@@ -59,6 +59,8 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--mbu", type=float, default=None)
     c.add_argument("--step-overhead-s", type=float, default=None)
     c.add_argument("--paged-kernel-penalty", action=argparse.BooleanOptionalAction, default=True)
+    c.add_argument("--calibration", default=None, metavar="STEPS.csv",
+                   help="fit the cost model to engine steps saved with paged.cost_model.calibration_frame")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="sharegpt", choices=sorted(WORKLOADS))
     w.add_argument("--trace", default=None, help="trace file (CSV paged/vidur/azure or JSONL); overrides --workload")

@@ -311,9 +311,10 @@ def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
     return shapes, np.asarray(secs)
 
 
-def steps_to_frame(steps: Iterable[Any], time_field: str = "total_ms") -> "pd.DataFrame":
+def calibration_frame(steps: Iterable[Any], time_field: str = "total_ms") -> "pd.DataFrame":
     """Engine step records -> tidy DataFrame, one row per chunk (``step, start, num_tokens, samples,
-    seconds``), to save measurements and fit later (``shapes_from_frame``)."""
+    seconds``), to save measurements and fit later (``shapes_from_frame``). Unlike
+    ``paged.engine.steps_to_frame`` (one row per step) it keeps each chunk's shape."""
     import pandas as pd
 
     rows = [(i, c.start, c.num_tokens, bool(c.samples), float(getattr(st, time_field)) * 1e-3)
@@ -322,7 +323,10 @@ def steps_to_frame(steps: Iterable[Any], time_field: str = "total_ms") -> "pd.Da
 
 
 def shapes_from_frame(df: "pd.DataFrame") -> tuple[list[StepShape], np.ndarray]:
-    """Inverse of ``steps_to_frame``: (shapes, seconds) for ``CostModel.fit``."""
+    """Inverse of ``calibration_frame``: (shapes, seconds) for ``CostModel.fit``."""
+    missing = {"step", "start", "num_tokens", "samples", "seconds"} - set(df.columns)
+    if missing:
+        raise ConfigError(f"calibration frame lacks columns {sorted(missing)}; write it with calibration_frame()")
     shapes, secs = [], []
     for _, g in df.groupby("step", sort=True):
         shapes.append(StepShape.make(g["num_tokens"].tolist(), g["start"].tolist(), int(g["samples"].sum())))
@@ -349,4 +353,4 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency",
-           "shapes_from_steps", "steps_to_frame", "shapes_from_frame"]
+           "shapes_from_steps", "calibration_frame", "shapes_from_frame"]

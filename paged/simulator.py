@@ -69,6 +69,7 @@ class SimConfig:
     mfu: float | None = None
     mbu: float | None = None
     step_overhead_s: float | None = None
+    calibration: str | None = None  # CSV from cost_model.calibration_frame: fit the cost model to it
     seed: int = 0
     record_events: bool = False
 
@@ -162,6 +163,13 @@ class Simulator:
             enable_chunked_prefill=cfg.enable_chunked_prefill, preemption_mode=cfg.preemption_mode,
             policy=cfg.policy, watermark=cfg.watermark))
         self.cost = cost_model or build_cost_model(cfg, self.model)
+        self.calibration_report = None
+        if cfg.calibration and cost_model is None:
+            from paged.cost_model import shapes_from_frame
+
+            shapes, secs = shapes_from_frame(pd.read_csv(cfg.calibration))
+            self.calibration_report = self.cost.fit(shapes, secs, seed=cfg.seed)
+            self.cost = self.calibration_report.model
         self._ran = False
 
     @property
@@ -353,6 +361,8 @@ class Simulator:
             "num_blocks_in_use_at_end": int(kv.num_used_blocks),
             "num_steps": len(st), "wall_s": wall, "sim_requests_per_wall_s": int(ok.sum()) / max(wall, 1e-9),
         }
+        if self.calibration_report is not None:
+            summary["calibration_holdout_mape"] = self.calibration_report.holdout_mape
         if rejected:
             summary["first_rejection"] = rejected[0][1]
         return SimResult(cfg, summary, reqs, st, self.recorder if cfg.record_events else None)

@@ -102,12 +102,12 @@ def test_paged_attention_efficiency_from_published_points():
 def test_step_frame_roundtrip():
     from types import SimpleNamespace as NS
 
-    from paged.cost_model import shapes_from_frame, shapes_from_steps, steps_to_frame
+    from paged.cost_model import shapes_from_frame, shapes_from_steps, calibration_frame
 
     chunk = lambda start, n, samples: NS(start=start, num_tokens=n, samples=samples)  # noqa: E731
     steps = [NS(scheduled=[chunk(0, 100, True), chunk(50, 1, True)], total_ms=12.0),
              NS(scheduled=[chunk(0, 64, False)], total_ms=8.0)]
     a, sa = shapes_from_steps(steps)
-    b, sb = shapes_from_frame(steps_to_frame(steps))
+    b, sb = shapes_from_frame(calibration_frame(steps))
     assert sa.tolist() == sb.tolist()
     assert [(x.q.tolist(), x.ctx.tolist(), x.num_sampled) for x in a] == [(x.q.tolist(), x.ctx.tolist(), x.num_sampled) for x in b]

@@ -100,3 +100,22 @@ def test_priority_column_reaches_the_scheduler():
     res = simulate(tr, SimConfig(**SMALL, policy="priority", max_num_seqs=3))
     r = res.requests
     assert r.loc[r["priority"] == 0, "finish_time"].max() < r.loc[r["priority"] == 5, "finish_time"].min()
+
+
+def test_calibrated_cost_model_from_a_steps_file(tmp_path):
+    from dataclasses import replace
+
+    from paged.cost_model import CostModel, StepShape
+
+    truth = replace(CostModel("llama-2-7b", "a100-40gb"), mfu=0.3, mbu=0.5, step_overhead_s=5e-3)
+    rng = np.random.default_rng(0)
+    rows = []
+    for step in range(60):
+        nd = int(rng.integers(1, 40))
+        q, c = [1] * nd + [int(rng.integers(16, 400))], list(rng.integers(10, 900, nd)) + [0]
+        sec = truth.step_time(StepShape.make(q, c))
+        rows += [(step, ci, qi, True, sec) for qi, ci in zip(q, c)]
+    path = tmp_path / "steps.csv"
+    pd.DataFrame(rows, columns=["step", "start", "num_tokens", "samples", "seconds"]).to_csv(path, index=False)
+    s = simulate(_trace(30), SimConfig(**SMALL, calibration=str(path), paged_kernel_penalty=False)).summary
+    assert s["calibration_holdout_mape"] < 0.02 and s["requests_finished"] == 30
