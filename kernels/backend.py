@@ -36,7 +36,10 @@ BACKENDS = ("triton", "interpreter", "torch")
 @functools.cache
 def triton_available() -> bool:
     """Whether the ``triton`` package can be imported (checked without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["triton"] = None
+        return False
 
 
 def interpreter_enabled() -> bool:

@@ -150,3 +150,33 @@ def test_bytes_per_token():
     assert kernels.bytes_per_token("int4", 8, 128) == 2 * 8 * (64 + 16)
     layer = allocate_kv_cache(3, 16, 8, 128, "int4")
     assert layer.nbytes() == 3 * 16 * kernels.bytes_per_token("int4", 8, 128)
+
+
+def _run(code: str, **env) -> None:
+    import os
+    import subprocess
+    import sys
+    e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    e.update(env)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1], env=e)
+
+
+def test_backends_without_triton_and_without_interpreter():
+    """No triton: auto falls back to torch, asking for Triton says what to install.
+    Triton present but TRITON_INTERPRET unset: CPU tensors default to torch, 'interpreter' says what to set."""
+    common = """
+import torch, kernels
+layer = kernels.allocate_kv_cache(2, 4, 1, 64)
+args = (torch.randn(1, 2, 64, dtype=torch.float16), layer, None, torch.zeros(1, 1, dtype=torch.int32),
+        torch.ones(1, dtype=torch.int32))
+assert kernels.resolve_backend(None, torch.device("cpu")) == "torch"
+kernels.paged_decode_attention(*args)
+try:
+    kernels.paged_decode_attention(*args, backend="interpreter")
+except kernels.BackendUnavailableError as e:
+    assert MSG in str(e), e
+else:
+    raise AssertionError("no error")
+"""
+    _run("import sys; sys.modules['triton'] = None; MSG = 'pip install triton'" + common)
+    _run("MSG = 'TRITON_INTERPRET=1'" + common)

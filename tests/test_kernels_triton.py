@@ -144,6 +144,29 @@ def test_prefill_matches_reference(fmt, bs, hd, group):
     torch.testing.assert_close(out.float(), ref.float(), **_tol(dtype))
 
 
+@pytest.mark.parametrize("fmt", ["fp16", "fp8_e5m2", "int8", "int4"])
+def test_head_dim_not_a_power_of_two(fmt):
+    """head_dim 96 (tiles padded to 128 and masked; int4 has 3 groups of 32)."""
+    lens = [1, 17, 40]
+    layer, tables, seq_lens, g = _make_batch(fmt, 16, 96, 2, lens, seed=11, dtype=torch.float16)
+    q = torch.randn(3, 4, 96, generator=g).half().to(DEVICE)
+    out = kernels.paged_decode_attention(q, layer, None, tables, seq_lens, backend=BACKEND, num_splits=2)
+    ref = kernels.paged_decode_attention(q, layer, None, tables, seq_lens, backend="torch")
+    torch.testing.assert_close(out, ref, **_tol(torch.float16))
+    k = torch.randn(5, NUM_KV_HEADS, 96, generator=g).half().to(DEVICE)
+    twin = kernels.allocate_kv_cache(layer.num_blocks, 16, NUM_KV_HEADS, 96, fmt, device=DEVICE)
+    for a, b in zip(twin.block_tensors(), layer.block_tensors()):
+        a.copy_(b)
+    if layer.kv_format.scale == "head":
+        twin.k_scale.copy_(layer.k_scale)
+        twin.v_scale.copy_(layer.v_scale)
+    slots = torch.tensor([0, 5, -1, 17, 33], dtype=torch.int32, device=DEVICE)
+    layer.write(k, -k, slots, backend=BACKEND)
+    twin.write(k, -k, slots, backend="torch")
+    for a, b in zip(layer.block_tensors(), twin.block_tensors()):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
 def test_decode_is_prefill_with_one_token():
     layer, tables, seq_lens, g = _make_batch("fp16", 8, 64, 4, [9, 1, 30], seed=7, dtype=torch.float16)
     q = torch.randn(3, 8, 64, generator=g).half().to(DEVICE)

@@ -50,6 +50,9 @@ def _store_row_int4(src_ptr, data_ptr, scale_ptr, zero_ptr, row, ok,
     inf = float("inf")
     mn = tl.minimum(tl.min(tl.where(m, xe, inf), 1), tl.min(tl.where(m, xo, inf), 1))
     mx = tl.maximum(tl.max(tl.where(m, xe, -inf), 1), tl.max(tl.where(m, xo, -inf), 1))
+    real = tl.arange(0, NGP) < NG  # padding groups (NG not a power of two) get 0 instead of inf - inf
+    mn = tl.where(real, mn, 0.0)
+    mx = tl.where(real, mx, 0.0)
     s = div_rn(mx - mn, 15.0).to(tl.float16)
     z = mn.to(tl.float16)
     s32 = s.to(tl.float32)
