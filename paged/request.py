@@ -79,10 +79,11 @@ class Request:
 
     def append_token(self, token_id: int) -> RequestStatus | None:
         """Append a sampled token; return the finished status if it ends the request."""
-        self.token_ids.append(token_id)
+        tokens = self.token_ids
+        tokens.append(token_id)
         if token_id in self.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= self.max_tokens:
+        if len(tokens) - self.num_prompt_tokens >= self.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -254,27 +254,29 @@ class Scheduler:
         if cfg.policy == "priority":
             self.running.sort(key=lambda r: (r.priority, r._seq))
         running = self.running
+        scheduled, chunked, allocate = out.scheduled, cfg.enable_chunked_prefill, kv.allocate_slots
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and budget > 0:  # the hot loop: one pass per running request
             req = running[i]
-            n = req.num_tokens - req.num_computed_tokens
-            if n > budget and not cfg.enable_chunked_prefill:
-                i += 1
-                continue
-            n = min(n, budget)
-            copies = kv.allocate_slots(req, n)
+            total, done = len(req.token_ids), req.num_computed_tokens
+            n = total - done
+            if n > budget:
+                if not chunked:
+                    i += 1
+                    continue
+                n = budget
+            copies = allocate(req, n)
             while copies is None:  # pool full: preempt someone not yet scheduled (maybe req)
-                j = self.victim_policy(running, i)
-                victim = running.pop(j)
+                victim = running.pop(self.victim_policy(running, i))
                 self._preempt(victim, out)
                 if victim is req:
                     break
-                copies = kv.allocate_slots(req, n)
+                copies = allocate(req, n)
             if copies is None:
                 continue
-            out.block_copies.extend(copies)
-            out.scheduled.append(ScheduledChunk(req, req.num_computed_tokens, n,
-                                                req.num_computed_tokens + n == req.num_tokens))
+            if copies:
+                out.block_copies.extend(copies)
+            scheduled.append(ScheduledChunk(req, done, n, done + n == total))
             budget -= n
             i += 1
         if not out.preempted:
@@ -368,9 +370,10 @@ class Scheduler:
                 raise PagedError(f"executor returned no token for request {chunk.request_id!r}; "
                                  "every chunk with samples=True needs one")
         done: list[tuple[Request, RequestStatus]] = []
+        running_status = RequestStatus.RUNNING
         for chunk in out.scheduled:
             req = chunk.request
-            if req.status is not RequestStatus.RUNNING:  # aborted or preempted since scheduling
+            if req.status is not running_status:  # aborted or preempted since scheduling
                 continue
             req.num_computed_tokens += chunk.num_tokens
             if chunk.samples:
