@@ -98,7 +98,14 @@ class ChunkInfo:
 
 @dataclass
 class StepOutput:
-    """Everything that happened in one ``step()``; times in milliseconds."""
+    """Everything that happened in one ``step()``; times in milliseconds.
+
+    ``prefill_ms``/``decode_ms`` are measured forward times of the step's prefill and decode
+    work: for a pure step one of them is the whole forward pass and the other 0; a mixed step
+    runs one pass and reports both as None, unless ``split_prefill_decode`` ran two passes.
+    ``new_tokens`` maps scheduler sequence ids (``"<id>"``, ``"<id>#k"`` for sample k of n>1,
+    ``"<id>#b<j>"`` for beams) to the token sampled for them this step.
+    """
     step: int
     scheduled: list[ChunkInfo]
     num_prefill_tokens: int
@@ -224,7 +231,6 @@ class LLMEngine:
         self._groups: dict[str, _Group] = {}
         self._fallback = torch.Generator().manual_seed(c.seed)
         self._ids = itertools.count(1)
-        self.step_outputs_kept = 0
 
     # ---- introspection ---------------------------------------------------------------
     @property
@@ -293,7 +299,7 @@ class LLMEngine:
             req = self.scheduler.abort(sid)
             self._record_done(group, req, "abort")
         self.scheduler.take_finished()
-        return self._finish_group(group, aborted=True)
+        return self._finish_group(group)
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -472,7 +478,7 @@ class LLMEngine:
                 out.append(g)
         return out
 
-    def _finish_group(self, g: _Group, aborted: bool = False) -> RequestOutput:
+    def _finish_group(self, g: _Group) -> RequestOutput:
         self._groups.pop(g.request_id, None)
         p = g.params
         if p.use_beam_search:

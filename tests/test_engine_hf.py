@@ -256,3 +256,17 @@ def test_triton_kernels_in_the_interpreter_give_the_same_tokens(tiny):
               max_num_batched_tokens=8)  # chunked prefill, mixed and decode-only batches
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == ref
     _check_all_free(llm)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_fork_and_beams_under_memory_pressure(tiny, mode):
+    """n > 1 and beam search keep working (and free everything) when preemption strikes."""
+    llm = LLM(tiny["model"], num_blocks=24, block_size=4, preemption_mode=mode)
+    ps = tiny["prompts"][1:5]
+    outs = llm.generate(ps, SamplingParams(n=3, temperature=0, max_tokens=24))
+    for o, ref in zip(outs, tiny["ref"][1:5]):
+        assert [c.token_ids for c in o.outputs] == [ref] * 3
+    assert sum(llm.engine.scheduler.num_preemptions.values()) > 0
+    beams = llm.generate(ps, SamplingParams(n=2, use_beam_search=True, max_tokens=12))
+    assert all(len(o.outputs) == 2 and all(len(c.token_ids) == 12 for c in o.outputs) for o in beams)
+    _check_all_free(llm)
