@@ -55,8 +55,9 @@ def _check_ids(m: torch.Tensor, num_blocks: int, what: str) -> None:
 def copy_blocks(caches: CacheLike | Iterable[CacheLike], block_mapping, *, backend: str | None = None) -> None:
     """Copy block ``src`` to block ``dst`` in every tensor of ``caches`` (all layers, K, V, scales).
 
-    The Triton path copies pair by pair in parallel, so it additionally needs every ``dst`` to be
-    distinct and no ``dst`` to be a ``src`` (true for copy-on-write into fresh blocks).
+    The Triton kernel copies all pairs in parallel; it runs when every ``dst`` is distinct and no
+    ``dst`` is also a ``src`` (copy-on-write into fresh blocks). Other mappings take the torch
+    path, which reads all sources before writing (same result on any backend).
     """
     tensors = block_tensors_of(caches)
     if not tensors:
@@ -68,11 +69,8 @@ def copy_blocks(caches: CacheLike | Iterable[CacheLike], block_mapping, *, backe
         _check_ids(m, t.shape[0], "copy_blocks")
     from .backend import resolve_backend
     be = resolve_backend(backend, tensors[0].device)
-    if be != "torch":
-        dst, src = set(m[:, 1].tolist()), set(m[:, 0].tolist())
-        if len(dst) != m.shape[0] or dst & src:
-            raise ShapeError("Triton copy_blocks needs distinct destinations that are not sources; "
-                             "split the mapping or use backend='torch'")
+    dst, src = set(m[:, 1].tolist()), set(m[:, 0].tolist())
+    if be != "torch" and len(dst) == m.shape[0] and not dst & src:
         from .triton_impl.launch import copy_blocks_triton
         copy_blocks_triton(tensors, m.to(tensors[0].device))
         return

@@ -147,7 +147,9 @@ def prefill_attention_ref(q: torch.Tensor, layer: KVCacheLayer, block_tables: to
         v = gather_kv(layer, "v", blocks).reshape(nblk * bs, h, d)[:ctx]
         qpos = torch.arange(ctx - n, ctx, device=q.device)
         mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
-        o = F.scaled_dot_product_attention(q[qsl[i]:qsl[i + 1]].float().transpose(0, 1), k.transpose(0, 1),
-                                           v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True)
+        # 4-D inputs: torch's CPU flash kernel takes them (3-D ones run ~2.5x slower)
+        o = F.scaled_dot_product_attention(q[qsl[i]:qsl[i + 1]].float().transpose(0, 1)[None],
+                                           k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask,
+                                           scale=scale, enable_gqa=True)[0]
         out[qsl[i]:qsl[i + 1]] = o.transpose(0, 1).to(q.dtype)
     return out

@@ -217,8 +217,11 @@ def test_copy_blocks_matches_reference(fmt):
     kernels.copy_blocks(layers[1], mapping, backend="torch")
     for a, b in zip(kernels.blocks.block_tensors_of(layers[0]), kernels.blocks.block_tensors_of(layers[1])):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-    with pytest.raises(kernels.ShapeError, match="distinct destinations"):
-        kernels.copy_blocks(layers[0], [(0, 1), (1, 2)], backend=BACKEND)
+    chain = [(0, 1), (1, 2), (2, 0)]  # overlapping pairs: simultaneous semantics (torch path)
+    kernels.copy_blocks(layers[0], chain, backend=BACKEND)
+    kernels.copy_blocks(layers[1], chain, backend="torch")
+    for a, b in zip(kernels.blocks.block_tensors_of(layers[0]), kernels.blocks.block_tensors_of(layers[1])):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 # ---- fp8 encoding, bit for bit against torch's casts --------------------------------------------------
