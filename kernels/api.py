@@ -12,6 +12,8 @@ from .reference import decode_attention_ref, prefill_attention_ref, write_kv_ref
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+Scale = torch.Tensor | float | None  # fp8: per tensor or per KV head; int8/int4: per-token side tensor
+Side = torch.Tensor | None
 
 
 def _int32(name: str, t: torch.Tensor, dim: int, device: torch.device) -> torch.Tensor:
@@ -48,7 +50,8 @@ def _check_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs: 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer, v_cache: torch.Tensor | None,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, *, scale: float | None = None,
-                           k_scale=None, v_scale=None, k_zero=None, v_zero=None, kv_format: str | None = None,
+                           k_scale: Scale = None, v_scale: Scale = None, k_zero: Side = None, v_zero: Side = None,
+                           kv_format: str | None = None,
                            backend: str | None = None, return_lse: bool = False, num_splits: int | None = None):
     """Attention of one query token per sequence over its paged K/V.
 
@@ -76,8 +79,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer, v_cache: torch.Tensor | None,
                             block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *,
-                            scale: float | None = None, k_scale=None, v_scale=None, k_zero=None, v_zero=None,
-                            kv_format: str | None = None, backend: str | None = None) -> torch.Tensor:
+                            scale: float | None = None, k_scale: Scale = None, v_scale: Scale = None,
+                            k_zero: Side = None, v_zero: Side = None, kv_format: str | None = None,
+                            backend: str | None = None) -> torch.Tensor:
     """Prefill/extend attention for a variable-length batch (chunked prefill, prefix hits, decodes).
 
     ``q`` ``[total_q_tokens, num_q_heads, head_dim]``; ``query_start_loc`` int32 ``[num_seqs+1]``
@@ -113,7 +117,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLaye
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer,
              v_cache: torch.Tensor | None, slot_mapping: torch.Tensor, *, kv_format: str | None = None,
-             k_scale=None, v_scale=None, k_zero=None, v_zero=None, backend: str | None = None) -> None:
+             k_scale: Scale = None, v_scale: Scale = None, k_zero: Side = None, v_zero: Side = None,
+             backend: str | None = None) -> None:
     """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_mapping`` (int,
     ``[num_tokens]``, slot = block_id * block_size + offset; slots < 0 are skipped), quantizing on
     write. Quantized formats write into the per-token scale/zero tensors too (pass them, or a layer).

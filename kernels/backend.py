@@ -62,7 +62,8 @@ def resolve_backend(requested: str | None, device: torch.device) -> str:
     """Pick the backend for tensors on ``device``; raise if ``requested`` cannot run here."""
     req = "auto" if requested is None else str(requested).lower()
     if req not in BACKENDS + ("auto",):
-        raise BackendUnavailableError(f"unknown backend {requested!r}; use one of 'auto', {', '.join(map(repr, BACKENDS))}")
+        names = ", ".join(map(repr, BACKENDS))
+        raise BackendUnavailableError(f"unknown backend {requested!r}; use one of 'auto', {names}")
     on_cuda = device.type == "cuda"
     if req == "auto":
         if triton_available() and on_cuda and not interpreter_enabled():

@@ -86,7 +86,7 @@ def _decode_chunk(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tens
         out[empty] = 0.0
     lse = None
     if need_lse:
-        scores = torch.matmul(qf.view(s, h, hq // h, d), kt.transpose(2, 3)) * scale  # [S, H, G, T]
+        scores = torch.matmul(qf.reshape(s, h, hq // h, d), kt.transpose(2, 3)) * scale  # [S, H, G, T]
         lse = torch.logsumexp(scores.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1).view(s, hq)
     return out, lse
 

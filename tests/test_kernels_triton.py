@@ -169,15 +169,19 @@ def test_head_dim_not_a_power_of_two(fmt):
 
 def test_decode_is_prefill_with_one_token():
     layer, tables, seq_lens, g = _make_batch("fp16", 8, 64, 4, [9, 1, 30], seed=7, dtype=torch.float16)
-    q = torch.randn(3, 8, 64, generator=g).half().to(DEVICE)
+    q = torch.randn(3, 16, 64, generator=g).half().to(DEVICE)[:, ::2]  # a strided view
     qsl = torch.arange(4, dtype=torch.int32, device=DEVICE)
     a = kernels.paged_decode_attention(q, layer, None, tables, seq_lens, backend=BACKEND)
     b = kernels.paged_prefill_attention(q, layer, None, tables, seq_lens, qsl, backend=BACKEND)
+    ref = kernels.paged_decode_attention(q, layer, None, tables, seq_lens, backend="torch")
     torch.testing.assert_close(a, b, **_tol(torch.float16))
+    torch.testing.assert_close(a, ref, **_tol(torch.float16))
 
 
-@pytest.mark.parametrize("fmt,hd,in_dtype", [(f, (64, 128)[i % 2], (torch.float16, torch.bfloat16, torch.float32)[i % 3])
-                                             for i, f in enumerate(FORMATS)])
+_IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@pytest.mark.parametrize("fmt,hd,in_dtype", [(f, (64, 128)[i % 2], _IN_DTYPES[i % 3]) for i, f in enumerate(FORMATS)])
 def test_write_kv_bit_exact(fmt, hd, in_dtype):
     """Quantize-on-write equals the torch reference bit for bit; slot -1 is skipped."""
     if fmt in ("fp16", "bf16", "fp32"):

@@ -76,7 +76,7 @@ def decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tens
     per_split = max(block_n, math.ceil(max(1, max_len) / nsplit / block_n) * block_n)
     mid_o = torch.empty(s, hq, nsplit, block_d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(s, hq, nsplit, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous even when q is a view
     lse = torch.empty(s, hq, dtype=torch.float32, device=q.device)
     if s == 0:
         return out, lse
@@ -96,7 +96,7 @@ def prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Ten
     """Prefill/extend over a variable-length batch (one host sync for the longest query)."""
     t, hq, d = q.shape
     n = block_tables.shape[0]
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous even when q is a view
     if t == 0 or n == 0:
         return out
     h, bs = layer.num_kv_heads, layer.block_size
