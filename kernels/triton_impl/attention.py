@@ -15,11 +15,11 @@ from .common import block_slots, dot_f32, load_kv_tile
 
 @triton.jit
 def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, bt_ptr, sl_ptr, mid_o_ptr, mid_lse_ptr,
-                        sm_scale, bt_stride, tokens_per_split,
+                        sm_scale, bt_stride, tokens_per_split, nsplit,
                         HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, BS: tl.constexpr,
-                        GROUP: tl.constexpr, GP: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                        GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_D: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr):
-    """Stage 1, grid ``(num_seqs, num_kv_heads, NSPLIT)``: attention over one split of the context.
+    """Stage 1, grid ``(num_seqs, num_kv_heads, nsplit)``: attention over one split of the context.
 
     Writes the split's normalised output ``mid_o[seq, head, split, :]`` and its log-sum-exp
     ``mid_lse[seq, head, split]`` (-inf for an empty split).
@@ -67,25 +67,28 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, bt_
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    row = (seq * HQ + heads) * NSPLIT + split
+    row = (seq * HQ + heads) * nsplit + split
     tl.store(mid_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask_g[:, None])
     tl.store(mid_lse_ptr + row, lse, mask=mask_g)
 
 
 @triton.jit
-def decode_merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, D: tl.constexpr, NSPLIT: tl.constexpr,
-                        SP: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Stage 2, grid ``(num_seqs * num_q_heads,)``: merge the splits by log-sum-exp."""
+def decode_merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, nsplit, D: tl.constexpr, SP: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """Stage 2, grid ``(num_seqs * num_q_heads,)``: merge the ``nsplit <= SP`` splits by log-sum-exp.
+
+    The split count is a runtime argument so that batches of different sizes reuse one compiled kernel.
+    """
     row = tl.program_id(0)
     offs_s = tl.arange(0, SP)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < NSPLIT
-    lse = tl.load(mid_lse_ptr + row * NSPLIT + offs_s, mask=mask_s, other=float("-inf"))
+    mask_s = offs_s < nsplit
+    lse = tl.load(mid_lse_ptr + row * nsplit + offs_s, mask=mask_s, other=float("-inf"))
     m = tl.max(lse, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse - m_safe)
     total = tl.sum(w, 0)
-    o = tl.load(mid_o_ptr + (row * NSPLIT + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+    o = tl.load(mid_o_ptr + (row * nsplit + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
                 mask=mask_s[:, None], other=0.0)
     out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + row * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < D)

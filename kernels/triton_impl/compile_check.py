@@ -44,10 +44,10 @@ def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
                 ng = d // 32 if fmt == 4 else 1
                 ptrs = dict(q_ptr=q, k_ptr=data, v_ptr=data, ks_ptr=scale, vs_ptr=scale, kz_ptr=scale, vz_ptr=scale,
                             bt_ptr="*i32", sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32", mid_lse_ptr="*fp32",
-                            out_ptr=q, sm_scale="fp32", bt_stride="i32", tokens_per_split="i32")
+                            out_ptr=q, sm_scale="fp32", bt_stride="i32", tokens_per_split="i32", nsplit="i32")
                 gp = max(16, 1 << (group - 1).bit_length())
                 yield (f"decode fmt={fmt} data={data} q={q} d={d} g={group}", decode_split_kernel, ptrs,
-                       dict(HQ=8 * group, H=8, D=d, NG=ng, BS=16, GROUP=group, GP=gp, NSPLIT=4, BLOCK_N=64,
+                       dict(HQ=8 * group, H=8, D=d, NG=ng, BS=16, GROUP=group, GP=gp, BLOCK_N=64,
                             BLOCK_D=d, FMT=fmt, DOT=dot))
                 gp = 1 << (group - 1).bit_length()
                 yield (f"prefill fmt={fmt} data={data} q={q} d={d} g={group}", prefill_kernel, ptrs,
@@ -63,8 +63,8 @@ def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
                    dict(H=8, D=128, NG=ng, NGP=ng, HGP=16 if fmt == 4 else 64, BLOCK_D=128, FMT=fmt, BF16=bf16))
     for q in ("*fp16", "*bf16", "*fp32"):
         yield (f"merge q={q}", decode_merge_kernel,
-               dict(mid_o_ptr="*fp32", mid_lse_ptr="*fp32", out_ptr=q, lse_ptr="*fp32"),
-               dict(D=128, NSPLIT=5, SP=8, BLOCK_D=128))
+               dict(mid_o_ptr="*fp32", mid_lse_ptr="*fp32", out_ptr=q, lse_ptr="*fp32", nsplit="i32"),
+               dict(D=128, SP=8, BLOCK_D=128))
     for t in ("*i32", "*u8"):
         yield (f"copy {t}", copy_blocks_kernel, dict(ptr=t, map_ptr="*i64"), dict(ROW=4096, BLOCK=1024))
 

@@ -84,10 +84,9 @@ def decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tens
     qc = q.contiguous()
     decode_split_kernel[(s, h, nsplit)](
         qc, *_side(layer), block_tables, seq_lens, mid_o, mid_lse, sm_scale, block_tables.stride(0), per_split,
-        HQ=hq, H=h, D=d, NG=_num_groups(layer), BS=bs, GROUP=group, GP=gp, NSPLIT=nsplit, BLOCK_N=block_n,
+        nsplit, HQ=hq, H=h, D=d, NG=_num_groups(layer), BS=bs, GROUP=group, GP=gp, BLOCK_N=block_n,
         BLOCK_D=block_d, FMT=layer.kv_format.code, DOT=_dot_code(q.dtype, q.device))
-    decode_merge_kernel[(s * hq,)](mid_o, mid_lse, out, lse, D=d, NSPLIT=nsplit, SP=max(2, _pow2(nsplit)),
-                                   BLOCK_D=block_d)
+    decode_merge_kernel[(s * hq,)](mid_o, mid_lse, out, lse, nsplit, D=d, SP=max(2, _pow2(nsplit)), BLOCK_D=block_d)
     return out, lse
 
 
