@@ -97,3 +97,22 @@ def test_format_names():
         kernels.get_format("nf4")
     with pytest.raises(kernels.KVFormatError, match="pass kv_format"):
         kernels.get_format("auto", torch.uint8)
+
+
+def test_kivi_keys_per_channel():
+    """Per-channel keys: error within half a step per (group, channel); residual tokens exact;
+    channel outliers hurt per-token int4 more than per-channel (KIVI's point)."""
+    from kernels.kivi import dequantize_keys_per_channel, quantize_keys_per_channel
+    g = torch.Generator().manual_seed(6)
+    k = torch.randn(70, 2, 64, generator=g)
+    k[..., 5] *= 20  # an outlier channel, as in real keys
+    q = quantize_keys_per_channel(k, group_size=16)
+    assert q.data.shape == (64, 2, 32) and q.scale.shape == (4, 2, 64) and q.residual.shape == (6, 2, 64)
+    back = dequantize_keys_per_channel(q)
+    assert torch.equal(back[64:], k[64:])
+    kg = k[:64].reshape(4, 16, 2, 64)
+    lo, hi = kg.amin(1), kg.amax(1)
+    err = (back[:64].reshape(4, 16, 2, 64) - kg).abs()
+    assert (err <= q.scale.float()[:, None] / 2 + 2**-10 * (lo.abs() + hi - lo)[:, None]).all()
+    per_token = (dequantize_kv(quantize_kv(k, "int4"), "int4") - k).pow(2).mean()
+    assert (back - k).pow(2).mean() < per_token

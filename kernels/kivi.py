@@ -1,0 +1,66 @@
+"""KIVI-style key quantization (reference only): int4 per channel over groups of tokens.
+
+KIVI (Liu et al., 2024) quantizes keys per channel (outliers live in a few channels) over groups
+of ``group_size`` consecutive tokens, values per token, and keeps the newest tokens that do not
+fill a group in full precision. Here the group plays the role of a cache block.
+
+This is a torch reference for error studies (per-token vs per-channel keys), not yet a cache
+format: in a paged cache the unfilled last block of each request needs full-precision storage
+that the KV manager would have to budget and hand over (open / full / freed / copied / swapped
+blocks), which is outside ``kernels``' scope today.
+
+Invariants: codes use the int4 formulas of :mod:`kernels.quant` (fp16 scale = (max - min) / 15,
+fp16 zero = min, code = clamp(rne((x - zero) / scale), 0, 15)), taken over the token axis;
+codes are packed two per byte along head_dim like the ``int4`` format.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .errors import ShapeError
+from .quant import pack_int4, unpack_int4
+
+__all__ = ["KiviKeys", "quantize_keys_per_channel", "dequantize_keys_per_channel"]
+
+
+class KiviKeys(NamedTuple):
+    """Quantized keys: ``data`` uint8 ``[Tq, H, D // 2]`` for the first ``Tq`` tokens (a multiple
+    of the group), fp16 ``scale``/``zero`` ``[Tq // group, H, D]``, and the unquantized
+    ``residual`` ``[T - Tq, H, D]``."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    residual: torch.Tensor
+
+
+def quantize_keys_per_channel(k: torch.Tensor, group_size: int = 32) -> KiviKeys:
+    """Quantize keys ``[T, H, D]`` per channel over groups of ``group_size`` tokens."""
+    if k.dim() != 3 or k.shape[-1] % 2:
+        raise ShapeError(f"keys must be [tokens, heads, head_dim] with an even head_dim, got {tuple(k.shape)}")
+    if group_size < 1:
+        raise ShapeError(f"group_size must be >= 1, got {group_size}")
+    t, h, d = k.shape
+    tq = (t // group_size) * group_size
+    x = k[:tq].float().reshape(tq // group_size, group_size, h, d)
+    mn, mx = x.amin(dim=1), x.amax(dim=1)
+    s = ((mx - mn) / 15.0).to(torch.float16)
+    z = mn.to(torch.float16)
+    s32 = s.float()
+    safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
+    q = torch.round((x - z.float()[:, None]) / safe[:, None]).clamp(0, 15).to(torch.uint8)
+    return KiviKeys(pack_int4(q.reshape(tq, h, d)), s, z, k[tq:].clone())
+
+
+def dequantize_keys_per_channel(q: KiviKeys, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize_keys_per_channel`: ``[T, H, D]`` in ``dtype``."""
+    groups = q.scale.shape[0]
+    if groups == 0:
+        return q.residual.to(dtype)
+    codes = unpack_int4(q.data).float()
+    tq, h, d = codes.shape
+    x = codes.reshape(groups, tq // groups, h, d) * q.scale.float()[:, None] + q.zero.float()[:, None]
+    return torch.cat([x.reshape(tq, h, d).to(dtype), q.residual.to(dtype)])
