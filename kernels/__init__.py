@@ -32,7 +32,13 @@ Entry points (each takes ``backend=None|"triton"|"interpreter"|"torch"``, see :m
 
 KV formats: ``"fp16"``, ``"bf16"``, ``"fp32"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (per-head float32
 scales), ``"int8"`` (per token-head fp16 scale), ``"int4"`` (per token-head group of 32 fp16
-scale and zero point); ``"auto"`` stores the model dtype.
+scale and zero point); ``"auto"`` stores the model dtype. :mod:`kernels.kivi` has a reference
+per-channel int4 key quantizer (KIVI) for error studies; it is not a cache format (yet).
+
+Checks: ``tests/test_kernels_*.py`` compare every Triton kernel with its reference under the
+interpreter; ``python -m kernels.triton_impl.compile_check`` compiles them for sm_80/sm_90
+without a GPU; on a GPU run ``TRITON_INTERPRET=0 pytest tests/test_kernels_triton.py`` and
+``python benchmarks/kernels.py --gpu``.
 
 Name note: PyPI has an unrelated package also called ``kernels`` (Hugging Face's hub kernels).
 This one is ``paged-kv-workbench``'s top-level package; if both are installed, whichever comes
