@@ -70,9 +70,9 @@ def decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tens
     block_d = max(16, _pow2(d))
     block_n = 16 if INTERPRETED else 64
     max_len = block_tables.shape[1] * bs
-    nsplit = num_splits or choose_num_splits(s, h, max_len, q.device)
-    if nsplit < 1:
-        raise ShapeError(f"num_splits must be >= 1, got {nsplit}")
+    if num_splits is not None and int(num_splits) < 1:
+        raise ShapeError(f"num_splits must be >= 1 (or None to choose), got {num_splits}")
+    nsplit = int(num_splits) if num_splits is not None else choose_num_splits(s, h, max_len, q.device)
     per_split = max(block_n, math.ceil(max(1, max_len) / nsplit / block_n) * block_n)
     mid_o = torch.empty(s, hq, nsplit, block_d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(s, hq, nsplit, dtype=torch.float32, device=q.device)
