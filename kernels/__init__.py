@@ -41,9 +41,12 @@ without a GPU; on a GPU run ``TRITON_INTERPRET=0 pytest tests/test_kernels_trito
 ``python benchmarks/kernels.py --gpu``.
 
 Name note: PyPI has an unrelated package also called ``kernels`` (Hugging Face's hub kernels).
-This one is ``paged-kv-workbench``'s top-level package; if both are installed, whichever comes
-first on ``sys.path`` wins. Check with ``kernels.__file__`` (it should end in
-``kernels/__init__.py`` inside this repository) or ``kernels.WORKBENCH`` (True only here).
+This one is ``paged-kv-workbench``'s top-level package. If both are installed, the first
+``kernels`` on ``sys.path`` wins, and with our editable install (a finder placed after the normal
+path search) a regular install of the other one in site-packages shadows ours everywhere except
+when the repository root is the working directory (checked: a foreign ``kernels`` earlier on the
+path is imported instead). Importers should check ``getattr(kernels, "WORKBENCH", False)`` (True
+only here) and otherwise tell the user to ``pip uninstall kernels`` or use a separate environment.
 
 Importing this package does not import triton (the Triton kernels load on first use).
 """
