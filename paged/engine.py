@@ -176,8 +176,11 @@ class _Group:
 
 def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
     import kernels
-    return cfg.num_layers * block_size * kernels.bytes_per_token(
-        kv_cache_dtype, cfg.num_kv_heads, cfg.head_dim, dtype=dtype)
+    try:
+        return cfg.num_layers * block_size * kernels.bytes_per_token(
+            kv_cache_dtype, cfg.num_kv_heads, cfg.head_dim, dtype=dtype)
+    except kernels.KernelError as e:
+        raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: {e}") from e
 
 
 class LLMEngine:
@@ -226,8 +229,12 @@ class LLMEngine:
             max_num_batched_tokens=budget_tokens, max_num_seqs=c.max_num_seqs,
             enable_chunked_prefill=c.enable_chunked_prefill, preemption_mode=c.preemption_mode,
             policy=c.policy, watermark=c.watermark))
-        self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
-                                  num_cpu_blocks=num_cpu, attention_backend=c.attention_backend)
+        import kernels
+        try:
+            self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
+                                      num_cpu_blocks=num_cpu, attention_backend=c.attention_backend)
+        except kernels.KernelError as e:
+            raise ConfigError(f"cannot build the KV cache: {e}") from e
         self._groups: dict[str, _Group] = {}
         self._fallback = torch.Generator().manual_seed(c.seed)
         self._ids = itertools.count(1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paged import events as ev
-from paged.errors import InvalidRequestError, PagedError
+from paged.errors import ConfigError, InvalidRequestError, PagedError
 from paged.engine import steps_to_frame
 from paged.llm import LLM
 from paged.models import ModelLoadError, dense_logits, load_model
@@ -236,6 +236,8 @@ def test_bad_input_keeps_engine_serving(tiny):
         llm.generate([tiny["prompts"][0], []], GREEDY)
     with pytest.raises(ModelLoadError):
         LLM("definitely/not/a/model")
+    with pytest.raises(ConfigError):
+        LLM(tiny["model"], num_blocks=8, kv_cache_dtype="fp7")
     out = []
     while eng.has_unfinished_requests():
         out += eng.step().finished
