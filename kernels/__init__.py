@@ -4,7 +4,8 @@ Layout (shared with ``paged/``): per layer, ``k`` and ``v`` are ``[num_blocks, b
 num_kv_heads, head_dim]``; token slot ``= block_id * block_size + offset``; block tables are int32
 ``[num_seqs, max_blocks]``. Quantized formats keep that block layout for their data (int4: two
 codes per byte along head_dim) and for their per-token scale/zero side tensors (see
-:mod:`kernels.formats`).
+:mod:`kernels.formats`); ``int4_kivi`` K scales are per block ``[num_blocks, num_kv_heads,
+head_dim]`` and unfilled blocks' K lives in a staging pool (:mod:`kernels.kivi_cache`).
 
 Typical use by a model runner::
 
@@ -15,6 +16,7 @@ Typical use by a model runner::
     out = layer.decode(q, block_tables, seq_lens)         # one query token per sequence
     kernels.copy_blocks([layer0, layer1, ...], [(src, dst), ...])      # copy-on-write
     kernels.swap_blocks(gpu_layers, cpu_layers, [(gpu_block, cpu_block), ...])
+    layer.release_blocks(freed_block_ids)                 # int4_kivi: free staging (no-op otherwise)
 
 Entry points (each takes ``backend=None|"triton"|"interpreter"|"torch"``, see :mod:`kernels.backend`):
 
@@ -27,13 +29,17 @@ Entry points (each takes ``backend=None|"triton"|"interpreter"|"torch"``, see :m
 * ``copy_blocks(caches, block_mapping, *, backend=None)``, ``swap_blocks(src, dst, block_mapping)``
 * ``quantize_kv(x, kv_format, *, scale=None, group_size=32) -> QuantizedKV(data, scale, zero)``,
   ``dequantize_kv(data, kv_format, scale, zero, *, dtype=torch.float32)``
-* ``allocate_kv_cache(...) -> KVCacheLayer``; ``k_cache`` may be a ``KVCacheLayer`` (then
-  ``v_cache=None`` and no format/scale arguments: the layer carries them).
+* ``allocate_kv_cache(..., num_staging_blocks=None) -> KVCacheLayer``; ``k_cache`` may be a
+  ``KVCacheLayer`` (then ``v_cache=None`` and no format/scale arguments: the layer carries them;
+  ``int4_kivi`` works only through layers). ``KVCacheLayer.release_blocks(ids)``.
 
 KV formats: ``"fp16"``, ``"bf16"``, ``"fp32"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (per-head float32
 scales), ``"int8"`` (per token-head fp16 scale), ``"int4"`` (per token-head group of 32 fp16
-scale and zero point); ``"auto"`` stores the model dtype. :mod:`kernels.kivi` has a reference
-per-channel int4 key quantizer (KIVI) for error studies; it is not a cache format (yet).
+scale and zero point), ``"int4_kivi"`` (KIVI: V as int4; K int4 per channel over each block
+with fp16 scale/zero per (block, head, channel); a block's K stays in the model dtype in a
+staging pool of ``num_staging_blocks`` slots until the write that fills it; see
+:mod:`kernels.kivi_cache` for its invariants and lifetimes); ``"auto"`` stores the model dtype.
+:mod:`kernels.kivi` holds the per-channel key quantizer (any group size, for error studies).
 
 Checks: ``tests/test_kernels_*.py`` compare every Triton kernel with its reference under the
 interpreter; ``python -m kernels.triton_impl.compile_check`` compiles them for sm_80/sm_90
@@ -57,7 +63,7 @@ from .api import paged_decode_attention, paged_prefill_attention, write_kv
 from .backend import BACKENDS, resolve_backend
 from .blocks import copy_blocks, swap_blocks
 from .cache import KVCacheLayer, allocate_kv_cache, as_layer
-from .errors import BackendUnavailableError, KernelError, KVFormatError, ShapeError
+from .errors import BackendUnavailableError, KernelError, KVFormatError, ShapeError, StagingExhaustedError
 from .formats import FORMATS, KVFormat, bytes_per_token, get_format
 from .quant import QuantizedKV, dequantize_kv, fp8_scale, pack_int4, quantize_kv, unpack_int4
 
@@ -68,5 +74,6 @@ __all__ = [
     "KVCacheLayer", "allocate_kv_cache", "as_layer", "quantize_kv", "dequantize_kv", "fp8_scale",
     "pack_int4", "unpack_int4", "QuantizedKV", "KVFormat", "FORMATS", "get_format", "bytes_per_token",
     "BACKENDS", "resolve_backend", "KernelError", "KVFormatError", "ShapeError", "BackendUnavailableError",
+    "StagingExhaustedError",
     "WORKBENCH",
 ]

@@ -137,8 +137,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVC
         raise ShapeError(f"slot_mapping has {sm.shape[0]} entries for {key.shape[0]} tokens")
     if sm.device.type == "cpu" and sm.numel() and int(sm.max()) >= layer.num_blocks * layer.block_size:
         raise ShapeError(f"slot {int(sm.max())} is past the cache ({layer.num_blocks} blocks x {layer.block_size})")
-    if resolve_backend(backend, key.device) == "torch":
-        write_kv_ref(layer, key, value, sm)
+    if resolve_backend(backend, key.device) == "torch" or layer.kv_format.k_per_channel:
+        write_kv_ref(layer, key, value, sm)  # int4_kivi: torch ops on every backend (kernels.kivi_cache)
         return
     from .triton_impl.launch import write_kv_triton
     write_kv_triton(layer, key.contiguous(), value.contiguous(), sm)

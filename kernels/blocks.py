@@ -3,7 +3,10 @@
 A block mapping is a sequence of ``(src, dst)`` block-id pairs (list, or an integer tensor
 ``[n, 2]``). Copies are simultaneous: all sources are read before any destination is written.
 fp8 per-head scales belong to a layer, not to a block, and are not moved: a swap's source and
-destination pools must share them.
+destination pools must share them. ``int4_kivi`` layers also carry each block's staging state
+(see :mod:`kernels.kivi_cache`): pass them as :class:`KVCacheLayer` objects (not loose tensors)
+so that a partial block's staged K moves with it; a staging pool too small for the mapping
+raises :class:`~kernels.errors.StagingExhaustedError` before any block is copied.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ def block_tensors_of(caches: CacheLike | Iterable[CacheLike]) -> list[torch.Tens
     return out
 
 
+def _layers_of(caches) -> list[KVCacheLayer]:
+    if isinstance(caches, KVCacheLayer):
+        return [caches]
+    if isinstance(caches, torch.Tensor):
+        return []
+    return [layer for c in caches for layer in _layers_of(c)]
+
+
 def _bytes_view(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
@@ -67,6 +78,14 @@ def copy_blocks(caches: CacheLike | Iterable[CacheLike], block_mapping, *, backe
         return
     for t in tensors:
         _check_ids(m, t.shape[0], "copy_blocks")
+    from .kivi_cache import plan_copy
+    commits = [plan_copy(layer, m.cpu()) for layer in _layers_of(caches) if layer.staging is not None]
+    _copy_tensors(tensors, m, backend)
+    for commit in commits:
+        commit()
+
+
+def _copy_tensors(tensors: list[torch.Tensor], m: torch.Tensor, backend: str | None) -> None:
     from .backend import resolve_backend
     be = resolve_backend(backend, tensors[0].device)
     dst, src = set(m[:, 1].tolist()), set(m[:, 0].tolist())
@@ -95,6 +114,7 @@ def swap_blocks(src: CacheLike | Iterable[CacheLike], dst: CacheLike | Iterable[
     m = normalize_block_mapping(block_mapping)
     if m.shape[0] == 0:
         return
+    commits = _plan_swap_staging(src, dst, m)
     for a, b in zip(st, dt):
         if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
             raise ShapeError(f"swap_blocks: block shape/dtype {tuple(a.shape[1:])} {a.dtype} != "
@@ -103,3 +123,21 @@ def swap_blocks(src: CacheLike | Iterable[CacheLike], dst: CacheLike | Iterable[
         _check_ids(m[:, 1:], b.shape[0], "swap_blocks destination")
         moved = _bytes_view(a)[m[:, 0].to(a.device)].to(b.device, non_blocking=non_blocking)
         _bytes_view(b)[m[:, 1].to(b.device)] = moved
+    for commit in commits:
+        commit()
+
+
+def _plan_swap_staging(src, dst, m: torch.Tensor) -> list:
+    """Check (and prepare) the staging side of a swap between int4_kivi layers, before any copy."""
+    sl, dl = _layers_of(src), _layers_of(dst)
+    if not any(x.staging is not None for x in sl + dl):
+        return []
+    if len(sl) != len(dl) or any(a.kv_format != b.kv_format for a, b in zip(sl, dl)):
+        raise ShapeError("swap_blocks with int4_kivi: pass source and destination as the same number of "
+                         "KVCacheLayer objects of the same format (their staging pools move with the blocks)")
+    from .kivi_cache import plan_swap
+    mm = m.cpu()
+    for a, b in zip(sl, dl):
+        _check_ids(mm[:, :1], a.num_blocks, "swap_blocks source")
+        _check_ids(mm[:, 1:], b.num_blocks, "swap_blocks destination")
+    return [plan_swap(a, b, mm) for a, b in zip(sl, dl)]

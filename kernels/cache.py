@@ -4,7 +4,9 @@ Layout (the contract with ``paged/``): ``k`` and ``v`` are ``[num_blocks, block_
 num_kv_heads, head_dim]`` (``head_dim // 2`` bytes for packed int4); token slot
 ``= block_id * block_size + offset``. Per-token side tensors (int8/int4 scales, int4 zeros) share
 the leading ``[num_blocks, block_size, num_kv_heads]`` layout; fp8 scales are float32
-``[num_kv_heads]``. All tensors are contiguous and on one device.
+``[num_kv_heads]``. ``int4_kivi`` K scales/zeros are per block ``[num_blocks, num_kv_heads,
+head_dim]`` and the layer carries a staging pool for blocks that are not full (see
+:mod:`kernels.kivi_cache`). All tensors are contiguous and on one device.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from .errors import KVFormatError, ShapeError
 from .formats import DEFAULT_INT4_GROUP, KVFormat, get_format
 from .quant import _head_scale
+from .staging import StagingPool, default_num_staging_blocks
 
 __all__ = ["KVCacheLayer", "allocate_kv_cache", "as_layer"]
 
@@ -25,7 +28,9 @@ class KVCacheLayer:
     """One layer's K and V cache in one :class:`~kernels.formats.KVFormat`.
 
     ``dtype`` is the compute (model) dtype: what dequantized values and attention outputs use
-    when nothing else says so. Build it with :func:`allocate_kv_cache` or :func:`as_layer`.
+    when nothing else says so (and ``int4_kivi``'s staging dtype). Build it with
+    :func:`allocate_kv_cache` or :func:`as_layer`. ``staging`` is the ``int4_kivi`` pool of
+    unfilled blocks' K (None for the other formats).
     """
 
     k: torch.Tensor
@@ -36,6 +41,7 @@ class KVCacheLayer:
     k_zero: torch.Tensor | None = None
     v_zero: torch.Tensor | None = None
     dtype: torch.dtype = torch.float16
+    staging: StagingPool | None = None  # int4_kivi only
 
     @property
     def num_blocks(self) -> int:
@@ -56,7 +62,7 @@ class KVCacheLayer:
     @property
     def group_size(self) -> int:
         """Values per int4 scale group (head_dim for the other formats)."""
-        return self.head_dim // self.k_scale.shape[-1] if self.kv_format.packed else self.head_dim
+        return self.head_dim // self.v_scale.shape[-1] if self.kv_format.packed else self.head_dim
 
     @property
     def device(self) -> torch.device:
@@ -72,9 +78,20 @@ class KVCacheLayer:
         return out
 
     def nbytes(self) -> int:
-        """Bytes held by this layer, side tensors included."""
+        """Bytes held by this layer, side tensors and the int4_kivi staging pool included."""
         ts = [self.k, self.v, self.k_scale, self.v_scale, self.k_zero, self.v_zero]
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+        extra = self.staging.nbytes() if self.staging is not None else 0
+        return sum(t.numel() * t.element_size() for t in ts if t is not None) + extra
+
+    def release_blocks(self, block_ids) -> None:
+        """Tell the layer that the KV manager freed ``block_ids`` (ints or an integer tensor).
+
+        ``int4_kivi``: frees their staging slots (this bounds staging use; see
+        :mod:`kernels.kivi_cache`). A no-op for the other formats, so callers need not check.
+        """
+        if self.staging is not None:
+            from .kivi_cache import release
+            release(self, block_ids)
 
     def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, *,
               backend: str | None = None) -> None:
@@ -98,11 +115,14 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
                       kv_format: str | KVFormat = "auto", *, dtype: torch.dtype = torch.float16,
                       device: torch.device | str = "cpu", group_size: int = DEFAULT_INT4_GROUP,
                       k_scale: torch.Tensor | float | None = None,
-                      v_scale: torch.Tensor | float | None = None) -> KVCacheLayer:
+                      v_scale: torch.Tensor | float | None = None,
+                      num_staging_blocks: int | None = None) -> KVCacheLayer:
     """Allocate one zero-filled layer. ``kv_format="auto"`` stores ``dtype`` itself.
 
     fp8 scales default to 1.0 per head (set ``layer.k_scale[:]`` after calibration);
-    ``group_size`` is the int4 group along head_dim.
+    ``group_size`` is the int4 group along head_dim (V's group for ``int4_kivi``).
+    ``num_staging_blocks`` (``int4_kivi`` only; default ``min(num_blocks, 256)``) is the number
+    of blocks that may be unfilled at once (their K is kept in ``dtype``).
     """
     fmt = get_format(kv_format, dtype)
     for name, val in (("num_blocks", num_blocks), ("block_size", block_size),
@@ -117,7 +137,19 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
     new = lambda shape, dt: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
     layer = KVCacheLayer(new(lead + (width,), fmt.storage_dtype), new(lead + (width,), fmt.storage_dtype),
                          fmt, dtype=dtype)
-    if fmt.scale == "head":
+    if num_staging_blocks is not None and not fmt.k_per_channel:
+        raise KVFormatError(f"num_staging_blocks is an int4_kivi setting; kv_format {fmt.name!r} has no staging")
+    if fmt.k_per_channel:
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise KVFormatError(f"int4_kivi stages unfilled blocks in the model dtype; pass dtype=float16, "
+                                f"bfloat16 or float32, got {dtype}")
+        groups = head_dim // group_size
+        layer.v_scale, layer.v_zero = new(lead + (groups,), torch.float16), new(lead + (groups,), torch.float16)
+        per_block = (num_blocks, num_kv_heads, head_dim)
+        layer.k_scale, layer.k_zero = new(per_block, torch.float16), new(per_block, torch.float16)
+        n = default_num_staging_blocks(num_blocks) if num_staging_blocks is None else num_staging_blocks
+        layer.staging = StagingPool(num_blocks, n, block_size, num_kv_heads, head_dim, dtype, device)
+    elif fmt.scale == "head":
         layer.k_scale = _head_scale(k_scale, num_kv_heads, device).clone()
         layer.v_scale = _head_scale(v_scale, num_kv_heads, device).clone()
     elif fmt.scale == "token":
@@ -137,6 +169,9 @@ def as_layer(k_cache: torch.Tensor | KVCacheLayer, v_cache: torch.Tensor | None,
             raise ShapeError("when k_cache is a KVCacheLayer, pass v_cache=None and no kv_format/scales: "
                              "the layer carries them")
         layer = k_cache
+    elif kv_format is not None and get_format(kv_format).k_per_channel:
+        raise KVFormatError("int4_kivi caches carry a staging pool: allocate them with "
+                            "kernels.allocate_kv_cache(..., kv_format='int4_kivi') and pass the layer")
     else:
         if not isinstance(k_cache, torch.Tensor) or not isinstance(v_cache, torch.Tensor):
             raise ShapeError("pass k_cache and v_cache as tensors, or a KVCacheLayer as k_cache with v_cache=None")
@@ -167,6 +202,9 @@ def check_layer(layer: KVCacheLayer) -> None:
     if not (k.is_contiguous() and v.is_contiguous()):
         raise ShapeError("k_cache and v_cache must be contiguous (kernels index them by slot)")
     lead = tuple(k.shape[:3])
+    if fmt.k_per_channel:
+        _check_kivi(layer)
+        return
     if fmt.scale == "head":
         for n, s in (("k_scale", layer.k_scale), ("v_scale", layer.v_scale)):
             if s is None or s.shape != (k.shape[2],) or s.dtype != torch.float32 or s.device != k.device:
@@ -186,3 +224,26 @@ def check_layer(layer: KVCacheLayer) -> None:
                 raise ShapeError(f"{fmt.name} needs {n} as contiguous float16 {lead + (groups,)}, got {got}")
     elif any(x is not None for x in (layer.k_scale, layer.v_scale, layer.k_zero, layer.v_zero)):
         raise KVFormatError(f"kv_format {fmt.name!r} takes no scales or zero points")
+
+
+def _check_kivi(layer: KVCacheLayer) -> None:
+    """int4_kivi: V side tensors as int4, K's per block ``[NB, H, D]``, a staging pool that fits."""
+    k = layer.k
+    nb, bs, h, w = k.shape
+    d = 2 * w
+    vs = layer.v_scale
+    groups = vs.shape[-1] if vs is not None and vs.dim() == 4 else 0
+    if groups < 1 or d % groups or (d // groups) % 2:
+        raise ShapeError(f"int4_kivi v_scale last dim {groups} must divide head_dim {d} into even groups")
+    want = {"v_scale": (nb, bs, h, groups), "v_zero": (nb, bs, h, groups), "k_scale": (nb, h, d), "k_zero": (nb, h, d)}
+    for n, shape in want.items():
+        s = getattr(layer, n)
+        if s is None or tuple(s.shape) != shape or s.dtype != torch.float16 or s.device != k.device \
+                or not s.is_contiguous():
+            got = None if s is None else (tuple(s.shape), s.dtype)
+            raise ShapeError(f"int4_kivi needs {n} as contiguous float16 {shape}, got {got}")
+    st = layer.staging
+    if st is None or tuple(st.k.shape[1:]) != (bs, h, d) or st.k.dtype != layer.dtype or st.k.device != k.device \
+            or tuple(st.block_map.shape) != (nb,) or not st.k.is_contiguous():
+        raise ShapeError(f"int4_kivi needs a staging pool of {layer.dtype} [slots, {bs}, {h}, {d}] on {k.device} "
+                         f"(allocate the layer with kernels.allocate_kv_cache)")

@@ -6,7 +6,7 @@ Every message says what to change. All of them derive from :class:`KernelError`,
 
 from __future__ import annotations
 
-__all__ = ["KernelError", "KVFormatError", "ShapeError", "BackendUnavailableError"]
+__all__ = ["KernelError", "KVFormatError", "ShapeError", "BackendUnavailableError", "StagingExhaustedError"]
 
 
 class KernelError(ValueError):
@@ -23,3 +23,10 @@ class ShapeError(KernelError):
 
 class BackendUnavailableError(KernelError, RuntimeError):
     """The requested backend cannot run here (no triton, no GPU, interpreter not enabled)."""
+
+
+class StagingExhaustedError(KernelError, RuntimeError):
+    """An ``int4_kivi`` layer has no free staging slot for a block that is not full yet.
+
+    Raised before anything is changed: the layer's state is as it was before the call.
+    """

@@ -14,6 +14,11 @@ int8       ``head_dim`` x int8           scale ``[..., num_kv_heads, 1]`` float1
 int4       ``head_dim // 2`` x uint8     scale and zero ``[..., num_kv_heads,
            (two codes per byte, element  head_dim // group_size]`` float16 (asymmetric,
            ``2j`` in the low nibble)     per token-head group along head_dim)
+int4_kivi  V: as int4.                   V: as int4. K: scale and zero ``[num_blocks,
+           K: ``head_dim // 2`` x uint8  num_kv_heads, head_dim]`` float16, per channel over
+           (same packing)                the ``block_size`` tokens of a block; a block that is
+                                         not full keeps its K in a staging pool of the model
+                                         dtype (see :mod:`kernels.kivi_cache`)
 ========== ============================ ================================================
 
 Invariant: dequantized value = code * scale (fp8, int8) or code * scale + zero (int4), computed in
@@ -50,6 +55,7 @@ class KVFormat:
     has_zero: bool = False
     max_value: float | None = None  # largest finite code value (fp8) / code (int)
     bits: int = 16
+    k_per_channel: bool = False  # int4_kivi: K scales per (block, head, channel), staging pool
 
     @property
     def quantized(self) -> bool:
@@ -68,9 +74,11 @@ FORMATS: dict[str, KVFormat] = {
     "fp8_e5m2": KVFormat("fp8_e5m2", 2, torch.float8_e5m2, "head", max_value=57344.0, bits=8),
     "int8": KVFormat("int8", 3, torch.int8, "token", max_value=127.0, bits=8),
     "int4": KVFormat("int4", 4, torch.uint8, "token", has_zero=True, max_value=15.0, bits=4),
+    "int4_kivi": KVFormat("int4_kivi", 5, torch.uint8, "token", has_zero=True, max_value=15.0, bits=4,
+                          k_per_channel=True),
 }
 
-_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32",
+_ALIASES = {"kivi": "int4_kivi", "float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32",
             "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
 _DTYPE_FORMATS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
                   torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2",
@@ -98,12 +106,21 @@ def format_for_dtype(dtype: torch.dtype) -> KVFormat:
 
 
 def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int, *,
-                    dtype: torch.dtype = torch.float16, group_size: int = DEFAULT_INT4_GROUP) -> int:
+                    dtype: torch.dtype = torch.float16, group_size: int = DEFAULT_INT4_GROUP,
+                    block_size: int = 16) -> int:
     """Bytes one token occupies in one layer for K and V together, side tensors included.
 
-    Per-head fp8 scales are per layer, not per token, and are not counted.
+    Per-head fp8 scales are per layer, not per token, and are not counted. ``int4_kivi`` reports
+    the steady-state cost of full blocks: its per-channel K scale and zero (``4 * head_dim``
+    bytes per block-head) are spread over ``block_size`` tokens (rounded up to whole bytes per
+    token); the staging pool for unfilled blocks is a fixed cost per layer, counted by
+    :meth:`KVCacheLayer.nbytes` and not here.
     """
     fmt = get_format(kv_format, dtype)
+    if fmt.k_per_channel:
+        v = head_dim // 2 + 2 * 2 * (head_dim // group_size)
+        k_num = (head_dim // 2) * block_size + 2 * 2 * head_dim  # per block-head
+        return num_kv_heads * v + -(-num_kv_heads * k_num // block_size)
     if fmt.bits == 4:
         per_head = head_dim // 2 + 2 * 2 * (head_dim // group_size)  # codes + fp16 scale and zero
     elif fmt.scale == "token":

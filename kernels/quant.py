@@ -72,6 +72,12 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
+def _no_kivi(fmt: KVFormat) -> None:
+    if fmt.k_per_channel:
+        raise KVFormatError("int4_kivi is not a per-tensor codec: its V is kv_format='int4' and its K is "
+                            "quantized per channel over a block (kernels.kivi.quantize_k_blocks)")
+
+
 def _safe(s32: torch.Tensor) -> torch.Tensor:
     return torch.where(s32 == 0, torch.ones_like(s32), s32)
 
@@ -84,6 +90,7 @@ def quantize_kv(x: torch.Tensor, kv_format: str | KVFormat, *, scale: torch.Tens
     :func:`fp8_scale`). Baseline formats return ``x`` cast to their dtype.
     """
     fmt = get_format(kv_format, x.dtype)
+    _no_kivi(fmt)
     if x.dim() < 2:
         raise ShapeError(f"quantize_kv expects [..., num_kv_heads, head_dim], got shape {tuple(x.shape)}")
     if not fmt.quantized:
@@ -120,6 +127,7 @@ def dequantize_kv(data: torch.Tensor | QuantizedKV, kv_format: str | KVFormat | 
             raise KVFormatError("pass either a QuantizedKV or data with scale/zero, not both")
         data, scale, zero = data
     fmt = get_format(kv_format) if kv_format is not None else get_format("auto", data.dtype)
+    _no_kivi(fmt)
     if not fmt.quantized:
         return data.to(dtype)
     if scale is None:

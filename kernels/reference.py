@@ -2,6 +2,8 @@
 
 All math runs in float32 on dequantized values; outputs take the query's dtype. Positions at or
 past a sequence's ``seq_len`` are zeroed before use, so stale or NaN slots never reach the output.
+``int4_kivi`` K is gathered per block from staging or from per-channel codes
+(:func:`kernels.kivi_cache.gather_k`); its writes go through :func:`kernels.kivi_cache.write_kivi`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from .cache import KVCacheLayer
+from .formats import get_format
+from .kivi_cache import gather_k, write_kivi
 from .quant import dequantize_kv, quantize_kv
 
 __all__ = ["write_kv_ref", "gather_kv", "decode_attention_ref", "prefill_attention_ref"]
@@ -28,9 +32,12 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def write_kv_ref(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Quantize-on-write ``key``/``value`` ``[num_tokens, H, D]`` into ``slot_mapping`` (slot < 0 skipped)."""
+    fmt = layer.kv_format
+    if fmt.k_per_channel:
+        write_kivi(layer, key, value, slot_mapping)
+        return
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    fmt = layer.kv_format
     for x, data, scale, zero in ((key, layer.k, layer.k_scale, layer.k_zero),
                                  (value, layer.v, layer.v_scale, layer.v_zero)):
         qz = quantize_kv(x[keep], fmt, scale=scale if fmt.scale == "head" else None, group_size=layer.group_size)
@@ -51,6 +58,10 @@ def gather_kv(layer: KVCacheLayer, which: str, blocks: torch.Tensor) -> torch.Te
     """Dequantized float32 ``[*blocks.shape, block_size, H, D]`` for block ids ``blocks`` (long)."""
     data = getattr(layer, which)
     fmt = layer.kv_format
+    if fmt.k_per_channel:
+        if which == "k":
+            return gather_k(layer, blocks)
+        fmt = get_format("int4")  # int4_kivi's V is int4
     raw = _take(data.view(torch.uint8), blocks).view(data.dtype) if fmt.code in (1, 2) else _take(data, blocks)
     scale = getattr(layer, which + "_scale")
     if fmt.scale == "token":

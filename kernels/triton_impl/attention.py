@@ -2,7 +2,9 @@
 
 Both pack one KV head's group of query heads into the rows of a tile, so each K/V tile is loaded
 (and dequantized) once per group. K/V are gathered token by token through the block table, which
-makes any block size (1 included) work; loads are masked at ``seq_len``.
+makes any block size (1 included) work; loads are masked at ``seq_len``. ``int4_kivi`` (FMT 5)
+reads K per block from staging or from per-channel int4 (``kst_ptr``/``map_ptr``: staging rows
+and block -> slot map; dummies for the other formats, never read) and V as int4.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import block_slots, dot_f32, load_kv_tile
+from .common import block_slots, dot_f32, load_kivi_k_tile, load_kv_tile
 
 
 @triton.jit
-def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, bt_ptr, sl_ptr, mid_o_ptr, mid_lse_ptr,
+def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr, map_ptr, bt_ptr, sl_ptr, mid_o_ptr, mid_lse_ptr,
                         sm_scale, bt_stride, tokens_per_split, nsplit,
                         HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, BS: tl.constexpr,
                         GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -53,7 +55,10 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, bt_
         pos = n0 + tl.arange(0, BLOCK_N)
         mask_n = pos < end
         slots = block_slots(bt_row, pos, mask_n, BS)
-        k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
+        if FMT == 5:
+            k = load_kivi_k_tile(k_ptr, ks_ptr, kz_ptr, kst_ptr, map_ptr, slots, mask_n, kvh, offs_d, mask_d, H, D, BS)
+        else:
+            k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
         s = dot_f32(q, tl.trans(k), DOT) * sm_scale
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -96,7 +101,7 @@ def decode_merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, lse_ptr, nsplit, D: tl.
 
 
 @triton.jit
-def prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, bt_ptr, sl_ptr, qsl_ptr, out_ptr,
+def prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr, map_ptr, bt_ptr, sl_ptr, qsl_ptr, out_ptr,
                    sm_scale, bt_stride,
                    HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, BS: tl.constexpr,
                    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -141,7 +146,10 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, bt_ptr, 
         pos = n0 + tl.arange(0, BLOCK_N)
         mask_n = pos < kv_end
         slots = block_slots(bt_row, pos, mask_n, BS)
-        k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
+        if FMT == 5:
+            k = load_kivi_k_tile(k_ptr, ks_ptr, kz_ptr, kst_ptr, map_ptr, slots, mask_n, kvh, offs_d, mask_d, H, D, BS)
+        else:
+            k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
         s = dot_f32(q, tl.trans(k), DOT) * sm_scale
         s = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))

@@ -17,7 +17,7 @@ import triton.language as tl
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Kernel format codes (kernels.formats.KVFormat.code).
-FMT_PLAIN, FMT_E4M3, FMT_E5M2, FMT_INT8, FMT_INT4 = 0, 1, 2, 3, 4
+FMT_PLAIN, FMT_E4M3, FMT_E5M2, FMT_INT8, FMT_INT4, FMT_INT4_KIVI = 0, 1, 2, 3, 4, 5
 
 
 @triton.jit
@@ -109,7 +109,7 @@ def load_kv_tile(data_ptr, scale_ptr, zero_ptr, slots, mask_n, kvh, offs_d, mask
     """
     m = mask_n[:, None] & mask_d[None, :]
     row = slots * H + kvh
-    if FMT == 4:
+    if FMT == 4 or FMT == 5:  # int4; also int4_kivi's V
         W: tl.constexpr = D // 2
         G: tl.constexpr = D // NG
         b = tl.load(data_ptr + row[:, None] * W + offs_d[None, :] // 2, mask=m, other=0).to(tl.int32)
@@ -128,6 +128,32 @@ def load_kv_tile(data_ptr, scale_ptr, zero_ptr, slots, mask_n, kvh, offs_d, mask
         else:
             x = decode_fp8(raw, FMT == 1) * head_scale
     return x
+
+
+@triton.jit
+def load_kivi_k_tile(data_ptr, scale_ptr, zero_ptr, stage_ptr, map_ptr, slots, mask_n, kvh, offs_d, mask_d,
+                     H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    """int4_kivi K tile, float32 ``[BLOCK_N, BLOCK_D]``: each token's block is read from its staging
+    slot (model dtype) when ``block_map[block] >= 0``, else from the int4 codes with the block's
+    per-channel scale and zero. Two masked loads and a ``tl.where``, decided per token's block;
+    masked lanes load 0, so NaN in unused slots, side tensors or staging never enters the math.
+    """
+    m = mask_n[:, None] & mask_d[None, :]
+    blk = slots // BS
+    off = slots % BS
+    st = tl.load(map_ptr + blk, mask=mask_n, other=-1).to(tl.int64)
+    staged = st >= 0
+    m_st = m & staged[:, None]
+    m_q = m & (st < 0)[:, None]
+    srow = (tl.maximum(st, 0) * BS + off) * H + kvh
+    xs = tl.load(stage_ptr + srow[:, None] * D + offs_d[None, :], mask=m_st, other=0.0).to(tl.float32)
+    row = slots * H + kvh
+    b = tl.load(data_ptr + row[:, None] * (D // 2) + offs_d[None, :] // 2, mask=m_q, other=0).to(tl.int32)
+    code = ((b >> ((offs_d[None, :] % 2) * 4)) & 0xF).to(tl.float32)
+    ci = (blk * H + kvh)[:, None] * D + offs_d[None, :]
+    s = tl.load(scale_ptr + ci, mask=m_q, other=0.0).to(tl.float32)
+    z = tl.load(zero_ptr + ci, mask=m_q, other=0.0).to(tl.float32)
+    return tl.where(staged[:, None], xs, code * s + z)
 
 
 @triton.jit

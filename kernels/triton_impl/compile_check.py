@@ -17,7 +17,8 @@ from typing import Iterator
 
 # (format code, data pointer type, scale pointer type) for every KV format
 _FORMATS = [(0, "*fp16", "*fp16"), (0, "*bf16", "*bf16"), (0, "*fp32", "*fp32"), (1, "*u8", "*fp32"),
-            (2, "*u8", "*fp32"), (3, "*i8", "*fp16"), (4, "*u8", "*fp16")]
+            (2, "*u8", "*fp32"), (3, "*i8", "*fp16"), (4, "*u8", "*fp16"), (5, "*u8", "*fp16")]
+_NO_WRITE_KERNEL = (5,)  # int4_kivi writes with torch ops (kernels.kivi_cache)
 
 
 def _sig(fn, types: dict, consts: dict) -> tuple[dict, dict]:
@@ -41,9 +42,10 @@ def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
         for q in q_types:
             dot = {"*fp16": 1, "*bf16": 2, "*fp32": 0}[q]
             for d, group in ((128, 8),) if quick else ((128, 4), (64, 1)):
-                ng = d // 32 if fmt == 4 else 1
+                ng = d // 32 if fmt in (4, 5) else 1
+                kivi = fmt == 5  # staging rows in the model dtype, int32 block -> slot map
                 ptrs = dict(q_ptr=q, k_ptr=data, v_ptr=data, ks_ptr=scale, vs_ptr=scale, kz_ptr=scale, vz_ptr=scale,
-                            bt_ptr="*i32", sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32", mid_lse_ptr="*fp32",
+                            kst_ptr=q if kivi else data, map_ptr="*i32" if kivi else data, bt_ptr="*i32", sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32", mid_lse_ptr="*fp32",
                             out_ptr=q, sm_scale="fp32", bt_stride="i32", tokens_per_split="i32", nsplit="i32")
                 gp = max(16, 1 << (group - 1).bit_length())
                 yield (f"decode fmt={fmt} data={data} q={q} d={d} g={group}", decode_split_kernel, ptrs,
@@ -53,6 +55,8 @@ def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
                 yield (f"prefill fmt={fmt} data={data} q={q} d={d} g={group}", prefill_kernel, ptrs,
                        dict(HQ=8 * group, H=8, D=d, NG=ng, BS=16, GROUP=group, GP=gp, BLOCK_Q=max(1, 64 // gp),
                             BLOCK_N=64, BLOCK_D=d, FMT=fmt, DOT=dot))
+        if fmt in _NO_WRITE_KERNEL:
+            continue
         bf16 = data == "*bf16"
         wdata = "*i16" if bf16 else data
         for src in ("*bf16",) if quick else ("*fp16", "*bf16", "*fp32"):

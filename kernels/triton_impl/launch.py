@@ -32,19 +32,23 @@ def _dot_code(dtype: torch.dtype, device: torch.device) -> int:
 
 
 def _side(layer: KVCacheLayer) -> tuple:
-    """(k data, v data, k scale, v scale, k zero, v zero) with dummies for absent tensors."""
+    """(k data, v data, k scale, v scale, k zero, v zero, k staging, staging map) with dummies for
+    absent tensors."""
     k, v = layer.k, layer.v
     if layer.kv_format.code in (1, 2):
         k, v = k.view(torch.uint8), v.view(torch.uint8)
     dummy = k  # never read: the format's constexpr branch does not touch it
+    st = layer.staging
     return (k, v, layer.k_scale if layer.k_scale is not None else dummy,
             layer.v_scale if layer.v_scale is not None else dummy,
             layer.k_zero if layer.k_zero is not None else dummy,
-            layer.v_zero if layer.v_zero is not None else dummy)
+            layer.v_zero if layer.v_zero is not None else dummy,
+            st.k if st is not None and st.num_slots else dummy,  # an empty pool is never read (map is -1)
+            st.block_map if st is not None else dummy)
 
 
 def _num_groups(layer: KVCacheLayer) -> int:
-    return layer.k_scale.shape[-1] if layer.kv_format.packed else 1
+    return layer.v_scale.shape[-1] if layer.kv_format.packed else 1
 
 
 def _num_sms(device: torch.device) -> int:
@@ -121,7 +125,7 @@ def write_kv_triton(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor,
     if t == 0:
         return
     ng = _num_groups(layer)
-    side = list(_side(layer))
+    side = list(_side(layer))[:6]
     bf16 = layer.k.dtype == torch.bfloat16
     if bf16:  # store RNE-rounded bits ourselves (the interpreter's bf16 cast truncates)
         side[0], side[1] = layer.k.view(torch.int16), layer.v.view(torch.int16)

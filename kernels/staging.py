@@ -1,0 +1,96 @@
+"""``StagingPool``: the baseline-dtype home of an ``int4_kivi`` layer's K for blocks that are not full.
+
+Invariants (checked by :meth:`StagingPool.check`, kept by every method):
+
+* ``block_map`` (int32 ``[num_blocks]``, on the cache's device) maps a block to its staging slot,
+  or -1. ``map_host`` is an identical CPU copy that the host reads for bookkeeping, so no method
+  reads the device map back (no host sync).
+* A slot belongs to at most one block; ``free`` holds exactly the slots no block maps to.
+* Slot ``s`` owns rows ``k[s]`` ``[block_size, num_kv_heads, head_dim]`` in the model dtype.
+
+Every method that may need slots first counts them and raises
+:class:`~kernels.errors.StagingExhaustedError` before changing anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import ShapeError, StagingExhaustedError
+
+__all__ = ["StagingPool", "default_num_staging_blocks"]
+
+
+def default_num_staging_blocks(num_blocks: int) -> int:
+    """``min(num_blocks, 256)``: one unfilled block per running request for up to 256 requests."""
+    return min(int(num_blocks), 256)
+
+
+class StagingPool:
+    """Fixed pool of ``num_slots`` staging blocks plus the block -> slot map."""
+
+    __slots__ = ("k", "block_map", "map_host", "free")
+
+    def __init__(self, num_blocks: int, num_slots: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        if int(num_slots) < 0:
+            raise ShapeError(f"num_staging_blocks must be >= 0, got {num_slots}")
+        self.k = torch.zeros(int(num_slots), block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.block_map = torch.full((num_blocks,), -1, dtype=torch.int32, device=device)
+        self.map_host = torch.full((num_blocks,), -1, dtype=torch.int32)
+        self.free: list[int] = list(range(int(num_slots) - 1, -1, -1))  # pop() hands out slot 0 first
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_slots - len(self.free)
+
+    def nbytes(self) -> int:
+        """Bytes of the staging rows and the device map (the host mirror is not counted)."""
+        return self.k.numel() * self.k.element_size() + self.block_map.numel() * 4
+
+    def exhausted(self, needed: int, what: str) -> StagingExhaustedError:
+        return StagingExhaustedError(
+            f"int4_kivi staging pool is full: {what} needs {needed} free slot(s), {self.num_free} of "
+            f"{self.num_slots} are free. Allocate the layer with a larger num_staging_blocks= (at least the "
+            f"number of blocks that are not full at once, about one per running request), or call "
+            f"layer.release_blocks(ids) for blocks the KV manager freed")
+
+    def slots_of(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Host int64 slots (-1: not staged) of host block ids."""
+        return self.map_host[blocks.long()].long()
+
+    def assign(self, blocks: list[int]) -> list[int]:
+        """Give each (unstaged, distinct) block a free slot; the caller has checked the count."""
+        slots = [self.free.pop() for _ in blocks]
+        self._set(blocks, slots)
+        return slots
+
+    def unassign(self, blocks: list[int]) -> None:
+        """Return the slots of the staged blocks among ``blocks`` to the free list (others are skipped)."""
+        blocks = [b for b in dict.fromkeys(blocks) if int(self.map_host[b]) >= 0]
+        self.free.extend(int(self.map_host[b]) for b in blocks)
+        self._set(blocks, [-1] * len(blocks))
+
+    def _set(self, blocks: list[int], slots: list[int]) -> None:
+        if not blocks:
+            return
+        idx = torch.tensor(blocks, dtype=torch.long)
+        val = torch.tensor(slots, dtype=torch.int32)
+        self.map_host[idx] = val
+        self.block_map[idx.to(self.block_map.device)] = val.to(self.block_map.device)
+
+    def check(self) -> None:
+        """Assert the invariants above (tests; costs a device sync)."""
+        used = self.map_host[self.map_host >= 0].tolist()
+        assert len(used) == len(set(used)), "a staging slot is mapped from two blocks"
+        assert set(used).isdisjoint(self.free) and len(used) + len(self.free) == self.num_slots
+        assert len(set(self.free)) == len(self.free)
+        assert torch.equal(self.block_map.cpu(), self.map_host), "device map differs from its host mirror"
