@@ -21,7 +21,7 @@ def interleave_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return np.swapaxes(heads, 1, 2).reshape(w.shape)
 
 
-def write_gguf(path, hf_dir, qtype) -> None:
+def write_gguf(path, hf_dir, qtype, rope_freqs=None) -> None:
     from safetensors.numpy import load_file
     import json
     cfg = json.load(open(f"{hf_dir}/config.json"))
@@ -45,6 +45,8 @@ def write_gguf(path, hf_dir, qtype) -> None:
             wr.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
             wr.add_tensor(name, arr)
+    if rope_freqs is not None:  # llama3 scaling as llama.cpp stores it: per-dimension divisors
+        wr.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     put("token_embd.weight", w["model.embed_tokens.weight"])
     put("output_norm.weight", w["model.norm.weight"])
     put("output.weight", w["lm_head.weight"])
@@ -96,3 +98,24 @@ def test_unsupported_gguf_architecture(tmp_path):
     wr.close()
     with pytest.raises(ModelLoadError, match="llama"):
         load_model(path)
+
+
+def test_llama3_rope_freqs_tensor(tmp_path):
+    """GGUF stores llama3 rope scaling as ``rope_freqs.weight``; it must match HF's llama3 rope."""
+    from dataclasses import replace
+
+    from paged.models.rope import inverse_frequencies
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", "llama", num_heads=4, num_kv_heads=2, rope_scaling=scaling)
+    ref = load_model(hf_dir)
+    plain = inverse_frequencies(replace(ref.config, rope_scaling=None))
+    factors = (plain / inverse_frequencies(ref.config)).numpy()
+    assert factors.max() > 7.9 and factors.min() < 2.0  # scaled low, smoothed mid frequencies
+    path = tmp_path / "llama3.gguf"
+    write_gguf(path, hf_dir, gguf.GGMLQuantizationType.F32, rope_freqs=factors)
+    ours = load_model(path)
+    assert ours.config.rope_freq_factors is not None
+    seq = list(range(3, 60))
+    torch.testing.assert_close(dense_logits(ours.model, [seq])[0], dense_logits(ref.model, [seq])[0],
+                               atol=1e-4, rtol=1e-4)
