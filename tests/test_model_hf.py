@@ -50,3 +50,18 @@ def test_bad_paths_and_architectures(tmp_path):
     os.makedirs(empty)
     with pytest.raises(ModelLoadError):
         load_model(empty)
+
+
+def test_config_edge_cases(tmp_path):
+    from paged.models.hf_loader import hf_config
+    base = {"model_type": "mistral", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "max_position_embeddings": 4096, "sliding_window": 64, "rope_theta": 1e6,
+            "rope_scaling": {"type": "linear", "factor": 2.0}}
+    (tmp_path / "config.json").write_text(json.dumps(base))
+    cfg, max_len = hf_config(str(tmp_path))
+    assert max_len == 64  # attention is exact only within the sliding window
+    assert cfg.rope_theta == 1e6 and cfg.rope_scaling == {"type": "linear", "factor": 2.0, "rope_type": "linear"}
+    (tmp_path / "config.json").write_text(json.dumps({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}))
+    with pytest.raises(ModelLoadError, match="llama3"):
+        hf_config(str(tmp_path))
