@@ -46,15 +46,20 @@ def test_config_and_perplexity(smol):
 def test_matches_transformers_on_same_gguf(smol):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # transformers needs it to read GGUF files
+    from paged.llm import LLM
+    from paged.sampling import SamplingParams
     p = embedded_gguf_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(p), gguf_file=os.path.basename(p), dtype=torch.float32).eval()
-    for prompt in PROMPTS:
+    engine = LLM(smol, num_blocks=32, block_size=16, max_num_batched_tokens=8)  # chunked prefill
+    paged_out = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    for prompt, got in zip(PROMPTS, paged_out):
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
                               pad_token_id=2, eos_token_id=None)[0].tolist()
         ref_new = out[len(prompt):]
         assert len(ref_new) == 32
+        assert got.outputs[0].token_ids == ref_new  # our paged engine, token for token
         # teacher-forced: our argmax at every position must equal HF's greedy token
         ours = dense_logits(smol.model, [out])[0]
         assert ours[len(prompt) - 1:-1].argmax(-1).tolist() == ref_new
