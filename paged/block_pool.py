@@ -58,6 +58,7 @@ class BlockPool:
         self.num_filled_slots = 0          # sum of num_filled over used blocks
         self._clock = 0
         self.recorder = recorder if recorder is not None else ev.NullRecorder()
+        self.freed: list[int] | None = None  # ids whose ref count reached 0, when tracked
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -130,6 +131,8 @@ class BlockPool:
             return
         self.num_used -= 1
         self.num_filled_slots -= block.num_filled
+        if self.freed is not None:
+            self.freed.append(block.block_id)
         self._clock += 1
         block.last_access = self._clock
         if block.block_hash is not None:

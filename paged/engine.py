@@ -175,10 +175,10 @@ class _Group:
 
 
 def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
-    import kernels
+    from ._kernels import kernels
     try:
         return cfg.num_layers * block_size * kernels.bytes_per_token(
-            kv_cache_dtype, cfg.num_kv_heads, cfg.head_dim, dtype=dtype)
+            kv_cache_dtype, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, block_size=block_size)
     except kernels.KernelError as e:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: {e}") from e
 
@@ -229,10 +229,11 @@ class LLMEngine:
             max_num_batched_tokens=budget_tokens, max_num_seqs=c.max_num_seqs,
             enable_chunked_prefill=c.enable_chunked_prefill, preemption_mode=c.preemption_mode,
             policy=c.policy, watermark=c.watermark))
-        import kernels
+        from ._kernels import kernels
         try:
             self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
-                                      num_cpu_blocks=num_cpu, attention_backend=c.attention_backend)
+                                      num_cpu_blocks=num_cpu, attention_backend=c.attention_backend,
+                                      max_num_seqs=c.max_num_seqs)
         except kernels.KernelError as e:
             raise ConfigError(f"cannot build the KV cache: {e}") from e
         self._groups: dict[str, _Group] = {}
@@ -306,6 +307,7 @@ class LLMEngine:
             req = self.scheduler.abort(sid)
             self._record_done(group, req, "abort")
         self.scheduler.take_finished()
+        self.runner.release_freed_blocks()
         return self._finish_group(group)
 
     # ---- one step ----------------------------------------------------------------------
@@ -339,6 +341,7 @@ class LLMEngine:
         done = self.scheduler.update(plan, sampled)
         for fn in post:
             fn()
+        self.runner.release_freed_blocks()
         for req in done:
             self._record_done(req.data.group, req, _FINISH_REASON[req.status])
         self.scheduler.take_finished()

@@ -96,6 +96,22 @@ class KVCacheManager:
             raise UnknownRequestError(f"request {request_id!r} is not swapped out")
         return len(self._swapped[request_id])
 
+    def track_freed_blocks(self) -> None:
+        """Start remembering freed block ids for `take_freed_blocks` (a runner's cache
+        format may hold per-block state outside the blocks, e.g. KIVI staging)."""
+        if self.pool.freed is None:
+            self.pool.freed = []
+
+    def take_freed_blocks(self) -> list[int]:
+        """Blocks freed since the last call that are still free now (a block freed and
+        reused in between starts a new life through its new owner's write, copy or swap)."""
+        pool = self.pool
+        if not pool.freed:
+            return []
+        ids = sorted({b for b in pool.freed if pool.ref_count(b) == 0})
+        pool.freed.clear()
+        return ids
+
     def request_ids(self) -> list[str]:
         return list(self._tables)
 

@@ -16,8 +16,7 @@ from typing import Sequence
 
 import torch
 
-import kernels
-
+from ._kernels import kernels
 from .batch import BatchMetadata, build_batch
 from .kv_manager import KVCacheManager
 from .models.llama import LlamaForCausalLM
@@ -61,7 +60,7 @@ class ModelRunner:
     """Holds ``num_layers`` device cache layers and (for swap) as many host layers."""
 
     def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, *, kv_cache_dtype: str = "auto",
-                 num_cpu_blocks: int = 0, attention_backend: str | None = None) -> None:
+                 num_cpu_blocks: int = 0, attention_backend: str | None = None, max_num_seqs: int = 256) -> None:
         self.model = model
         self.kv = kv
         p = next(model.parameters())
@@ -69,12 +68,19 @@ class ModelRunner:
         self.backend = attention_backend if attention_backend is not None else default_backend(self.device)
         cfg = model.config
         self.kv_cache_dtype = kv_cache_dtype
+        # int4_kivi keeps unfilled blocks in a staging pool: at most one per running (or swapped)
+        # sequence is live once freed blocks are released, so size it from max_num_seqs.
+        staged = kernels.get_format(kv_cache_dtype, self.dtype).k_per_channel
+        staging = lambda n: {"num_staging_blocks": min(n, 2 * max_num_seqs + 16)} if staged else {}  # noqa: E731
         mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
             n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
-            group_size=min(32, cfg.head_dim))
+            group_size=min(32, cfg.head_dim), **staging(n))
             for _ in range(cfg.num_layers)]
         self.layers = mk(kv.num_blocks, self.device)
         self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks else []
+        self.staged = self.layers[0].staging is not None
+        if self.staged:
+            kv.track_freed_blocks()
         if self.cpu_layers and self.layers[0].kv_format.scale == "head":
             for g, c in zip(self.layers, self.cpu_layers):  # swaps need the same per-layer scales
                 c.k_scale, c.v_scale = g.k_scale.cpu(), g.v_scale.cpu()
@@ -95,8 +101,21 @@ class ModelRunner:
             kernels.copy_blocks(self.layers, plan.block_copies, backend=self.backend)
         if plan.swap_in:
             kernels.swap_blocks(self.cpu_layers, self.layers, plan.swap_in)
+        if self.staged:
+            self.release_freed_blocks()
+            for layer in self.cpu_layers:
+                layer.release_blocks([cpu for cpu, _ in plan.swap_in])
         self._sync()
         return (time.perf_counter() - t0) * 1e3
+
+    def release_freed_blocks(self) -> None:
+        """Drop per-block state kept outside the blocks (int4_kivi staging) for blocks the
+        manager freed; call after the step's cache ops and after finishing or aborting."""
+        if self.staged:
+            freed = self.kv.take_freed_blocks()
+            if freed:
+                for layer in self.layers:
+                    layer.release_blocks(freed)
 
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardResult:
         """One forward pass over ``chunks``; logits only for the chunks that sample."""
