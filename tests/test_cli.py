@@ -55,7 +55,7 @@ def test_sweep_csv(tmp_path, capsys):
 
 
 def test_demo_writes_report(tmp_path):
-    assert main(["demo", "--out", str(tmp_path), "-n", "60", "-j", "1"]) == 0
+    assert main(["demo", "--out", str(tmp_path), "-n", "60", "-j", "1", "--engine-requests", "0"]) == 0
     md = (tmp_path / "simulation.md").read_text()
     assert "Memory story" in md and "interference" in md and "contiguous-max" in md
     mem = pd.read_csv(tmp_path / "memory_story.csv")
@@ -75,3 +75,16 @@ def test_sweep_parquet_needs_an_engine(tmp_path, capsys):
         pytest.skip("a Parquet engine is installed")
     assert main(["sweep", *SMALL, "--grid", "block_size=16", "--out", str(tmp_path / "s.parquet")]) == 2
     assert "pyarrow" in capsys.readouterr().err
+
+
+def test_demo_runs_the_embedded_model(tmp_path):
+    args = ["demo", "--out", str(tmp_path), "-n", "40", "-j", "1",
+            "--engine-requests", "4", "--engine-blocks", "10", "--max-tokens", "8"]
+    assert main(args) == 0
+    md = (tmp_path / "demo.md").read_text()
+    assert "A real model through the paged cache" in md and "KV formats" in md and "Memory story" in md
+    steps = pd.read_csv(tmp_path / "engine_steps.csv")
+    assert steps["num_decode_tokens"].sum() > 0 and (steps["token_usage"] <= 1).all()
+    formats = pd.read_csv(tmp_path / "kv_formats.csv")
+    assert formats.loc[formats["kv_format"] == "auto", "outputs_identical"].item()
+    assert (formats.set_index("kv_format").loc["int4", "capacity_vs_model_dtype"] > 4)
