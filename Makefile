@@ -14,7 +14,7 @@ export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 
-.PHONY: install demo lab test bench clean
+.PHONY: install demo test bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,14 +30,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m paged demo --out reports
 
-lab: $(STAMP)
-	$(BIN)/jupyter lab --ip 127.0.0.1 --notebook-dir notebooks
-
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/kv_manager.py
+	$(BIN)/python benchmarks/simulator.py
+	$(BIN)/python benchmarks/engine.py
+	$(BIN)/python benchmarks/kernels.py
 
 clean:
 	rm -rf $(VENV) .cache reports

@@ -44,8 +44,8 @@ def steps_frame(outputs: Iterable[SchedulerOutput]) -> pd.DataFrame:
 def block_lifetimes(events: pd.DataFrame) -> pd.DataFrame:
     """Each allocation of a block with the step it was freed and its lifetime in steps.
 
-    A block freed and later revived by a prefix hit keeps one lifetime per allocation;
-    rows still alive at the end have `freed_step` NA."""
+    A lifetime runs from an allocation to the free that follows it (a prefix hit that revives
+    a cached-free block does not start a new one); blocks still in use have `freed_step` NA."""
     e = events[events["kind"].isin([ev.ALLOCATE, ev.FREE])][["step", "kind", "block_id"]]
     rows = []
     for bid, g in e.groupby("block_id", sort=True):
