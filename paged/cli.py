@@ -109,6 +109,19 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {_fmt(v)}" for k, v in summary.items())
 
 
+def json_safe(summary: dict[str, Any]) -> dict[str, Any]:
+    """Summary values as strict JSON: numpy scalars become Python numbers and NaN/inf become null
+    (``json.dumps`` would print the bare tokens ``NaN``/``Infinity``, which JSON parsers reject)."""
+    out: dict[str, Any] = {}
+    for k, v in summary.items():
+        if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None
+        out[k] = v
+    return out
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from paged.simulator import Simulator
 
@@ -121,7 +134,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.steps_out:
         res.steps.to_csv(args.steps_out, index=False)
     if args.json:
-        print(json.dumps(res.summary, default=float))
+        print(json.dumps(json_safe(res.summary), allow_nan=False))
     else:
         print(format_summary(res.summary))
     return 0

@@ -88,3 +88,23 @@ def test_demo_runs_the_embedded_model(tmp_path):
     formats = pd.read_csv(tmp_path / "kv_formats.csv")
     assert formats.loc[formats["kv_format"] == "auto", "outputs_identical"].item()
     assert (formats.set_index("kv_format").loc["int4", "capacity_vs_model_dtype"] > 4)
+
+
+def test_simulate_json_is_strict_json_when_a_metric_is_undefined(tmp_path, capsys):
+    """One-token outputs have no time between tokens: the JSON says null, not the bare token NaN
+    that strict parsers (jq, JSON.parse, json.loads(parse_constant=...)) reject; no warning either."""
+    import warnings
+
+    trace = tmp_path / "one.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,1\n0.5,300,1\n")
+
+    def reject(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["simulate", *SMALL, "--trace", str(trace), "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out, parse_constant=reject)
+    assert out["requests_finished"] == 2 and out["tbt_p50_s"] is None and out["tbt_p99_s"] is None
+    assert out["ttft_p50_s"] > 0 and captured.err == ""
