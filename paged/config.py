@@ -8,7 +8,9 @@ Invariants:
 
 Figures: GPU peaks are NVIDIA datasheet values (dense FP16/BF16 tensor-core FLOP/s, no
 sparsity). HBM bandwidths for A100-80GB (2,039 GB/s), H100 SXM (3,352 GB/s) and H200
-(4.8 TB/s) are the ones listed in ANCHORS.md.
+(4.8 TB/s) are the ones listed in ANCHORS.md. HBM capacity is the total the driver reports
+(``nvidia-smi``: A100 40,960 / 81,920 MiB, H200 143,771 MiB), which ``gpu_memory_utilization``
+scales, as in vLLM.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Mapping
 from paged.errors import ConfigError
 
 GiB = 1024**3
+MiB = 1024**2
 
 
 class SizingError(ConfigError):
@@ -149,8 +152,23 @@ class ModelSpec:
         ``num_kv_heads < tensor_parallel``, as in vLLM).
         """
         fmt = get_kv_format(kv_format)
+        self.check_tensor_parallel(tensor_parallel)
         heads = max(1, self.num_kv_heads // tensor_parallel) if tensor_parallel > 1 else self.num_kv_heads
         return 2 * self.num_layers * heads * self.head_dim * fmt.bytes_per_element(self.head_dim)
+
+    def check_tensor_parallel(self, tensor_parallel: int) -> None:
+        """Raise ConfigError unless the heads split evenly over ``tensor_parallel`` GPUs (vLLM's rule:
+        query heads divisible by tp; KV heads divisible by tp, or tp divisible by KV heads when
+        they are replicated). Otherwise per-GPU KV bytes and attention FLOPs would be fractions."""
+        tp = tensor_parallel
+        if isinstance(tp, bool) or not isinstance(tp, (int, float)) or tp < 1 or int(tp) != tp:
+            raise ConfigError(f"tensor_parallel must be a positive integer, got {tp!r}")
+        tp, kv = int(tp), self.num_kv_heads
+        if self.num_heads % tp or (kv % tp if kv >= tp else tp % kv):
+            ok = [d for d in range(1, self.num_heads + 1)
+                  if self.num_heads % d == 0 and (kv % d == 0 if kv >= d else d % kv == 0)]
+            raise ConfigError(f"{self.name}: tensor_parallel={tp} does not split {self.num_heads} attention heads "
+                              f"and {kv} KV heads evenly; choose one of {ok}")
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -249,7 +267,8 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         GPUSpec("a100-40gb", 312e12, 40 * GiB, 1555e9, 32e9, 300e9),
         GPUSpec("a100-80gb", 312e12, 80 * GiB, 2039e9, 32e9, 300e9),
         GPUSpec("h100-sxm", 989e12, 80 * GiB, 3352e9, 64e9, 450e9),
-        GPUSpec("h200", 989e12, 141e9, 4.8e12, 64e9, 450e9),
+        # "141 GB" on the datasheet is the driver's 143,771 MiB (140.4 GiB), not 141e9 bytes (131 GiB).
+        GPUSpec("h200", 989e12, 143771 * MiB, 4.8e12, 64e9, 450e9),
         GPUSpec("l4", 121e12, 24e9, 300e9, 32e9, 0.0),
         # Not a GPU: a rough starting point for calibrating on a CPU (CostModel.fit replaces the rates).
         GPUSpec("cpu", 2e11, 128 * GiB, 20e9, 20e9, 0.0),
@@ -336,7 +355,7 @@ def max_blocks_per_seq(max_model_len: int, block_size: int) -> int:
 
 
 __all__ = [
-    "GiB", "SizingError", "KVFormat", "KV_FORMATS", "get_kv_format", "ModelSpec", "MODEL_PRESETS", "get_model",
+    "GiB", "MiB", "SizingError", "KVFormat", "KV_FORMATS", "get_kv_format", "ModelSpec", "MODEL_PRESETS", "get_model",
     "GPUSpec", "GPU_PRESETS", "get_gpu", "KVSizing", "activation_reserve_bytes", "kv_cache_sizing",
     "num_kv_blocks", "max_blocks_per_seq",
 ]

@@ -85,3 +85,33 @@ def test_kv_bytes_agree_with_the_kernels_layout(fmt):
         m = get_model(name)
         per_layer = kernels.bytes_per_token(fmt, m.num_kv_heads, m.head_dim)
         assert m.kv_bytes_per_token(fmt) == m.num_layers * per_layer
+
+
+def test_h200_capacity_is_what_the_driver_reports():
+    """nvidia-smi shows 143,771 MiB on an H200 ("141 GB"); 141e9 bytes would drop ~9 GiB of KV cache.
+    The other presets follow the same convention (A100: 40,960 / 81,920 MiB)."""
+    MiB = 1024**2
+    assert get_gpu("h200").hbm_bytes == pytest.approx(143771 * MiB, rel=0.005)
+    assert get_gpu("a100-40gb").hbm_bytes == 40960 * MiB and get_gpu("a100-80gb").hbm_bytes == 81920 * MiB
+    h200 = kv_cache_sizing("llama-2-70b", "h200", tensor_parallel=2)
+    assert h200.budget_bytes == pytest.approx(0.9 * 143771 * MiB, rel=0.005)
+
+
+@pytest.mark.parametrize("name,tp", [("llama-2-13b", 3), ("qwen2.5-7b", 8), ("llama-2-70b", 3), ("mistral-7b", 6)])
+def test_tensor_parallel_must_split_heads_evenly(name, tp):
+    """vLLM refuses these; silently flooring kv_heads // tp undercounted KV bytes per GPU (13B at tp=3:
+    13 of 13.3 heads) and the cost model used fractional heads."""
+    from paged.cost_model import CostModel
+
+    with pytest.raises(ConfigError, match=f"tensor_parallel={tp} does not split"):
+        get_model(name).kv_bytes_per_token(tensor_parallel=tp)
+    with pytest.raises(ConfigError, match="choose one of"):
+        kv_cache_sizing(name, "a100-80gb", tensor_parallel=tp)
+    with pytest.raises(ConfigError):
+        CostModel(name, "a100-80gb", tensor_parallel=tp)
+
+
+def test_tensor_parallel_even_splits_and_replicated_kv_heads():
+    assert get_model("qwen2.5-7b").kv_bytes_per_token(tensor_parallel=4) == 2 * 28 * 1 * 128 * 2
+    assert get_model("llama-3-70b").kv_bytes_per_token(tensor_parallel=32) == 2 * 80 * 1 * 128 * 2  # replicated
+    assert get_model("llama-2-13b").kv_bytes_per_token(tensor_parallel=5) == 2 * 40 * 8 * 128 * 2
