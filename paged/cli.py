@@ -175,7 +175,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from paged.simulator import run_grid
 
     base = {k: getattr(args, k) for k in _SIM_FLAGS}
-    base.update(workload=args.workload, num_requests=args.num_requests or 1000, rate=args.rate, arrival=args.arrival,
+    # -n: requests to generate (default 1000), or the first N rows of --trace (default all), as in simulate
+    num_requests = args.num_requests if args.trace else (args.num_requests or 1000)
+    base.update(workload=args.workload, num_requests=num_requests, rate=args.rate, arrival=args.arrival,
                 cv=args.cv, num_prefixes=args.num_prefixes, prefix_tokens=args.prefix_tokens,
                 prefix_fraction=args.prefix_fraction, trace=args.trace)
     grid = parse_grid(args.grid)

@@ -407,6 +407,9 @@ def run_point(point: dict[str, Any]) -> dict[str, Any]:
     max_len = cfg.max_model_len or get_model(cfg.model).max_model_len
     if point.get("trace"):
         tr = load_trace(point["trace"])
+        limit = point.get("num_requests")  # the first N rows, as `simulate --trace -n N`; None: all
+        if limit and int(limit) < len(tr):
+            tr = tr.iloc[: int(limit)]
     else:
         tr = synthetic_trace(point.get("workload", "sharegpt"), int(point.get("num_requests", 1000)),
                              rate=float(point.get("rate", float("inf"))), arrival=point.get("arrival", "poisson"),

@@ -108,3 +108,17 @@ def test_simulate_json_is_strict_json_when_a_metric_is_undefined(tmp_path, capsy
     out = json.loads(captured.out, parse_constant=reject)
     assert out["requests_finished"] == 2 and out["tbt_p50_s"] is None and out["tbt_p99_s"] is None
     assert out["ttft_p50_s"] > 0 and captured.err == ""
+
+
+def test_sweep_num_requests_limits_a_trace_like_simulate(tmp_path, capsys):
+    """`-n N` with `--trace` means the first N rows in both commands (sweep used to run every row)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,100,20\n0.5,300,10\n1.0,50,5\n")
+    out = tmp_path / "s.csv"
+    args = ["--model", "llama-2-7b", "--gpu", "a100-40gb", "--max-model-len", "1024", "--trace", str(trace)]
+    assert main(["sweep", *args, "-n", "2", "--grid", "block_size=16", "--out", str(out), "-j", "1"]) == 0
+    assert pd.read_csv(out)["requests"].tolist() == [2]
+    assert main(["sweep", *args, "--grid", "block_size=16", "--out", str(out), "-j", "1"]) == 0
+    assert pd.read_csv(out)["requests"].tolist() == [3]  # no -n: the whole trace
+    assert main(["simulate", *args, "-n", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["requests"] == 2
