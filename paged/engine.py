@@ -14,6 +14,7 @@ Invariants: every sequence of a group is a scheduler request whose ``data`` is i
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -26,8 +27,12 @@ from .kv_manager import KVCacheManager
 from .models.loader import LoadedModel
 from .request import Request, RequestStatus
 from .runner import ModelRunner
-from .sampling import SamplingParams, make_generator, sample_row
-from .scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
+from .sampling import SamplingParams, greedy_tokens, make_generator, sample_row
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+SEQ_ID_SEP = "#"
+"""Separates a request id from the suffix of its forked sequences (``"<id>#k"``, ``"<id>#b<j>"``);
+user request ids may not contain it, so forked ids never collide with another request's."""
 
 _FINISH_REASON = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
                   RequestStatus.FINISHED_ABORTED: "abort"}
@@ -262,9 +267,11 @@ class LLMEngine:
                 raise InvalidRequestError("this model has no tokenizer; pass prompts as lists of token ids")
             return prompt, self.tokenizer.encode(prompt)
         try:
-            ids = [int(t) for t in prompt]
-        except (TypeError, ValueError):
-            raise InvalidRequestError("a prompt is a string or a sequence of integer token ids") from None
+            ids = [operator.index(t) for t in prompt]  # ints only: no silent 1.7 -> 1 or "5" -> 5
+        except TypeError:
+            raise InvalidRequestError(
+                f"a prompt is a string or a sequence of integer token ids, got {type(prompt).__name__} "
+                f"{str(prompt)[:60]}") from None
         return None, ids
 
     def add_request(self, request_id: str, prompt: str | Sequence[int],
@@ -274,6 +281,10 @@ class LLMEngine:
         nothing when the request cannot be served."""
         params = params or SamplingParams()
         params.validate()
+        if isinstance(request_id, str) and SEQ_ID_SEP in request_id:
+            raise InvalidRequestError(
+                f"request id {request_id!r} contains {SEQ_ID_SEP!r}, which the engine reserves for the "
+                f"sequences it forks ('<id>{SEQ_ID_SEP}k'); pick an id without it")
         if request_id in self._groups:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use; pick a new id")
         text, ids = self._to_ids(prompt)
@@ -368,7 +379,7 @@ class LLMEngine:
         post: list = []
         if not sample_ids:
             return sampled, post
-        greedy = torch.argmax(logits, dim=-1).tolist()
+        greedy = greedy_tokens(logits)  # one device->host copy for every greedy row
         beams: dict[str, list[tuple[Request, int]]] = {}
         for row, rid in enumerate(sample_ids):
             req = self.scheduler.requests[rid]
@@ -394,21 +405,23 @@ class LLMEngine:
         g, p = req.data.group, req.data.group.params
         g.forked = True
         gens = [make_generator(p.seed, k) for k in range(p.n)]
-        toks = [int(torch.argmax(row)) if p.temperature == 0.0 else sample_row(row, p, gens[k], self._fallback)
-                for k in range(p.n)]
+        toks = [sample_row(row, p, gens[k], self._fallback) for k in range(p.n)]
+        # decided now, before ``scheduler.update`` appends the parent's token to ``req``
+        terminal = [self._terminal(req, t) for t in toks]
         # the parent keeps a non-terminal sample when there is one, so children can fork from it
-        order = sorted(range(p.n), key=lambda k: self._terminal(req, toks[k]))
+        order = sorted(range(p.n), key=lambda k: terminal[k])
         parent_k = order[0]
         req.data.index, req.data.generator = parent_k, gens[parent_k]
         sampled[req.request_id] = toks[parent_k]
 
         def fork_children() -> None:
             for k in order[1:]:
-                if self._terminal(req, toks[k]) or req.status is not RequestStatus.RUNNING:
+                cid = f"{g.request_id}{SEQ_ID_SEP}{k}"
+                sampled[cid] = toks[k]
+                if terminal[k]:  # (a terminal parent means every sample is terminal)
                     reason = "stop" if toks[k] in req.stop_token_ids else "length"
                     g.done.append((k, [toks[k]], reason, None))
                     continue
-                cid = f"{g.request_id}#{k}"
                 self.scheduler.fork(req.request_id, cid, last_token=toks[k], data=_Seq(g, k, gens[k]))
                 g.live.add(cid)
         post.append(fork_children)
@@ -458,7 +471,7 @@ class LLMEngine:
             for mi, extra in uses.items():
                 parent = members[mi][0]
                 for score, tok in extra[1:]:
-                    cid = f"{g.request_id}#b{next(self._ids)}"
+                    cid = f"{g.request_id}{SEQ_ID_SEP}b{next(self._ids)}"
                     if parent.status is RequestStatus.RUNNING:
                         self.scheduler.fork(parent.request_id, cid, last_token=tok,
                                             data=_Seq(g, 0, None, score))
@@ -495,17 +508,17 @@ class LLMEngine:
             def norm(h: tuple[float, list[int], str]) -> float:
                 return h[0] / (max(len(h[1]), 1) ** p.length_penalty)
             hyps = sorted(g.beam_hyps, key=norm, reverse=True)[:p.n]
-            outs = [CompletionOutput(i, list(t), self._text(t), s, r) for i, (s, t, r) in enumerate(hyps)]
+            outs = [CompletionOutput(i, list(t), self._text(t, p), s, r) for i, (s, t, r) in enumerate(hyps)]
         else:
             by_index = {}
             for k, toks, reason, lp in g.done:
-                by_index.setdefault(k, CompletionOutput(k, list(toks), self._text(toks), lp, reason))
+                by_index.setdefault(k, CompletionOutput(k, list(toks), self._text(toks, p), lp, reason))
             outs = [by_index[k] for k in sorted(by_index)]
         return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, finished=True,
                              num_cached_tokens=g.num_cached_tokens, num_preemptions=g.num_preemptions,
                              arrival_time=g.arrival_time, finish_time=time.perf_counter())
 
-    def _text(self, toks: Sequence[int]) -> str:
+    def _text(self, toks: Sequence[int], params: SamplingParams) -> str:
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(toks, skip_special_tokens=True)
+        return self.tokenizer.decode(toks, skip_special_tokens=params.skip_special_tokens)

@@ -21,13 +21,26 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.flo
 
 
 def _dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.float16
-    if dtype not in _DTYPES:
+    if dtype not in _DTYPES and dtype not in _DTYPES.values():
         raise ConfigError(f"dtype {dtype!r} is not supported; use 'auto', {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+    return _DTYPES.get(dtype, dtype)  # type: ignore[arg-type]
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    """The requested device (default: cuda when available, else cpu); ConfigError if unusable."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device {device!r} is not a torch device ({e}); use 'cpu' or 'cuda'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but CUDA is not available here; use device='cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r} is not supported; use 'cpu' or 'cuda'")
+    return dev
 
 
 class LLM:
@@ -43,10 +56,18 @@ class LLM:
                  seed: int = 0, attention_backend: str | None = None, policy: str = "fcfs",
                  split_prefill_decode: bool = False, record_events: bool = True,
                  watermark: float = 0.01) -> None:
-        dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(model, LoadedModel):
+            p = next(model.model.parameters())
+            want = None if device is None else _device(device)
+            if want is not None and (want.type != p.device.type or want.index not in (None, p.device.index)):
+                raise ConfigError(f"the model is already loaded on {p.device}, not {device!r}; pass "
+                                  "device= to load_model (or give LLM a model name or path)")
+            if dtype != "auto" and _dtype(dtype, p.device) != p.dtype:
+                raise ConfigError(f"the model is already loaded in {p.dtype}, not {dtype!r}; pass "
+                                  "dtype= to load_model (or give LLM a model name or path)")
             self.loaded = model
         else:
+            dev = _device(device)
             self.loaded = load_model(model, dtype=_dtype(dtype, dev), device=dev)
         self.engine = LLMEngine(self.loaded, EngineConfig(
             block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,

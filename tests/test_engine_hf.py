@@ -284,3 +284,73 @@ def test_fork_and_beams_under_memory_pressure(tiny, mode):
     beams = llm.generate(ps, SamplingParams(n=2, use_beam_search=True, max_tokens=12))
     assert all(len(o.outputs) == 2 and all(len(c.token_ids) == 12 for c in o.outputs) for o in beams)
     _check_all_free(llm)
+
+
+def test_parallel_sampling_children_get_max_tokens_and_report_first_tokens(tiny):
+    """Every sample of n > 1 gets max_tokens tokens (children were cut one short when the
+    parent's first token was counted twice), and the fork step reports each sample's token."""
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    p = tiny["prompts"][4]
+    for max_tokens in (2, 3):
+        out = llm.generate([p], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=max_tokens))[0]
+        assert [len(o.token_ids) for o in out.outputs] == [max_tokens] * 3
+        assert all(o.finish_reason == "length" for o in out.outputs)
+    eng = llm.engine
+    eng.add_request("x", p, SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4))
+    first = eng.step().new_tokens
+    assert set(first) == {"x", "x#1", "x#2"}
+    while eng.has_unfinished_requests():
+        done = eng.step().finished
+    outs = done[0].outputs
+    assert sorted(first.values()) == sorted(o.token_ids[0] for o in outs)
+    _check_all_free(llm)
+
+
+def test_reserved_request_ids_and_non_integer_tokens_are_rejected(tiny):
+    """'#' is reserved for forked sequences: a user id 'y#1' would collide with the child of
+    'y' (n=2) in the middle of a step. Token ids must be integers, not 1.7 or '5'."""
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    eng = llm.engine
+    for i, bad in enumerate(([1.7, 2], ["3", "4"], 5, None)):
+        with pytest.raises(InvalidRequestError):
+            eng.add_request(f"bad{i}", bad, GREEDY)
+    with pytest.raises(InvalidRequestError, match="reserve"):
+        eng.add_request("y#1", tiny["prompts"][1], GREEDY)
+    eng.add_request("y", tiny["prompts"][2], SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=6))
+    eng.add_request("z", tiny["prompts"][1], GREEDY)
+    out = {}
+    while eng.has_unfinished_requests():
+        out.update({o.request_id: o for o in eng.step().finished})
+    assert len(out["y"].outputs) == 2 and out["z"].outputs[0].token_ids == tiny["ref"][1]
+    _check_all_free(llm)
+
+
+def test_skip_special_tokens_reaches_the_tokenizer(tiny):
+    import dataclasses
+
+    class Echo:  # decodes to the flag it was given
+        eos_token_id = None
+
+        def decode(self, ids, skip_special_tokens=True):
+            return f"skip={skip_special_tokens}"
+
+    llm = LLM(dataclasses.replace(tiny["model"], tokenizer=Echo()), num_blocks=16, block_size=4)
+    p = tiny["prompts"][1]
+    assert llm.generate([p], SamplingParams(max_tokens=2))[0].outputs[0].text == "skip=True"
+    keep = SamplingParams(max_tokens=2, skip_special_tokens=False)
+    assert llm.generate([p], keep)[0].outputs[0].text == "skip=False"
+
+
+def test_device_and_dtype_errors(tiny):
+    with pytest.raises(ConfigError, match="device"):
+        LLM(tiny["path"], device="bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            LLM(tiny["path"], device="cuda")
+    with pytest.raises(ConfigError, match="already loaded"):  # was silently ignored
+        LLM(tiny["model"], dtype="float16")
+    with pytest.raises(ConfigError):  # "already loaded on cpu" (or "CUDA is not available")
+        LLM(tiny["model"], device="cuda")
+    with pytest.raises(ConfigError, match="not supported"):
+        LLM(tiny["path"], dtype=torch.float64)
+    assert LLM(tiny["model"], num_blocks=8, block_size=4, device="cpu", dtype="float32").engine.dtype == torch.float32
