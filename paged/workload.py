@@ -234,7 +234,7 @@ def concat_traces(traces: Iterable[pd.DataFrame]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------------
 
 
-def _numeric(df: pd.DataFrame, col: str, src: str, row_offset: int, integer: bool, minimum: float,
+def _numeric(df: pd.DataFrame, col: str, src: str, row_offset: int | np.ndarray, integer: bool, minimum: float,
              names: dict[str, str] | None = None) -> np.ndarray:
     raw = df[col]
     vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
@@ -245,16 +245,21 @@ def _numeric(df: pd.DataFrame, col: str, src: str, row_offset: int, integer: boo
         i = int(np.flatnonzero(bad)[0])
         need = f"an integer >= {int(minimum)}" if integer else f"a number >= {minimum}"
         shown = (names or {}).get(col, col)
-        raise TraceFormatError(f"{src}: row {i + row_offset}, column {shown!r}: got {raw.iloc[i]!r}, need {need}")
+        raise TraceFormatError(f"{src}: row {_row(i, row_offset)}, column {shown!r}: got {raw.iloc[i]!r}, need {need}")
     return vals
 
 
-def normalize_trace(df: pd.DataFrame, src: str = "trace", row_offset: int = 0,
+def _row(i: int, row_offset: int | np.ndarray) -> int:
+    return int(row_offset[i]) if isinstance(row_offset, np.ndarray) else i + row_offset
+
+
+def normalize_trace(df: pd.DataFrame, src: str = "trace", row_offset: int | np.ndarray = 0,
                     names: dict[str, str] | None = None) -> pd.DataFrame:
     """Validate a DataFrame with ``TRACE_COLUMNS`` (prefix columns optional); return a sorted copy.
 
-    ``row_offset`` maps DataFrame positions to the row numbers reported in errors and ``names``
-    maps our column names to the file's.
+    ``row_offset`` maps DataFrame positions to the row numbers reported in errors (an int added
+    to the position, or one row number per position) and ``names`` maps our column names to the
+    file's.
     """
     for col in ("arrival_time", "prompt_tokens", "output_tokens"):
         if col not in df.columns:
@@ -277,7 +282,7 @@ def normalize_trace(df: pd.DataFrame, src: str = "trace", row_offset: int = 0,
     bad = (out["prefix_tokens"] >= out["prompt_tokens"]) | ((out["prefix_id"] >= 0) != (out["prefix_tokens"] > 0))
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise TraceFormatError(f"{src}: row {i + row_offset}, column 'prefix_tokens': need 0 < prefix_tokens < "
+        raise TraceFormatError(f"{src}: row {_row(i, row_offset)}, column 'prefix_tokens': need 0 < prefix_tokens < "
                                f"prompt_tokens when prefix_id >= 0 (and 0 otherwise)")
     out.attrs.update(df.attrs)
     return out.sort_values("arrival_time", kind="stable").reset_index(drop=True)
@@ -322,16 +327,26 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> pd.DataFrame:
     if missing:
         raise TraceFormatError(f"{src}: missing column(s) {missing} for format {fmt!r}")
     df = raw.rename(columns=cols)
+    lines = _csv_line_numbers(path, len(raw))
     if fmt == "azure":
         ts = pd.to_datetime(df["arrival_time"], errors="coerce", format="mixed")
         if ts.isna().any():
             i = int(np.flatnonzero(ts.isna().to_numpy())[0])
-            raise TraceFormatError(f"{src}: row {i + 2}, column 'TIMESTAMP': cannot parse "
+            raise TraceFormatError(f"{src}: row {_row(i, lines)}, column 'TIMESTAMP': cannot parse "
                                    f"{raw['TIMESTAMP'].iloc[i]!r} as a date-time")
         df["arrival_time"] = (ts - ts.min()).dt.total_seconds()
-    out = normalize_trace(df, src, row_offset=2, names={v: k for k, v in cols.items()})
+    out = normalize_trace(df, src, row_offset=lines, names={v: k for k, v in cols.items()})
     out.attrs["source"] = path
     return out
+
+
+def _csv_line_numbers(path: str, num_rows: int) -> np.ndarray | int:
+    """File line number of each data row. pandas skips blank lines, so position + 2 would name the
+    wrong line after one; falls back to that offset if the count disagrees (quoted newlines)."""
+    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+        nums = [k for k, line in enumerate(fh, 1) if line.strip()]
+    nums = nums[1:]  # the header
+    return np.asarray(nums, dtype=np.int64) if len(nums) == num_rows else 2
 
 
 def _load_jsonl(path: str, src: str) -> pd.DataFrame:

@@ -112,3 +112,15 @@ def test_sample_traces_in_data_load():
         assert len(df) in (500, 1000) and df["arrival_time"].iloc[0] >= 0 and (df["output_tokens"] >= 1).all()
     shared = load_trace(os.path.join(here, "sharegpt_like_shared_prefix_1k.csv"))
     assert shared["prefix_id"].nunique() == 9  # 8 prompts + "none"
+
+
+@pytest.mark.parametrize("text,match", [
+    ("arrived_at,num_prefill_tokens,num_decode_tokens\n0.1,10,3\n\n\n0.2,abc,4\n", r"row 5, column 'num_prefill_tokens'"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n\nyesterday,3,4\n", r"row 4, column 'TIMESTAMP'"),
+])
+def test_row_numbers_count_blank_lines(tmp_path, text, match):
+    """The reported row is the file's line: pandas drops blank lines, which shifted the number."""
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(TraceFormatError, match=match):
+        load_trace(p)
