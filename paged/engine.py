@@ -485,8 +485,8 @@ class LLMEngine:
         g.live.discard(req.request_id)
         g.num_cached_tokens = max(g.num_cached_tokens, req.num_cached_tokens)
         if g.params.use_beam_search:
-            if reason != "abort" or not g.beam_hyps:
-                g.beam_hyps.append((req.data.cum_logprob, req.output_token_ids, reason))
+            # an aborted beam is a hypothesis too: abort returns the best n of finished and live
+            g.beam_hyps.append((req.data.cum_logprob, req.output_token_ids, reason))
             return
         g.done.append((req.data.index, req.output_token_ids, reason, None))
 

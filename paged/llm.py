@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from .engine import EngineConfig, LLMEngine, RequestOutput, StepOutput
-from .errors import ConfigError, PagedError
+from .errors import ConfigError, PagedError, UnknownRequestError
 from .models.loader import LoadedModel, load_model
 from .sampling import SamplingParams
 
@@ -97,7 +97,9 @@ class LLM:
         """Run ``prompts`` (strings or token-id lists) to completion; outputs in input order.
 
         Every prompt is validated before any is queued, so a bad prompt raises and leaves the
-        engine as it was. ``on_step(StepOutput)`` is called after every step (for recording).
+        engine as it was; an error or interrupt while stepping aborts this call's unfinished
+        requests (their blocks are freed). ``on_step(StepOutput)`` is called after every step
+        (for recording).
         """
         if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -120,14 +122,23 @@ class LLM:
             raise
         results: dict[str, RequestOutput] = {}
         idle = 0
-        while any(r not in results for r in ids):
-            out: StepOutput = self.engine.step()
-            idle = 0 if (out.scheduled or out.finished) else idle + 1
-            if idle > 100:
-                raise PagedError("the scheduler made no progress in 100 steps; the cache is too small "
-                                 "for the waiting requests (raise num_blocks)")
-            if on_step is not None:
-                on_step(out)
-            for ro in out.finished:
-                results[ro.request_id] = ro
+        try:
+            while any(r not in results for r in ids):
+                out: StepOutput = self.engine.step()
+                for ro in out.finished:
+                    results[ro.request_id] = ro
+                idle = 0 if (out.scheduled or out.finished) else idle + 1
+                if idle > 100:
+                    raise PagedError("the scheduler made no progress in 100 steps; the cache is too small "
+                                     "for the waiting requests (raise num_blocks)")
+                if on_step is not None:
+                    on_step(out)
+        except BaseException:  # an error, or Ctrl-C in a notebook: leave no orphaned requests behind
+            for rid in ids:
+                if rid not in results:
+                    try:
+                        self.engine.abort(rid)
+                    except UnknownRequestError:
+                        pass  # on_step aborted it already
+            raise
         return [results[r] for r in ids]

@@ -354,3 +354,30 @@ def test_device_and_dtype_errors(tiny):
     with pytest.raises(ConfigError, match="not supported"):
         LLM(tiny["path"], dtype=torch.float64)
     assert LLM(tiny["model"], num_blocks=8, block_size=4, device="cpu", dtype="float32").engine.dtype == torch.float32
+
+
+def test_abort_of_beam_search_returns_every_live_beam(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    eng = llm.engine
+    eng.add_request("b", tiny["prompts"][3], SamplingParams(n=3, use_beam_search=True, max_tokens=20))
+    for _ in range(3):
+        eng.step()
+    out = eng.abort("b")
+    assert len(out.outputs) == 3 and all(o.finish_reason == "abort" for o in out.outputs)
+    assert all(len(o.token_ids) == 3 for o in out.outputs)  # prefill + 2 decode steps
+    _check_all_free(llm)
+
+
+def test_interrupted_generate_leaves_no_orphans(tiny):
+    """A KeyboardInterrupt (or an on_step error) inside generate used to leave its requests
+    queued: they held blocks and were silently computed by the next generate call."""
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+
+    def interrupt(step):
+        if step.step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(tiny["prompts"][:3], GREEDY, on_step=interrupt)
+    _check_all_free(llm)
+    assert [o.outputs[0].token_ids for o in llm.generate(tiny["prompts"][:2], GREEDY)] == tiny["ref"][:2]
