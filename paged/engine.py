@@ -28,7 +28,7 @@ from .models.loader import LoadedModel
 from .request import Request, RequestStatus
 from .runner import ModelRunner
 from .sampling import SamplingParams, greedy_tokens, make_generator, sample_row
-from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 
 SEQ_ID_SEP = "#"
 """Separates a request id from the suffix of its forked sequences (``"<id>#k"``, ``"<id>#b<j>"``);
@@ -107,7 +107,9 @@ class StepOutput:
 
     ``prefill_ms``/``decode_ms`` are measured forward times of the step's prefill and decode
     work: for a pure step one of them is the whole forward pass and the other 0; a mixed step
-    runs one pass and reports both as None, unless ``split_prefill_decode`` ran two passes.
+    runs one pass and reports both as None, unless ``split_prefill_decode`` ran two passes
+    (a decode chunk that reads a block written by a prefill chunk of the same step runs, and
+    is timed, in the prefill pass).
     ``new_tokens`` maps scheduler sequence ids (``"<id>"``, ``"<id>#k"`` for sample k of n>1,
     ``"<id>#b<j>"`` for beams) to the token sampled for them this step.
     """
@@ -332,8 +334,10 @@ class LLMEngine:
         prefill_ms = decode_ms = None
         decodes = [c for c in plan.scheduled if c.is_decode]
         prefills = [c for c in plan.scheduled if not c.is_decode]
-        if self.config.split_prefill_decode and decodes and prefills:
-            rd, rp = self.runner.forward(decodes), self.runner.forward(prefills)
+        first, second = (self._split_passes(decodes, prefills)
+                         if self.config.split_prefill_decode and decodes and prefills else ([], []))
+        if first and second:
+            rd, rp = self.runner.forward(first), self.runner.forward(second)
             decode_ms, prefill_ms = rd.forward_ms, rp.forward_ms
             sample_ids = rd.sample_ids + rp.sample_ids
             logits = torch.cat([rd.logits, rp.logits])
@@ -371,6 +375,25 @@ class LLMEngine:
             total_ms=(t3 - t0) * 1e3, kv_cache_usage=plan.kv_cache_usage_perc,
             token_usage=plan.token_usage, num_waiting=plan.num_waiting, num_running=plan.num_running,
             num_swapped=plan.num_swapped, events=self.recorder.since(mark))
+
+    def _split_passes(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
+                      ) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
+        """The two forward passes of ``split_prefill_decode``: decodes first, then prefills.
+
+        Decodes go first because a prefill may hit a block that a decode completes in this
+        step. A decode-sized chunk may itself read a block a prefill chunk writes in this
+        step (a request readmitted after recompute preemption whose prefix hit covers all but
+        its last token, e.g. one of n identical greedy samples): such a chunk joins the
+        prefill pass, so every block is written before it is read.
+        """
+        bs, table = self.kv.block_size, self.kv.block_table
+        written: set[int] = set()
+        for c in prefills:
+            written.update(table(c.request_id)[c.start // bs:(c.start + c.num_tokens - 1) // bs + 1])
+        late = [c for c in decodes if not written.isdisjoint(table(c.request_id)[:c.start // bs + 1])]
+        if not late:
+            return decodes, prefills
+        return [c for c in decodes if c not in late], late + prefills
 
     # ---- sampling ----------------------------------------------------------------------
     def _sample(self, sample_ids: list[str], logits: torch.Tensor):

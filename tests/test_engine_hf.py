@@ -381,3 +381,14 @@ def test_interrupted_generate_leaves_no_orphans(tiny):
         llm.generate(tiny["prompts"][:3], GREEDY, on_step=interrupt)
     _check_all_free(llm)
     assert [o.outputs[0].token_ids for o in llm.generate(tiny["prompts"][:2], GREEDY)] == tiny["ref"][:2]
+
+
+def test_split_prefill_decode_under_preemption_with_identical_samples(tiny):
+    """Identical greedy samples readmitted after recompute preemption hit blocks that a sibling's
+    prefill writes in the same step, with one token left: a decode-sized chunk. Run in the
+    decode pass before the prefill pass, it read unwritten K/V and changed the tokens."""
+    llm = LLM(tiny["model"], num_blocks=20, block_size=4, split_prefill_decode=True)
+    outs = llm.generate(tiny["prompts"][1:5], SamplingParams(n=3, temperature=0, max_tokens=24))
+    assert [[c.token_ids for c in o.outputs] for o in outs] == [[r] * 3 for r in tiny["ref"][1:5]]
+    assert llm.engine.scheduler.num_preemptions["recompute"] > 0
+    _check_all_free(llm)
