@@ -105,6 +105,10 @@ class ChunkInfo:
 class StepOutput:
     """Everything that happened in one ``step()``; times in milliseconds.
 
+    ``schedule_ms`` + ``cache_ops_ms`` + ``forward_ms`` + ``sample_ms`` ~= ``total_ms``, where
+    ``sample_ms`` covers sampling and the bookkeeping after it (scheduler update, forks,
+    finishing requests).
+
     ``prefill_ms``/``decode_ms`` are measured forward times of the step's prefill and decode
     work: for a pure step one of them is the whole forward pass and the other 0; a mixed step
     runs one pass and reports both as None, unless ``split_prefill_decode`` ran two passes
@@ -287,6 +291,8 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"request id {request_id!r} contains {SEQ_ID_SEP!r}, which the engine reserves for the "
                 f"sequences it forks ('<id>{SEQ_ID_SEP}k'); pick an id without it")
+        if not isinstance(priority, int):  # the priority queue compares it with others'
+            raise InvalidRequestError(f"request {request_id!r}: priority must be an integer, got {priority!r}")
         if request_id in self._groups:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use; pick a new id")
         text, ids = self._to_ids(prompt)

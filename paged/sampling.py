@@ -62,8 +62,9 @@ class SamplingParams:
         return self.temperature == 0.0 or self.use_beam_search
 
 
-def make_generator(seed: int | None, index: int, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """A generator for sample ``index`` of a seeded request (None when unseeded)."""
+def make_generator(seed: int | None, index: int) -> torch.Generator | None:
+    """A CPU generator for sample ``index`` of a seeded request (None when unseeded);
+    ``sample_row`` draws on the host, so the stream is the same on every device."""
     if seed is None:
         return None
     g = torch.Generator(device="cpu")

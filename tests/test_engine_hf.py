@@ -392,3 +392,18 @@ def test_split_prefill_decode_under_preemption_with_identical_samples(tiny):
     assert [[c.token_ids for c in o.outputs] for o in outs] == [[r] * 3 for r in tiny["ref"][1:5]]
     assert llm.engine.scheduler.num_preemptions["recompute"] > 0
     _check_all_free(llm)
+
+
+def test_non_integer_priority_is_rejected_before_queueing(tiny):
+    """A str priority used to be registered by the scheduler and then fail the heap push:
+    the request was neither waiting nor rejected, and the engine could not finish."""
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4, policy="priority")
+    eng = llm.engine
+    eng.add_request("a", tiny["prompts"][1], GREEDY, priority=1)
+    with pytest.raises(InvalidRequestError, match="priority"):
+        eng.add_request("b", tiny["prompts"][2], GREEDY, priority="high")
+    out = []
+    while eng.has_unfinished_requests():
+        out += eng.step().finished
+    assert [o.request_id for o in out] == ["a"] and out[0].outputs[0].token_ids == tiny["ref"][1]
+    _check_all_free(llm)
