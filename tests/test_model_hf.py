@@ -50,6 +50,12 @@ def test_bad_paths_and_architectures(tmp_path):
     os.makedirs(empty)
     with pytest.raises(ModelLoadError):
         load_model(empty)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    with pytest.raises(ModelLoadError, match="lacks num_attention_heads"):  # was a bare KeyError
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="cannot read"):
+        load_model(tmp_path)
 
 
 def test_config_edge_cases(tmp_path):

@@ -37,14 +37,23 @@ def hf_config(path: str) -> tuple[ModelConfig, int]:
     if not os.path.isfile(cfg_path):
         raise ModelLoadError(f"{path!r} has no config.json; expected a Hugging Face checkpoint "
                              "directory (config.json + *.safetensors) or a .gguf file")
-    with open(cfg_path) as f:
-        c = json.load(f)
+    try:
+        with open(cfg_path) as f:
+            c = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read {cfg_path}: {e}") from e
+    if not isinstance(c, dict):
+        raise ModelLoadError(f"{cfg_path} is not a JSON object")
     mt = c.get("model_type")
     if mt not in SUPPORTED_HF_ARCHITECTURES:
         raise ModelLoadError(f"model_type {mt!r} in {cfg_path} is not supported; "
                              f"supported: {SUPPORTED_HF_ARCHITECTURES}")
     if c.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"hidden_act {c.get('hidden_act')!r} is not supported (silu only)")
+    missing = [k for k in ("num_attention_heads", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "vocab_size") if k not in c]
+    if missing:
+        raise ModelLoadError(f"{cfg_path} lacks {', '.join(missing)}; is it a complete {mt} config?")
     nh = int(c["num_attention_heads"])
     head_dim = c.get("head_dim") or c["hidden_size"] // nh
     theta, scaling = _rope(c)
