@@ -6,7 +6,7 @@ pre-tokenizer follows ``tokenizer.ggml.pre``: ``smollm`` (SmolLM2) splits every 
 first and then applies the GPT-2 byte-level regex, *without* a prefix space (the
 ``tokenizers`` default ``add_prefix_space=True`` would silently change ids).
 Control tokens (token_type 3) are added as special tokens so ``<|im_start|>`` in
-text stays one token.
+text stays one token; user-defined tokens (type 4) stay one token too but decode as text.
 """
 from __future__ import annotations
 
@@ -101,9 +101,13 @@ def tokenizer_from_gguf(reader: Any) -> Tokenizer:
             "pass prompts as token-id lists")
     tok.decoder = decoders.ByteLevel()
     if types is not None:
-        specials = [AddedToken(tokens[i], special=True, normalized=False)
-                    for i, t in enumerate(types) if int(t) in (_CONTROL, _USER_DEFINED)]
-        tok.add_special_tokens(specials)
+        # both stay one token in text; only control tokens are skipped by skip_special_tokens
+        # (llama.cpp prints user-defined tokens as text, control tokens only on request)
+        kinds = [int(t) for t in types]
+        tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                for i, k in enumerate(kinds) if k == _CONTROL])
+        tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                        for i, k in enumerate(kinds) if k == _USER_DEFINED])
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     return Tokenizer(tok, None if bos is None else int(bos), None if eos is None else int(eos),

@@ -68,3 +68,39 @@ def test_hf_directory_tokenizer_json(tmp_path, tok):
     out = llm.generate("Hello world!", SamplingParams(temperature=0, max_tokens=5))[0]
     assert out.prompt_token_ids == [19556, 905, 17]
     assert out.outputs[0].text == tok.decode(out.outputs[0].token_ids)
+
+
+def test_importable_on_its_own():
+    """``paged.tokenizer`` imported first (before ``paged.models``) was a circular ImportError."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "from paged.tokenizer import Tokenizer"],
+                       capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_user_defined_tokens_decode_as_text():
+    """GGUF user-defined tokens (type 4) are text: skip_special_tokens drops control tokens only."""
+    from tokenizers import pre_tokenizers
+
+    class Field:
+        def __init__(self, value):
+            self.value = value
+
+        def contents(self):
+            return self.value
+
+    class Reader:
+        pass
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet + ["<|ctl|>", "<user_def>"]
+    reader = Reader()
+    reader.fields = {k: Field(v) for k, v in {
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": [], "tokenizer.ggml.token_type": [1] * len(alphabet) + [3, 4]}.items()}
+    t = tokenizer_from_gguf(reader)
+    ids = t.encode("hi<user_def> x<|ctl|>")
+    assert ids[2] == len(alphabet) + 1 and ids[-1] == len(alphabet)  # each one token
+    assert t.decode(ids) == "hi<user_def> x"
+    assert t.decode(ids, skip_special_tokens=False) == "hi<user_def> x<|ctl|>"
