@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -285,8 +286,11 @@ class LLMEngine:
                     arrival_time: float | None = None) -> None:
         """Queue a request. Raises InvalidRequestError/DuplicateRequestError and changes
         nothing when the request cannot be served."""
-        params = params or SamplingParams()
+        # a private copy: a caller reusing (and changing) its SamplingParams must not change
+        # a request already in flight
+        params = dataclasses.replace(params) if params is not None else SamplingParams()
         params.validate()
+        params.stop_token_ids = tuple(params.stop_token_ids)
         if isinstance(request_id, str) and SEQ_ID_SEP in request_id:
             raise InvalidRequestError(
                 f"request id {request_id!r} contains {SEQ_ID_SEP!r}, which the engine reserves for the "

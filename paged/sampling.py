@@ -7,7 +7,7 @@ what else is in the batch; sample ``k`` of an ``n > 1`` request uses seed ``(see
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -52,8 +52,9 @@ class SamplingParams:
             raise bad(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad(f"seed must be an integer or None, got {self.seed!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise bad(f"stop_token_ids must be non-negative integers, got {list(self.stop_token_ids)!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable) \
+                or any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise bad(f"stop_token_ids must be a sequence of non-negative integers, got {self.stop_token_ids!r}")
         if self.use_beam_search and self.temperature != 0.0 and self.temperature != 1.0:
             raise bad("beam search is deterministic; leave temperature at its default")
 

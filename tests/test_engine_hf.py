@@ -233,6 +233,7 @@ def test_bad_input_keeps_engine_serving(tiny):
         (tiny["prompts"][1], SamplingParams(top_p=0.0)),
         (tiny["prompts"][1], SamplingParams(top_p=1.5)),
         (tiny["prompts"][1], SamplingParams(temperature=-1)),
+        (tiny["prompts"][1], SamplingParams(stop_token_ids=5)),
         ([1, 2, 999], GREEDY),                       # token id outside the vocabulary
         ("text prompt", GREEDY),                      # this checkpoint has no tokenizer
         (tiny["prompts"][1], SamplingParams(max_tokens=60)),  # prompt + max_tokens > max_model_len
@@ -407,3 +408,16 @@ def test_non_integer_priority_is_rejected_before_queueing(tiny):
         out += eng.step().finished
     assert [o.request_id for o in out] == ["a"] and out[0].outputs[0].token_ids == tiny["ref"][1]
     _check_all_free(llm)
+
+
+def test_params_changed_after_add_request_do_not_affect_it(tiny):
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    eng = llm.engine
+    sp = SamplingParams(temperature=0, max_tokens=24)
+    eng.add_request("a", tiny["prompts"][2], sp)
+    sp.max_tokens, sp.temperature = 3, 1.0  # reused for the next request
+    eng.add_request("b", tiny["prompts"][2], sp)
+    out = {}
+    while eng.has_unfinished_requests():
+        out.update({o.request_id: o for o in eng.step().finished})
+    assert out["a"].outputs[0].token_ids == tiny["ref"][2] and len(out["b"].outputs[0].token_ids) == 3
