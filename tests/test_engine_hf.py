@@ -421,3 +421,21 @@ def test_params_changed_after_add_request_do_not_affect_it(tiny):
     while eng.has_unfinished_requests():
         out.update({o.request_id: o for o in eng.step().finished})
     assert out["a"].outputs[0].token_ids == tiny["ref"][2] and len(out["b"].outputs[0].token_ids) == 3
+
+
+def test_abort_while_swapped_frees_cpu_blocks_and_others_finish(tiny):
+    llm = LLM(tiny["model"], num_blocks=20, block_size=4, preemption_mode="swap", num_cpu_blocks=40)
+    eng = llm.engine
+    for i, p in enumerate(tiny["prompts"]):
+        eng.add_request(str(i), p, GREEDY)
+    out, aborted = {}, None
+    while eng.has_unfinished_requests():
+        out.update({o.request_id: o for o in eng.step().finished})
+        if aborted is None and eng.scheduler.swapped:
+            aborted = eng.scheduler.swapped[0].request_id
+            assert eng.abort(aborted).outputs[0].finish_reason == "abort"
+            assert not eng.kv_manager.is_swapped(aborted)
+    assert aborted is not None, "the pool was meant to force a swap"
+    assert {k: o.outputs[0].token_ids for k, o in out.items()} == {
+        str(i): r for i, r in enumerate(tiny["ref"]) if str(i) != aborted}
+    _check_all_free(llm)
