@@ -35,3 +35,15 @@ def test_int4_kivi_releases_staging_and_is_exact_under_swap(tmp_path):
     # n > 1 shares the prompt's blocks; copy-on-write of a staged partial block stays exact
     forked = roomy.generate([prompts[2]], SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=9))
     assert len(forked[0].outputs) == 3 and _staging_in_use(roomy) == 0
+
+
+def test_int4_kivi_rejects_more_samples_than_staging_is_sized_for(tmp_path):
+    """n=30 forks with max_num_seqs=2 overflowed the staging pool in the middle of a step."""
+    from paged.errors import InvalidRequestError
+    model = load_model(make_tiny_checkpoint(tmp_path, "llama", num_heads=4, num_kv_heads=2, head_dim=16))
+    llm = LLM(model=model, num_blocks=256, block_size=4, kv_cache_dtype="int4_kivi", max_num_seqs=2)
+    with pytest.raises(InvalidRequestError, match="max_num_seqs"):
+        llm.generate([[1, 2, 3, 4, 5, 6]], SamplingParams(n=30, temperature=1.0, seed=0, max_tokens=8))
+    out = llm.generate([[1, 2, 3, 4, 5, 6]], SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=8))
+    assert [len(o.token_ids) for o in out[0].outputs] == [8, 8] and _staging_in_use(llm) == 0
+    assert llm.kv_manager.num_used_blocks == 0
