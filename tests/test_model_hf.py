@@ -71,3 +71,23 @@ def test_config_edge_cases(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}))
     with pytest.raises(ModelLoadError, match="llama3"):
         hf_config(str(tmp_path))
+
+
+def test_rope_tables_grow_once_per_forward(tmp_path, monkeypatch):
+    """Positions beyond the initial RoPE table still work, and the table check (a host sync
+    on a GPU) runs once per forward pass instead of once per layer."""
+    from paged.models.llama import LlamaForCausalLM
+    from paged.models.rope import RotaryEmbedding
+    path = make_tiny_checkpoint(tmp_path, "llama", num_layers=3, hidden_size=32, intermediate_size=64,
+                                num_heads=2, num_kv_heads=1)
+    loaded = load_model(path)
+    cfg = loaded.config
+    from paged.models.hf_loader import hf_weights
+    small = LlamaForCausalLM.from_weights(cfg, hf_weights(path), max_positions=4)
+    calls = []
+    real = RotaryEmbedding.ensure
+    monkeypatch.setattr(RotaryEmbedding, "ensure", lambda self, pos: (calls.append(1), real(self, pos))[1])
+    ids = list(range(1, 40))
+    got = dense_logits(small, [ids])[0]
+    assert len(calls) == 1 and small.rope.cos.shape[0] >= len(ids)
+    torch.testing.assert_close(got, dense_logits(loaded.model, [ids])[0])

@@ -137,6 +137,7 @@ class LlamaForCausalLM(nn.Module):
                 attn: AttentionBackend) -> torch.Tensor:
         """``input_ids``/``positions`` int64 ``[T]`` -> final-normed hidden ``[T, H]``."""
         x = self.embed_tokens(input_ids)
+        self.rope.ensure(positions)  # once per pass, not once per layer
         for layer in self.layers:
             x = layer(x, positions, self.rope, attn)
         return self.norm(x)

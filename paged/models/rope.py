@@ -63,11 +63,18 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
+    def ensure(self, positions: torch.Tensor) -> None:
+        """Grow the tables to cover ``positions``; call once per forward pass, before the
+        layers (reading ``positions.max()`` is a host sync on a GPU)."""
+        if positions.numel():
+            top = int(positions.max())
+            if top >= self.cos.shape[0]:
+                self._build(max(top + 1, 2 * self.cos.shape[0]))
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q ``[T, Hq, D]`` and k ``[T, Hk, D]`` by ``positions`` ``[T]``."""
-        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            self._build(max(int(positions.max()) + 1, 2 * self.cos.shape[0]))
+        """Rotate q ``[T, Hq, D]`` and k ``[T, Hk, D]`` by ``positions`` ``[T]``, which
+        ``ensure`` has covered."""
         cos = self.cos[positions].unsqueeze(-2)
         sin = self.sin[positions].unsqueeze(-2)
         qf, kf = q.float(), k.float()
