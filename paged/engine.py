@@ -514,6 +514,7 @@ class LLMEngine:
                         self.scheduler.fork(parent.request_id, cid, last_token=tok,
                                             data=_Seq(g, 0, None, score))
                         g.live.add(cid)
+                        sampled[cid] = tok
                     else:  # parent just ended by length: so does this sibling
                         g.beam_hyps.append((score, parent.output_token_ids[:-1] + [tok], "length"))
         post.append(fork_beams)

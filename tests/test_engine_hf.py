@@ -361,8 +361,8 @@ def test_abort_of_beam_search_returns_every_live_beam(tiny):
     llm = LLM(tiny["model"], num_blocks=64, block_size=4)
     eng = llm.engine
     eng.add_request("b", tiny["prompts"][3], SamplingParams(n=3, use_beam_search=True, max_tokens=20))
-    for _ in range(3):
-        eng.step()
+    steps = [eng.step() for _ in range(3)]
+    assert [len(s.new_tokens) for s in steps] == [3, 3, 3]  # forked beams report their first token
     out = eng.abort("b")
     assert len(out.outputs) == 3 and all(o.finish_reason == "abort" for o in out.outputs)
     assert all(len(o.token_ids) == 3 for o in out.outputs)  # prefill + 2 decode steps
