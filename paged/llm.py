@@ -44,7 +44,12 @@ def _device(device: str | torch.device | None) -> torch.device:
 
 
 class LLM:
-    """A model plus an ``LLMEngine`` (``self.engine``: step API, ``kv_manager``, events)."""
+    """A model plus an ``LLMEngine`` (``self.engine``: step API, ``kv_manager``, events).
+
+    ``device`` defaults to cuda when available, ``dtype="auto"`` to float32 on CPU and float16
+    on GPU. For an already loaded ``LoadedModel`` they only check: one that disagrees with
+    where the model lives is a ConfigError (load it with ``load_model(..., dtype, device)``).
+    """
 
     def __init__(self, model: str | LoadedModel | None = "smollm2", *, block_size: int = 16,
                  num_blocks: int | None = None, kv_cache_memory: int | None = None,
