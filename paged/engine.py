@@ -247,7 +247,7 @@ class LLMEngine:
                                       num_cpu_blocks=num_cpu, attention_backend=c.attention_backend,
                                       max_num_seqs=c.max_num_seqs)
         except kernels.KernelError as e:
-            raise ConfigError(f"cannot build the KV cache: {e}") from e
+            raise ConfigError(f"cannot set up the KV cache and attention backend: {e}") from e
         self._groups: dict[str, _Group] = {}
         self._fallback = torch.Generator().manual_seed(c.seed)
         self._ids = itertools.count(1)

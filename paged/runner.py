@@ -66,6 +66,7 @@ class ModelRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.backend = attention_backend if attention_backend is not None else default_backend(self.device)
+        kernels.resolve_backend(self.backend, self.device)  # a bad backend fails here, not mid-step
         cfg = model.config
         self.kv_cache_dtype = kv_cache_dtype
         # int4_kivi keeps unfilled blocks in a staging pool: at most one per running (or swapped)

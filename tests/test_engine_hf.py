@@ -251,6 +251,8 @@ def test_bad_input_keeps_engine_serving(tiny):
         LLM(tiny["model"], num_blocks=8, kv_cache_dtype="fp7")
     with pytest.raises(ConfigError):
         LLM(tiny["model"], kv_cache_memory=100)  # less than one block
+    with pytest.raises(ConfigError, match="unknown backend"):  # was a KernelError in the first step
+        LLM(tiny["model"], num_blocks=8, attention_backend="bogus")
     out = []
     while eng.has_unfinished_requests():
         out += eng.step().finished
