@@ -19,7 +19,8 @@ A prefix hit may name a block that another request fills in the same step (as in
 vLLM): the runner writes every chunk's K/V before any chunk attends, in each layer.
 
 No request is lost: it is always in exactly one of waiting, running, swapped or
-finished. Preempted requests go back to the head of their queue, so they are served
+finished. None is starved: FCFS serves in arrival order, and the priority policy ages
+waiting requests (`priority_aging_steps`). Preempted requests go back to the head of their queue, so they are served
 before anything that arrived later.
 """
 from __future__ import annotations
@@ -45,8 +46,8 @@ def newest_first(running: Sequence[Request], start: int) -> int:
 
 
 def lowest_priority_first(running: Sequence[Request], start: int) -> int:
-    """Priority victim: the largest priority value, newest among equals."""
-    return max(range(start, len(running)), key=lambda i: (running[i].priority, running[i]._seq))
+    """Priority victim: the worst rank (priority, aged), newest among equals."""
+    return max(range(start, len(running)), key=lambda i: (running[i]._rank, running[i]._seq))
 
 
 @dataclass
@@ -57,6 +58,9 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"   # or "swap" (falls back to recompute when the CPU pool is full)
     policy: str = "fcfs"                 # or "priority"
     watermark: float = 0.01              # share of blocks kept free when admitting new requests
+    # priority policy: one priority level is worth this many steps of waiting, so a request
+    # is never starved by later arrivals of better priority (None: strict priority).
+    priority_aging_steps: int | None = 1000
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
@@ -67,6 +71,9 @@ class SchedulerConfig:
             raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.policy not in ("fcfs", "priority"):
             raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.priority_aging_steps is not None and (
+                not isinstance(self.priority_aging_steps, int) or self.priority_aging_steps < 1):
+            raise ConfigError(f"priority_aging_steps must be an integer >= 1 or None, got {self.priority_aging_steps!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
 
@@ -129,7 +136,7 @@ class _WaitingQueue:
 
     def push(self, r: Request, front: bool = False) -> None:
         if self.policy == "priority":
-            heapq.heappush(self._heap, (r.priority, r._seq, r))
+            heapq.heappush(self._heap, (r._rank, r._seq, r))
         elif front:
             self._fifo.appendleft(r)
         else:
@@ -186,6 +193,10 @@ class Scheduler:
                 f"budget {self.config.max_num_batched_tokens} without chunked prefill (a preempted request is "
                 "recomputed in one step); enable chunked prefill or raise max_num_batched_tokens")
         request._seq = next(self._seq)
+        aging = self.config.priority_aging_steps
+        # rank = priority + arrival step / aging: the order of two ranks never changes as
+        # time passes, yet a later arrival of better priority eventually ranks behind.
+        request._rank = request.priority + (self.step_index / aging if aging else 0.0)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.push(request)
@@ -232,6 +243,7 @@ class Scheduler:
         child.num_cached_tokens = parent.num_cached_tokens
         self.kv.fork(parent_id, child_id)
         child._seq = next(self._seq)
+        child._rank = parent._rank
         child.status = RequestStatus.RUNNING
         self.requests[child_id] = child
         self.running.insert(self.running.index(parent) + 1, child)
@@ -252,7 +264,7 @@ class Scheduler:
         out = SchedulerOutput(step=self.step_index)
         budget = cfg.max_num_batched_tokens
         if cfg.policy == "priority":
-            self.running.sort(key=lambda r: (r.priority, r._seq))
+            self.running.sort(key=lambda r: (r._rank, r._seq))
         running = self.running
         scheduled, chunked, allocate = out.scheduled, cfg.enable_chunked_prefill, kv.allocate_slots
         i = 0
