@@ -178,7 +178,7 @@ class _Group:
     params: SamplingParams
     arrival_time: float
     live: set[str] = field(default_factory=set)            # scheduler ids still in flight
-    done: list[tuple[int, list[int], str, float | None]] = field(default_factory=list)
+    done: list[tuple[int, list[int], str]] = field(default_factory=list)  # (sample index, tokens, reason)
     forked: bool = False
     num_cached_tokens: int = 0
     num_preemptions: int = 0
@@ -458,7 +458,7 @@ class LLMEngine:
                 sampled[cid] = toks[k]
                 if terminal[k]:  # (a terminal parent means every sample is terminal)
                     reason = "stop" if toks[k] in req.stop_token_ids else "length"
-                    g.done.append((k, [toks[k]], reason, None))
+                    g.done.append((k, [toks[k]], reason))
                     continue
                 self.scheduler.fork(req.request_id, cid, last_token=toks[k], data=_Seq(g, k, gens[k]))
                 g.live.add(cid)
@@ -527,7 +527,7 @@ class LLMEngine:
             # an aborted beam is a hypothesis too: abort returns the best n of finished and live
             g.beam_hyps.append((req.data.cum_logprob, req.output_token_ids, reason))
             return
-        g.done.append((req.data.index, req.output_token_ids, reason, None))
+        g.done.append((req.data.index, req.output_token_ids, reason))
 
     def _completed_groups(self, plan: SchedulerOutput) -> list[_Group]:
         out, seen = [], set()
@@ -550,8 +550,8 @@ class LLMEngine:
             outs = [CompletionOutput(i, list(t), self._text(t, p), s, r) for i, (s, t, r) in enumerate(hyps)]
         else:
             by_index = {}
-            for k, toks, reason, lp in g.done:
-                by_index.setdefault(k, CompletionOutput(k, list(toks), self._text(toks, p), lp, reason))
+            for k, toks, reason in g.done:
+                by_index.setdefault(k, CompletionOutput(k, list(toks), self._text(toks, p), None, reason))
             outs = [by_index[k] for k in sorted(by_index)]
         return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, finished=True,
                              num_cached_tokens=g.num_cached_tokens, num_preemptions=g.num_preemptions,
