@@ -7,6 +7,7 @@ qwen2). Nothing is downloaded.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
@@ -106,7 +107,7 @@ class LLM:
         requests (their blocks are freed). ``on_step(StepOutput)`` is called after every step
         (for recording).
         """
-        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]  # type: ignore[list-item]
         plist = list(prompts)  # type: ignore[arg-type]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):

@@ -384,6 +384,8 @@ def test_interrupted_generate_leaves_no_orphans(tiny):
         llm.generate(tiny["prompts"][:3], GREEDY, on_step=interrupt)
     _check_all_free(llm)
     assert [o.outputs[0].token_ids for o in llm.generate(tiny["prompts"][:2], GREEDY)] == tiny["ref"][:2]
+    import numpy as np  # one prompt of numpy ints is one prompt, not one prompt per token
+    assert llm.generate(np.array(tiny["prompts"][1]), GREEDY)[0].outputs[0].token_ids == tiny["ref"][1]
 
 
 def test_split_prefill_decode_under_preemption_with_identical_samples(tiny):
