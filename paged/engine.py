@@ -13,10 +13,10 @@ Invariants: every sequence of a group is a scheduler request whose ``data`` is i
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
