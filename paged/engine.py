@@ -264,6 +264,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether ``request_id`` is queued or running (not finished, aborted or unknown)."""
+        return request_id in self._groups
+
     def num_unfinished_requests(self) -> int:
         return len(self._groups)
 

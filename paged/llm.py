@@ -139,6 +139,11 @@ class LLM:
                                      "for the waiting requests (raise num_blocks)")
                 if on_step is not None:
                     on_step(out)
+                    gone = [r for r in ids if r not in results and not self.engine.has_request(r)]
+                    if gone:
+                        raise PagedError(f"request(s) {gone} were aborted inside generate (by on_step); "
+                                         "use the engine's step API (add_request/step/abort) to abort "
+                                         "requests and keep what they produced")
         except BaseException:  # an error, or Ctrl-C in a notebook: leave no orphaned requests behind
             for rid in ids:
                 if rid not in results:

@@ -443,3 +443,12 @@ def test_abort_while_swapped_frees_cpu_blocks_and_others_finish(tiny):
     assert {k: o.outputs[0].token_ids for k, o in out.items()} == {
         str(i): r for i, r in enumerate(tiny["ref"]) if str(i) != aborted}
     _check_all_free(llm)
+
+
+def test_abort_from_on_step_is_a_clear_error(tiny):
+    """Aborting one of generate's own requests from on_step used to spin until the misleading
+    'no progress ... raise num_blocks' error once the others had finished."""
+    llm = LLM(tiny["model"], num_blocks=64, block_size=4)
+    with pytest.raises(PagedError, match="aborted inside generate"):
+        llm.generate(tiny["prompts"][:2], GREEDY, on_step=lambda s: s.step == 2 and llm.engine.abort("gen-1"))
+    _check_all_free(llm)
