@@ -19,9 +19,9 @@ A prefix hit may name a block that another request fills in the same step (as in
 vLLM): the runner writes every chunk's K/V before any chunk attends, in each layer.
 
 No request is lost: it is always in exactly one of waiting, running, swapped or
-finished. None is starved: FCFS serves in arrival order, and the priority policy ages
-waiting requests (`priority_aging_steps`). Preempted requests go back to the head of their queue, so they are served
-before anything that arrived later.
+finished. None is starved: FCFS serves in arrival order, the priority policy ages
+waiting requests (`priority_aging_steps`), and preempted requests go back to the head
+of their queue, so they are served before anything that arrived later.
 """
 from __future__ import annotations
 
