@@ -116,13 +116,14 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
                       device: torch.device | str = "cpu", group_size: int = DEFAULT_INT4_GROUP,
                       k_scale: torch.Tensor | float | None = None,
                       v_scale: torch.Tensor | float | None = None,
-                      num_staging_blocks: int | None = None) -> KVCacheLayer:
+                      num_staging_blocks: int | None = None, grow_staging: bool = False) -> KVCacheLayer:
     """Allocate one zero-filled layer. ``kv_format="auto"`` stores ``dtype`` itself.
 
     fp8 scales default to 1.0 per head (set ``layer.k_scale[:]`` after calibration);
     ``group_size`` is the int4 group along head_dim (V's group for ``int4_kivi``).
     ``num_staging_blocks`` (``int4_kivi`` only; default ``min(num_blocks, 256)``) is the number
-    of blocks that may be unfilled at once (their K is kept in ``dtype``).
+    of blocks that may be unfilled at once (their K is kept in ``dtype``); with ``grow_staging``
+    it is only the initial size, and the pool grows when more blocks are unfilled at once.
     """
     fmt = get_format(kv_format, dtype)
     for name, val in (("num_blocks", num_blocks), ("block_size", block_size),
@@ -137,7 +138,7 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
     new = lambda shape, dt: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
     layer = KVCacheLayer(new(lead + (width,), fmt.storage_dtype), new(lead + (width,), fmt.storage_dtype),
                          fmt, dtype=dtype)
-    if num_staging_blocks is not None and not fmt.k_per_channel:
+    if (num_staging_blocks is not None or grow_staging) and not fmt.k_per_channel:
         raise KVFormatError(f"num_staging_blocks is an int4_kivi setting; kv_format {fmt.name!r} has no staging")
     if fmt.k_per_channel:
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -148,7 +149,8 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
         per_block = (num_blocks, num_kv_heads, head_dim)
         layer.k_scale, layer.k_zero = new(per_block, torch.float16), new(per_block, torch.float16)
         n = default_num_staging_blocks(num_blocks) if num_staging_blocks is None else num_staging_blocks
-        layer.staging = StagingPool(num_blocks, n, block_size, num_kv_heads, head_dim, dtype, device)
+        layer.staging = StagingPool(num_blocks, n, block_size, num_kv_heads, head_dim, dtype, device,
+                                    growable=grow_staging)
     elif fmt.scale == "head":
         layer.k_scale = _head_scale(k_scale, num_kv_heads, device).clone()
         layer.v_scale = _head_scale(v_scale, num_kv_heads, device).clone()

@@ -118,7 +118,7 @@ def write_kivi(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor, slot
         return
     p = p._replace(old=pool.slots_of(p.blocks))
     need = int((~p.seal & ~p.staged).sum())
-    if need > pool.num_free + int((p.seal & p.staged).sum()):
+    if not pool.make_room(need - int((p.seal & p.staged).sum())):
         raise pool.exhausted(need, f"writing {p.slots.numel()} tokens into {p.blocks.numel()} blocks")
     dev = layer.device
     keep, slots = p.rows.to(dev), p.slots.to(dev)
@@ -201,7 +201,7 @@ def plan_swap(src: KVCacheLayer, dst: KVCacheLayer, m: torch.Tensor, what: str =
     d_old = b.slots_of(m[:, 1])
     staged, d_staged = s_old >= 0, d_old >= 0
     need = int((staged & ~d_staged).sum())
-    if need > b.num_free + int((~staged & d_staged).sum()):
+    if not b.make_room(need - int((~staged & d_staged).sum())):
         raise b.exhausted(need, f"{what} of {m.shape[0]} blocks")
 
     def commit() -> None:

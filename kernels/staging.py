@@ -8,8 +8,10 @@ Invariants (checked by :meth:`StagingPool.check`, kept by every method):
 * A slot belongs to at most one block; ``free`` holds exactly the slots no block maps to.
 * Slot ``s`` owns rows ``k[s]`` ``[block_size, num_kv_heads, head_dim]`` in the model dtype.
 
-Every method that may need slots first counts them and raises
-:class:`~kernels.errors.StagingExhaustedError` before changing anything.
+Every method that may need slots first counts them (:meth:`StagingPool.make_room`) and raises
+:class:`~kernels.errors.StagingExhaustedError` before changing anything. A pool made with
+``growable=True`` first grows instead (at least doubling, never past one slot per block, the
+most that can ever be staged); growing only adds free slots.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ def default_num_staging_blocks(num_blocks: int) -> int:
 class StagingPool:
     """Fixed pool of ``num_slots`` staging blocks plus the block -> slot map."""
 
-    __slots__ = ("k", "block_map", "map_host", "free")
+    __slots__ = ("k", "block_map", "map_host", "free", "growable")
 
     def __init__(self, num_blocks: int, num_slots: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, *, growable: bool = False) -> None:
         if int(num_slots) < 0:
             raise ShapeError(f"num_staging_blocks must be >= 0, got {num_slots}")
+        self.growable = growable
         self.k = torch.zeros(int(num_slots), block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
         self.block_map = torch.full((num_blocks,), -1, dtype=torch.int32, device=device)
         self.map_host = torch.full((num_blocks,), -1, dtype=torch.int32)
@@ -55,6 +58,20 @@ class StagingPool:
     def nbytes(self) -> int:
         """Bytes of the staging rows and the device map (the host mirror is not counted)."""
         return self.k.numel() * self.k.element_size() + self.block_map.numel() * 4
+
+    def make_room(self, needed: int) -> bool:
+        """Whether ``needed`` slots are free, after growing the pool if it may grow."""
+        short = needed - len(self.free)
+        if short <= 0:
+            return True
+        old, cap = self.num_slots, self.block_map.numel()
+        if not self.growable or old + short > cap:
+            return False
+        new = min(cap, max(old + short, 2 * old))
+        extra = torch.zeros(new - old, *self.k.shape[1:], dtype=self.k.dtype, device=self.k.device)
+        self.k = torch.cat([self.k, extra])
+        self.free[:0] = range(new - 1, old - 1, -1)  # free slots already listed are handed out first
+        return True
 
     def exhausted(self, needed: int, what: str) -> StagingExhaustedError:
         return StagingExhaustedError(

@@ -301,11 +301,6 @@ class LLMEngine:
                 f"sequences it forks ('<id>{SEQ_ID_SEP}k'); pick an id without it")
         if not isinstance(priority, int):  # the priority queue compares it with others'
             raise InvalidRequestError(f"request {request_id!r}: priority must be an integer, got {priority!r}")
-        if self.runner.staged and params.n > self.config.max_num_seqs:
-            raise InvalidRequestError(
-                f"request {request_id!r}: n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}; the "
-                f"{self.config.kv_cache_dtype} cache stages one block per live sequence and is sized from "
-                "max_num_seqs: raise max_num_seqs or lower n")
         if request_id in self._groups:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use; pick a new id")
         text, ids = self._to_ids(prompt)

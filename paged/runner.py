@@ -69,10 +69,12 @@ class ModelRunner:
         kernels.resolve_backend(self.backend, self.device)  # a bad backend fails here, not mid-step
         cfg = model.config
         self.kv_cache_dtype = kv_cache_dtype
-        # int4_kivi keeps unfilled blocks in a staging pool: at most one per running (or swapped)
-        # sequence is live once freed blocks are released, so size it from max_num_seqs.
+        # int4_kivi keeps unfilled blocks in a staging pool: about one per running (or swapped)
+        # sequence once freed blocks are released. Start from max_num_seqs and let it grow
+        # (forks for n > 1 and beams are not bounded by max_num_seqs; at most one slot per block).
         staged = kernels.get_format(kv_cache_dtype, self.dtype).k_per_channel
-        staging = lambda n: {"num_staging_blocks": min(n, 2 * max_num_seqs + 16)} if staged else {}  # noqa: E731
+        staging = lambda n: ({"num_staging_blocks": min(n, max_num_seqs + 16), "grow_staging": True}  # noqa: E731
+                             if staged else {})
         mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
             n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
             group_size=min(32, cfg.head_dim), **staging(n))

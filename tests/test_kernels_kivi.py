@@ -363,3 +363,18 @@ def test_empty_staging_pool():
         torch.testing.assert_close(layer.decode(q, tables, lens, backend=BACKEND), ref, **_tol(torch.float32))
     with pytest.raises(StagingExhaustedError):
         allocate_kv_cache(4, 4, H, D, "int4_kivi", num_staging_blocks=0).write(k[:1], k[:1], lens.new_tensor([0]))
+
+
+def test_growable_staging_grows_instead_of_failing():
+    """A pool made with grow_staging starts small, grows (only adding free slots) when more
+    blocks are unfilled at once, and never past one slot per block."""
+    layer = kernels.allocate_kv_cache(6, 4, 1, 64, "int4_kivi", dtype=torch.float32, num_staging_blocks=1,
+                                      grow_staging=True)
+    k = torch.randn(6, 1, 64)
+    layer.write(k, k.clone(), torch.tensor([0, 4, 8, 12, 16, 20]))  # one token into each of 6 blocks
+    assert layer.staging.num_slots == 6 and layer.staging.num_used == 6
+    layer.staging.check()
+    fixed = kernels.allocate_kv_cache(6, 4, 1, 64, "int4_kivi", dtype=torch.float32, num_staging_blocks=1)
+    with pytest.raises(kernels.StagingExhaustedError):
+        fixed.write(k[:2], k[:2].clone(), torch.tensor([0, 4]))
+    assert fixed.staging.num_used == 0
