@@ -11,13 +11,10 @@ import torch
 
 from paged.llm import LLM
 from paged.models import dense_logits
+from paged.models.testing import SMOLLM2_PROMPTS
 from paged.sampling import SamplingParams
 
-PROMPTS = [
-    [1, 4093, 198, 19556, 905, 17, 378, 2365, 6354, 16438, 30],
-    [504, 746, 27901, 8211, 897, 3608, 282, 260, 1646, 29, 3221, 13842],
-    [788, 216, 34, 32, 34, 36, 28],
-]
+PROMPTS = SMOLLM2_PROMPTS
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from paged.models import dense_logits, embedded_gguf_path, load_model, mean_nll
+from paged.models.testing import SMOLLM2_PROMPTS
 
 PARAGRAPH = (
     "The library opens at nine in the morning and closes at six in the evening. "
@@ -19,12 +20,7 @@ PARAGRAPH = (
     "The librarians are friendly and will help you find what you are looking for. "
     "If you want to borrow a book, you need a library card, which is free for everyone who lives "
     "in the city.")
-# token-id prompts (ids from the model's own tokenizer)
-PROMPTS = [
-    [1, 4093, 198, 19556, 905, 17, 378, 2365, 6354, 16438, 30],
-    [504, 746, 27901, 8211, 897, 3608, 282, 260, 1646, 29, 3221, 13842],
-    [788, 216, 34, 32, 34, 36, 28],
-]
+PROMPTS = SMOLLM2_PROMPTS
 
 
 @pytest.fixture(scope="module")

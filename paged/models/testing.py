@@ -48,3 +48,12 @@ def make_tiny_checkpoint(path: str | os.PathLike[str], arch: str = "llama", *, v
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(os.fspath(path))
     return os.fspath(path)
+
+
+# Token-id prompts for the embedded SmolLM2 (ids from the model's own tokenizer): tests compare
+# engines on ids, since transformers' GGUF tokenizer splits digits differently.
+SMOLLM2_PROMPTS = [
+    [1, 4093, 198, 19556, 905, 17, 378, 2365, 6354, 16438, 30],
+    [504, 746, 27901, 8211, 897, 3608, 282, 260, 1646, 29, 3221, 13842],
+    [788, 216, 34, 32, 34, 36, 28],
+]
