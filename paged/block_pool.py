@@ -66,12 +66,6 @@ class BlockPool:
         """Blocks that can be allocated now (plain free + cached-free)."""
         return self.num_blocks - self.num_used
 
-    def block(self, block_id: int) -> Block:
-        b = self.blocks[block_id] if 0 <= block_id < self.num_blocks else None
-        if b is None:
-            raise BlockStateError(f"block {block_id} was never allocated in this pool")
-        return b
-
     def ref_count(self, block_id: int) -> int:
         b = self.blocks[block_id] if 0 <= block_id < self.num_blocks else None
         return 0 if b is None else b.ref_cnt

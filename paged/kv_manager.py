@@ -87,9 +87,6 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._table(request_id)]
 
-    def num_blocks_of(self, request_id: str) -> int:
-        return len(self._table(request_id))
-
     def num_swapped_blocks(self, request_id: str) -> int:
         """Blocks a swapped-out request holds in the CPU pool."""
         if request_id not in self._swapped:
@@ -111,9 +108,6 @@ class KVCacheManager:
         ids = sorted({b for b in pool.freed if pool.ref_count(b) == 0})
         pool.freed.clear()
         return ids
-
-    def request_ids(self) -> list[str]:
-        return list(self._tables)
 
     @property
     def num_free_blocks(self) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import numpy as np
 import pandas as pd
 
 from . import events as ev
@@ -105,9 +104,3 @@ def metrics(kv: KVCacheManager, scheduler: Scheduler | None = None) -> dict[str,
         m["num_swapped"] = len(scheduler.swapped)
     return m
 
-
-def summarize_latency(values: pd.Series) -> dict[str, float]:
-    v = np.asarray(values, dtype=float)
-    if v.size == 0:
-        return {"mean": float("nan"), "p50": float("nan"), "p99": float("nan")}
-    return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99))}
