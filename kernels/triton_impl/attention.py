@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import block_slots, dot_f32, load_kivi_k_tile, load_kv_tile
+from .common import block_slots, dot_f32, head_scale, load_kivi_k_tile, load_kv_tile
 
 
 @triton.jit
@@ -40,12 +40,8 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + (seq * HQ + heads)[:, None] * D + offs_d[None, :],
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
-    if FMT == 1 or FMT == 2:
-        k_hs = tl.load(ks_ptr + kvh)
-        v_hs = tl.load(vs_ptr + kvh)
-    else:
-        k_hs = 1.0
-        v_hs = 1.0
+    k_hs = head_scale(ks_ptr, kvh, FMT)
+    v_hs = head_scale(vs_ptr, kvh, FMT)
 
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
@@ -129,12 +125,8 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr,
     q_rows = (q_start + tok).to(tl.int64) * HQ + kvh * GROUP + g
     q = tl.load(q_ptr + q_rows[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :],
                 other=0.0).to(tl.float32)
-    if FMT == 1 or FMT == 2:
-        k_hs = tl.load(ks_ptr + kvh)
-        v_hs = tl.load(vs_ptr + kvh)
-    else:
-        k_hs = 1.0
-        v_hs = 1.0
+    k_hs = head_scale(ks_ptr, kvh, FMT)
+    v_hs = head_scale(vs_ptr, kvh, FMT)
 
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)

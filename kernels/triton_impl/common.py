@@ -94,6 +94,15 @@ def decode_fp8(c, IS_E4M3: tl.constexpr):
 
 
 @triton.jit
+def head_scale(scale_ptr, head, FMT: tl.constexpr):
+    """The per-head fp8 scale (formats 1 and 2); 1.0 for every other format."""
+    if FMT == 1 or FMT == 2:
+        return tl.load(scale_ptr + head).to(tl.float32)
+    else:
+        return 1.0
+
+
+@triton.jit
 def block_slots(bt_ptr, pos, mask, BS: tl.constexpr):
     """Slot ids (int64) of token positions ``pos`` through a block-table row; 0 where masked."""
     phys = tl.load(bt_ptr + pos // BS, mask=mask, other=0).to(tl.int64)
@@ -101,7 +110,7 @@ def block_slots(bt_ptr, pos, mask, BS: tl.constexpr):
 
 
 @triton.jit
-def load_kv_tile(data_ptr, scale_ptr, zero_ptr, slots, mask_n, kvh, offs_d, mask_d, head_scale,
+def load_kv_tile(data_ptr, scale_ptr, zero_ptr, slots, mask_n, kvh, offs_d, mask_d, hs,
                  H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, FMT: tl.constexpr):
     """Dequantized float32 ``[BLOCK_N, BLOCK_D]`` K or V tile of KV head ``kvh`` at ``slots``.
 
@@ -126,7 +135,7 @@ def load_kv_tile(data_ptr, scale_ptr, zero_ptr, slots, mask_n, kvh, offs_d, mask
             s = tl.load(scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)
             x = raw.to(tl.float32) * s[:, None]
         else:
-            x = decode_fp8(raw, FMT == 1) * head_scale
+            x = decode_fp8(raw, FMT == 1) * hs
     return x
 
 

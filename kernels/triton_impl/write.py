@@ -9,11 +9,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import bf16_bits_rne, div_rn, encode_fp8, rne
+from .common import bf16_bits_rne, div_rn, encode_fp8, head_scale, rne
 
 
 @triton.jit
-def _store_row(x, data_ptr, scale_ptr, zero_ptr, row, ok, head_scale, offs_d,
+def _store_row(x, data_ptr, scale_ptr, zero_ptr, row, ok, hs, offs_d,
                D: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr, BF16: tl.constexpr):
     """Quantize one token-head row ``x`` ``[BLOCK_D]`` (float32, 0 past D) and store it at ``row``.
 
@@ -25,9 +25,9 @@ def _store_row(x, data_ptr, scale_ptr, zero_ptr, row, ok, head_scale, offs_d,
     elif FMT == 0:
         tl.store(data_ptr + row * D + offs_d, x.to(data_ptr.dtype.element_ty), mask=mask)
     elif FMT == 1:
-        tl.store(data_ptr + row * D + offs_d, encode_fp8(div_rn(x, head_scale), 3, 7, 0x7E).to(tl.uint8), mask=mask)
+        tl.store(data_ptr + row * D + offs_d, encode_fp8(div_rn(x, hs), 3, 7, 0x7E).to(tl.uint8), mask=mask)
     elif FMT == 2:
-        tl.store(data_ptr + row * D + offs_d, encode_fp8(div_rn(x, head_scale), 2, 15, 0x7B).to(tl.uint8), mask=mask)
+        tl.store(data_ptr + row * D + offs_d, encode_fp8(div_rn(x, hs), 2, 15, 0x7B).to(tl.uint8), mask=mask)
     else:  # int8, symmetric per token-head, fp16 scale
         s = div_rn(tl.max(tl.abs(x), 0), 127.0).to(tl.float16)
         s32 = s.to(tl.float32)
@@ -84,12 +84,8 @@ def write_kv_kernel(key_ptr, value_ptr, slot_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, 
     else:
         offs_d = tl.arange(0, BLOCK_D)
         md = offs_d < D
-        if FMT == 1 or FMT == 2:
-            k_hs = tl.load(ks_ptr + h)
-            v_hs = tl.load(vs_ptr + h)
-        else:
-            k_hs = 1.0
-            v_hs = 1.0
+        k_hs = head_scale(ks_ptr, h, FMT)
+        v_hs = head_scale(vs_ptr, h, FMT)
         kx = tl.load(key_ptr + src + offs_d, mask=md, other=0.0).to(tl.float32)
         _store_row(kx, k_ptr, ks_ptr, kz_ptr, row, ok, k_hs, offs_d, D, BLOCK_D, FMT, BF16)
         vx = tl.load(value_ptr + src + offs_d, mask=md, other=0.0).to(tl.float32)
