@@ -37,9 +37,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from paged.llm import LLM  # noqa: E402
+from paged.engine.llm import LLM  # noqa: E402
 from paged.models import embedded_gguf_path, load_model  # noqa: E402
-from paged.sampling import SamplingParams  # noqa: E402
+from paged.engine.sampling import SamplingParams  # noqa: E402
 
 
 def make_workload(n: int, pmin: int, pmax: int, omin: int, omax: int, vocab: int, seed: int):

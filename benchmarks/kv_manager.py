@@ -52,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from paged import KVCacheManager, NullRecorder, Recorder, Request, Scheduler, SchedulerConfig
-from paged.block_pool import BlockPool
+from paged.core.block_pool import BlockPool
 
 BS = 16                       # tokens per block
 PROMPT_TOKENS = 31 * BS + 8   # 504 tokens: 31 full blocks + 1 partial = 32 blocks

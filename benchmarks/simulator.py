@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from paged.simulator import SimConfig, Simulator, block_size_ablation, interference_study, memory_story  # noqa: E402
-from paged.workload import synthetic_trace  # noqa: E402
+from paged.sim.simulator import SimConfig, Simulator, block_size_ablation, interference_study, memory_story  # noqa: E402
+from paged.sim.workload import synthetic_trace  # noqa: E402
 
 
 def speed(n: int, profile: bool, model: str, gpu: str, rate: float) -> dict:
@@ -55,9 +55,9 @@ def record_engine_steps(num_requests: int = 48, seed: int = 0, block_size: int =
     import numpy as np
     import torch
 
-    from paged.engine import EngineConfig, LLMEngine
+    from paged.engine.llm_engine import EngineConfig, LLMEngine
     from paged.models.loader import load_model
-    from paged.sampling import SamplingParams
+    from paged.engine.sampling import SamplingParams
 
     torch.manual_seed(seed)
     loaded = load_model("smollm2", dtype=torch.float32, device=torch.device("cpu"))
@@ -86,8 +86,8 @@ def record_engine_steps(num_requests: int = 48, seed: int = 0, block_size: int =
 def calibrate(num_requests: int, seed: int, steps_csv: str | None) -> None:
     from dataclasses import replace
 
-    from paged.config import get_gpu, get_model
-    from paged.cost_model import CostModel, shapes_from_frame, calibration_frame
+    from paged.sim.specs import get_gpu, get_model
+    from paged.sim.cost_model import CostModel, shapes_from_frame, calibration_frame
 
     t0 = time.perf_counter()
     if steps_csv and os.path.exists(steps_csv):

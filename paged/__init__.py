@@ -3,23 +3,21 @@
 The core (pure Python): `BlockPool` -> `KVCacheManager` -> `Scheduler`, observed through a
 `Recorder` whose events `paged.telemetry` turns into DataFrames.
 """
-from .block_pool import Block, BlockPool
+from .core import (Block, BlockPool, Event, KVCacheManager, NullRecorder, Recorder, Request, RequestStatus,
+                   ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput)
 from .errors import (BlockStateError, CacheInUseError, ConfigError, DuplicateRequestError,
-                     InvalidRequestError, PagedError, UnknownRequestError)
-from .events import Event, NullRecorder, Recorder
-from .kv_manager import KVCacheManager
-from .request import Request, RequestStatus
-from .scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
+                     InvalidRequestError, ModelLoadError, PagedError, UnknownRequestError)
 
 __all__ = [
     "Block", "BlockPool", "BlockStateError", "CacheInUseError", "ConfigError", "DuplicateRequestError",
-    "Event", "InvalidRequestError", "KVCacheManager", "NullRecorder", "PagedError", "Recorder", "Request",
+    "Event", "InvalidRequestError", "KVCacheManager", "ModelLoadError", "NullRecorder", "PagedError", "Recorder", "Request",
     "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "UnknownRequestError",
-    "LLM", "LLMEngine", "EngineConfig", "SamplingParams",
+    "LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Simulator", "SimConfig",
 ]
 
 # The real-model engine needs torch; import it on first use so `import paged` stays light.
-_LAZY = {"LLM": ".llm", "LLMEngine": ".engine", "EngineConfig": ".engine", "SamplingParams": ".sampling"}
+_LAZY = {"LLM": ".engine", "LLMEngine": ".engine", "EngineConfig": ".engine", "SamplingParams": ".engine",
+         "Simulator": ".sim", "SimConfig": ".sim"}
 
 
 def __getattr__(name: str):

@@ -30,9 +30,9 @@ _SIM_FLAGS = ("model", "gpu", "tensor_parallel", "block_size", "num_blocks", "gp
 
 
 def _add_sim_args(p: argparse.ArgumentParser) -> None:
-    from paged.config import GPU_PRESETS, KV_FORMATS, MODEL_PRESETS
-    from paged.simulator import ALLOCATORS
-    from paged.workload import WORKLOADS
+    from paged.sim.specs import GPU_PRESETS, KV_FORMATS, MODEL_PRESETS
+    from paged.sim.simulator import ALLOCATORS
+    from paged.sim.workload import WORKLOADS
 
     g = p.add_argument_group("deployment")
     g.add_argument("--model", default="llama-2-13b", help=f"preset ({', '.join(MODEL_PRESETS)}) or config.json path")
@@ -61,7 +61,7 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--step-overhead-s", type=float, default=None)
     c.add_argument("--paged-kernel-penalty", action=argparse.BooleanOptionalAction, default=True)
     c.add_argument("--calibration", default=None, metavar="STEPS.csv",
-                   help="fit the cost model to engine steps saved with paged.cost_model.calibration_frame")
+                   help="fit the cost model to engine steps saved with paged.sim.cost_model.calibration_frame")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="sharegpt", choices=sorted(WORKLOADS))
     w.add_argument("--trace", default=None, help="trace file (CSV paged/vidur/azure or JSONL); overrides --workload")
@@ -77,13 +77,13 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
 
 
 def _sim_config(args: argparse.Namespace):
-    from paged.simulator import SimConfig
+    from paged.sim.simulator import SimConfig
 
     return SimConfig(**{k: getattr(args, k) for k in _SIM_FLAGS})
 
 
 def _trace(args: argparse.Namespace, max_model_len: int):
-    from paged.workload import load_trace, synthetic_trace
+    from paged.sim.workload import load_trace, synthetic_trace
 
     if args.trace:
         tr = load_trace(args.trace)
@@ -123,7 +123,7 @@ def json_safe(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from paged.simulator import Simulator
+    from paged.sim.simulator import Simulator
 
     sim = Simulator(_sim_config(args))
     tr = _trace(args, sim.max_model_len)
@@ -156,7 +156,7 @@ def _parse_value(v: str) -> Any:
 
 def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
     """``["block_size=8,16", "allocator=paged"]`` -> ``{"block_size": [8, 16], "allocator": ["paged"]}``."""
-    from paged.simulator import SimConfig, TRACE_KEYS
+    from paged.sim.simulator import SimConfig, TRACE_KEYS
 
     fields = {f.name for f in dataclasses.fields(SimConfig)} | set(TRACE_KEYS)
     grid: dict[str, list[Any]] = {}
@@ -172,7 +172,7 @@ def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from paged.simulator import run_grid
+    from paged.sim.simulator import run_grid
 
     base = {k: getattr(args, k) for k in _SIM_FLAGS}
     # -n: requests to generate (default 1000), or the first N rows of --trace (default all), as in simulate
@@ -209,7 +209,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The embedded model through our paged cache on this machine, then the simulated studies."""
-    from paged.simulator import interference_study, memory_story
+    from paged.sim.simulator import interference_study, memory_story
 
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
@@ -283,7 +283,7 @@ def render_demo_report(mem, intf, seconds: float) -> str:
     return "\n".join([
         "# Simulated: paged vs contiguous KV memory, and prefill/decode interference", "",
         "Same `Scheduler` and KV-cache manager as the real engine; step times from the roofline cost model "
-        "(`paged.cost_model`).", "",
+        "(`paged.sim.cost_model`).", "",
         f"## Memory story ({cm.get('model')}, {cm.get('gpu')}, ShareGPT-like, {cm.get('num_requests')} requests "
         "at t=0, block size 16)", "",
         "`token_usage`: slots holding tokens / slots reserved by requests (time-weighted); `paper_token_usage`: "

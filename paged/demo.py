@@ -46,10 +46,10 @@ def chat_prompts(tokenizer, n: int) -> list[list[int]]:
 def engine_run(loaded, *, num_requests: int = 12, max_tokens: int = 48, num_blocks: int = 40,
                block_size: int = 16, max_num_batched_tokens: int = 256):
     """Run chat requests through a deliberately small pool; returns (summary, steps, texts)."""
-    from .engine import steps_to_frame
-    from .llm import LLM
-    from .sampling import SamplingParams
-    from . import telemetry
+    from paged.engine.llm_engine import steps_to_frame
+    from paged.engine.llm import LLM
+    from paged.engine.sampling import SamplingParams
+    from paged import telemetry
 
     llm = LLM(model=loaded, block_size=block_size, num_blocks=num_blocks,
               max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=8)
@@ -82,8 +82,8 @@ def kv_format_comparison(loaded, formats: Sequence[str] = ("auto", "fp16", "bf16
                          *, num_prompts: int = 3, max_tokens: int = 24, block_size: int = 16) -> pd.DataFrame:
     """Greedy agreement with the model-dtype cache, and capacity, for each KV format."""
     from ._kernels import kernels
-    from .llm import LLM
-    from .sampling import SamplingParams
+    from paged.engine.llm import LLM
+    from paged.engine.sampling import SamplingParams
 
     cfg = loaded.config
     dtype = next(loaded.model.parameters()).dtype

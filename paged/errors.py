@@ -31,3 +31,7 @@ class BlockStateError(PagedError, RuntimeError):
 
 class CacheInUseError(PagedError, RuntimeError):
     """An operation that needs an idle cache (e.g. reset) was asked while blocks are in use."""
+
+
+class ModelLoadError(ConfigError):
+    """A model name, path or checkpoint cannot be loaded; the message says what is supported."""

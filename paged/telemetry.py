@@ -10,9 +10,9 @@ from typing import Iterable
 
 import pandas as pd
 
-from . import events as ev
-from .kv_manager import KVCacheManager
-from .scheduler import Scheduler, SchedulerOutput
+from .core import events as ev
+from paged.core.kv_manager import KVCacheManager
+from paged.core.scheduler import Scheduler, SchedulerOutput
 
 EVENT_COLUMNS = ["step", "kind", "request_id", "block_id", "value"]
 

@@ -11,7 +11,7 @@ write order shows up as a wrong token.
 from __future__ import annotations
 
 from paged import KVCacheManager
-from paged.scheduler import SchedulerOutput
+from paged.core.scheduler import SchedulerOutput
 
 
 class ShadowKV:

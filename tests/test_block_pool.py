@@ -5,8 +5,8 @@ import pytest
 
 from paged import (BlockPool, BlockStateError, CacheInUseError, ConfigError, DuplicateRequestError,
                    InvalidRequestError, KVCacheManager, Recorder, Request, UnknownRequestError)
-from paged.batch import build_batch, csr_page_table
-from paged.scheduler import ScheduledChunk
+from paged.engine.batch import build_batch, csr_page_table
+from paged.core.scheduler import ScheduledChunk
 from paged import telemetry
 
 

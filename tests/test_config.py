@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from paged.config import (GPU_PRESETS, MODEL_PRESETS, ModelSpec, SizingError, get_gpu, get_model,
+from paged.sim.specs import (GPU_PRESETS, MODEL_PRESETS, ModelSpec, SizingError, get_gpu, get_model,
                           kv_cache_sizing, num_kv_blocks)
 from paged.errors import ConfigError
 
@@ -101,7 +101,7 @@ def test_h200_capacity_is_what_the_driver_reports():
 def test_tensor_parallel_must_split_heads_evenly(name, tp):
     """vLLM refuses these; silently flooring kv_heads // tp undercounted KV bytes per GPU (13B at tp=3:
     13 of 13.3 heads) and the cost model used fractional heads."""
-    from paged.cost_model import CostModel
+    from paged.sim.cost_model import CostModel
 
     with pytest.raises(ConfigError, match=f"tensor_parallel={tp} does not split"):
         get_model(name).kv_bytes_per_token(tensor_parallel=tp)

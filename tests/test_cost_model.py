@@ -4,7 +4,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from paged.cost_model import CostModel, StepShape
+from paged.sim.cost_model import CostModel, StepShape
 from paged.errors import ConfigError
 
 
@@ -76,7 +76,7 @@ def test_fit_faster_device_than_preset_and_errors():
 def test_shapes_from_engine_steps():
     from types import SimpleNamespace as NS
 
-    from paged.cost_model import shapes_from_steps
+    from paged.sim.cost_model import shapes_from_steps
 
     chunk = lambda start, n, samples: NS(start=start, num_tokens=n, samples=samples)  # noqa: E731
     steps = [NS(scheduled=[chunk(0, 100, True), chunk(50, 1, True)], total_ms=12.0, num_block_copies=1,
@@ -90,7 +90,7 @@ def test_shapes_from_engine_steps():
 
 
 def test_paged_attention_efficiency_from_published_points():
-    from paged.cost_model import paged_attention_efficiency as eff
+    from paged.sim.cost_model import paged_attention_efficiency as eff
 
     assert eff(1) == pytest.approx(0.87 / 4.0) and eff(128) == pytest.approx(0.99) and eff(256) == pytest.approx(0.99)
     assert eff(1) < eff(8) < eff(16) < eff(64) < eff(128)
@@ -102,7 +102,7 @@ def test_paged_attention_efficiency_from_published_points():
 def test_step_frame_roundtrip():
     from types import SimpleNamespace as NS
 
-    from paged.cost_model import shapes_from_frame, shapes_from_steps, calibration_frame
+    from paged.sim.cost_model import shapes_from_frame, shapes_from_steps, calibration_frame
 
     chunk = lambda start, n, samples: NS(start=start, num_tokens=n, samples=samples)  # noqa: E731
     steps = [NS(scheduled=[chunk(0, 100, True), chunk(50, 1, True)], total_ms=12.0),

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged import events as ev
+from paged.core import events as ev
 from paged.errors import ConfigError, InvalidRequestError, PagedError
-from paged.engine import steps_to_frame
-from paged.llm import LLM
+from paged.engine.llm_engine import steps_to_frame
+from paged.engine.llm import LLM
 from paged.models import ModelLoadError, dense_logits, load_model
 from paged.models.testing import make_tiny_checkpoint
-from paged.sampling import SamplingParams
+from paged.engine.sampling import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 

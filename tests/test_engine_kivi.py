@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.llm import LLM
+from paged.engine.llm import LLM
 from paged.models import load_model
 from paged.models.testing import make_tiny_checkpoint
-from paged.sampling import SamplingParams
+from paged.engine.sampling import SamplingParams
 
 pytest.importorskip("transformers")  # make_tiny_checkpoint writes the HF checkpoint with it
 

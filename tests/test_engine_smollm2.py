@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.llm import LLM
+from paged.engine.llm import LLM
 from paged.models import dense_logits
 from paged.models.testing import SMOLLM2_PROMPTS
-from paged.sampling import SamplingParams
+from paged.engine.sampling import SamplingParams
 
 PROMPTS = SMOLLM2_PROMPTS
 

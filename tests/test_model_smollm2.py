@@ -42,8 +42,8 @@ def test_config_and_perplexity(smol):
 def test_matches_transformers_on_same_gguf(smol):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # transformers needs it to read GGUF files
-    from paged.llm import LLM
-    from paged.sampling import SamplingParams
+    from paged.engine.llm import LLM
+    from paged.engine.sampling import SamplingParams
     p = embedded_gguf_path()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(p), gguf_file=os.path.basename(p), dtype=torch.float32).eval()

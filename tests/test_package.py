@@ -14,11 +14,11 @@ def test_foreign_kernels_package_is_refused(tmp_path):
     fake.mkdir()
     (fake / "__init__.py").write_text("# stands in for PyPI's unrelated 'kernels'\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    code = "import paged; import paged.runner"
+    code = "import paged; import paged.engine.runner"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "not the paged-KV workbench's kernels package" in proc.stderr
-    ok = subprocess.run([sys.executable, "-c", "import paged.runner, kernels; print(kernels.WORKBENCH)"],
+    ok = subprocess.run([sys.executable, "-c", "import paged.engine.runner, kernels; print(kernels.WORKBENCH)"],
                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
     assert ok.stdout.strip() == "True", ok.stderr
 

@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from paged.simulator import SimConfig, Simulator, simulate
-from paged.workload import synthetic_trace
+from paged.sim.simulator import SimConfig, Simulator, simulate
+from paged.sim.workload import synthetic_trace
 
 KEYS = {"requests_finished", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s",
         "kv_token_usage_mean", "kv_block_usage_mean", "num_preemptions", "prefix_cache_hit_rate",
@@ -105,7 +105,7 @@ def test_priority_column_reaches_the_scheduler():
 def test_calibrated_cost_model_from_a_steps_file(tmp_path):
     from dataclasses import replace
 
-    from paged.cost_model import CostModel, StepShape
+    from paged.sim.cost_model import CostModel, StepShape
 
     truth = replace(CostModel("llama-2-7b", "a100-40gb"), mfu=0.3, mbu=0.5, step_overhead_s=5e-3)
     rng = np.random.default_rng(0)

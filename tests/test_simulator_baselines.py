@@ -1,10 +1,10 @@
 """Contiguous reservation managers (paged/baselines.py) on their own and under the Scheduler."""
 import pytest
 
-from paged.baselines import ContiguousKVCacheManager, next_pow2
+from paged.sim.baselines import ContiguousKVCacheManager, next_pow2
 from paged.errors import ConfigError, InvalidRequestError
-from paged.request import Request
-from paged.scheduler import Scheduler, SchedulerConfig
+from paged.core.request import Request
+from paged.core.scheduler import Scheduler, SchedulerConfig
 
 
 def _req(rid, p, o):
@@ -75,7 +75,7 @@ def test_overrides_every_cache_method_the_scheduler_uses():
     import inspect
     import re
 
-    import paged.scheduler as sch
+    import paged.core.scheduler as sch
 
     used = set(re.findall(r"\bkv\.(\w+)", inspect.getsource(sch)))
     inherited_ok = {"recorder", "num_blocks", "block_size"}

@@ -7,7 +7,7 @@ import pytest
 
 from paged.models import embedded_gguf_path
 from paged.models.gguf_loader import open_gguf
-from paged.tokenizer import tokenizer_from_gguf
+from paged.models.tokenizer import tokenizer_from_gguf
 
 # ids verified against transformers' GGUF tokenizer (plain ASCII, no digits) and by hand
 # for the digit split (llama.cpp's `smollm` pre-tokenizer: every digit is its own piece).
@@ -57,9 +57,9 @@ def test_matches_transformers_on_plain_ascii_text(tok):
 def test_hf_directory_tokenizer_json(tmp_path, tok):
     """A HF directory with tokenizer.json: string prompts in, text out."""
     pytest.importorskip("transformers")
-    from paged.llm import LLM
+    from paged.engine.llm import LLM
     from paged.models.testing import make_tiny_checkpoint
-    from paged.sampling import SamplingParams
+    from paged.engine.sampling import SamplingParams
     path = make_tiny_checkpoint(tmp_path, "llama", vocab_size=tok.vocab_size, hidden_size=32,
                                 intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
     tok._tok.save(str(tmp_path / "tokenizer.json"))
@@ -71,10 +71,10 @@ def test_hf_directory_tokenizer_json(tmp_path, tok):
 
 
 def test_importable_on_its_own():
-    """``paged.tokenizer`` imported first (before ``paged.models``) was a circular ImportError."""
+    """``paged.models.tokenizer`` imported first (before ``paged.models``) was a circular ImportError."""
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-c", "from paged.tokenizer import Tokenizer"],
+    r = subprocess.run([sys.executable, "-c", "from paged.models.tokenizer import Tokenizer"],
                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert r.returncode == 0, r.stderr[-2000:]
 

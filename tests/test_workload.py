@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from paged.errors import ConfigError, PagedError
-from paged.workload import (TRACE_COLUMNS, TraceFormatError, arrival_times, concat_traces, load_trace, save_trace,
+from paged.sim.workload import (TRACE_COLUMNS, TraceFormatError, arrival_times, concat_traces, load_trace, save_trace,
                             synthetic_trace)
 
 

@@ -2,7 +2,7 @@
 
     python data/traces/make_traces.py
 
-Every file is synthetic: lengths come from `paged.workload` presets fitted to published means
+Every file is synthetic: lengths come from `paged.sim.workload` presets fitted to published means
 (ShareGPT/Alpaca: vLLM paper; Azure conversation/code: Azure LLM inference trace 2023 summary
 statistics), arrivals from a seeded Poisson or Gamma process. No real trace is redistributed.
 """
@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
 import pandas as pd  # noqa: E402
 
-from paged.workload import save_trace, synthetic_trace  # noqa: E402
+from paged.sim.workload import save_trace, synthetic_trace  # noqa: E402
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ or Hugging Face directory (llama, mistral, qwen2).
 """
 from .config import ModelConfig
 from .dense import DenseCausalAttention, dense_logits, mean_nll
-from .errors import ModelLoadError
+from paged.errors import ModelLoadError
 from .llama import AttentionBackend, LlamaForCausalLM
 from .loader import LoadedModel, embedded_gguf_path, load_model, resolve_model_path
 

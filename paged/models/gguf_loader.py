@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ModelLoadError
+from paged.errors import ModelLoadError
 from .config import ModelConfig
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .config import SUPPORTED_HF_ARCHITECTURES, ModelConfig
-from .errors import ModelLoadError
+from paged.errors import ModelLoadError
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

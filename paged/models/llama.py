@@ -2,7 +2,7 @@
 
 Tokens of all sequences in a step are packed along one axis ``[T]``; the model never
 sees sequence boundaries itself. Attention is delegated to an ``AttentionBackend``
-(``__call__(layer_idx, q, k, v) -> out``): the paged backend in ``paged.runner``
+(``__call__(layer_idx, q, k, v) -> out``): the paged backend in ``paged.engine.runner``
 writes K/V into the paged cache and reads them through block tables with our
 kernels; ``DenseCausalAttention`` (in ``dense.py``) is the cache-free reference
 used for perplexity and as an oracle.
@@ -124,7 +124,7 @@ class LlamaForCausalLM(nn.Module):
         try:
             m.load_weights(weights)
         except (KeyError, ValueError) as e:
-            from .errors import ModelLoadError
+            from paged.errors import ModelLoadError
             raise ModelLoadError(f"checkpoint does not fit the {cfg.architecture} config: {e}") from e
         return m.eval()
 

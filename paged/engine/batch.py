@@ -17,8 +17,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .kv_manager import KVCacheManager
-from .scheduler import ScheduledChunk
+from paged.core.kv_manager import KVCacheManager
+from paged.core.scheduler import ScheduledChunk
 
 
 @dataclass

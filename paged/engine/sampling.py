@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .errors import InvalidRequestError
+from paged.errors import InvalidRequestError
 
 
 @dataclass

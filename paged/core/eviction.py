@@ -15,7 +15,7 @@ import heapq
 import math
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import ConfigError
+from paged.errors import ConfigError
 
 if TYPE_CHECKING:
     from .block_pool import Block

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from paged.config import GPUSpec, KVFormat, ModelSpec, get_gpu, get_model
+from paged.sim.specs import GPUSpec, KVFormat, ModelSpec, get_gpu, get_model
 from paged.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
 from . import events as ev
-from .errors import ConfigError, DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
+from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
 from .kv_manager import BlockMapping, KVCacheManager
 from .request import Request, RequestStatus
 

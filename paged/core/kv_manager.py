@@ -19,7 +19,7 @@ from typing import Hashable, Sequence
 
 from . import events as ev
 from .block_pool import Block, BlockPool
-from .errors import BlockStateError, ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
+from paged.errors import BlockStateError, ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from .eviction import EvictionPolicy
 from .prefix_cache import BlockHasher, HashFn, find_cached_prefix
 from .request import Request

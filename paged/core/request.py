@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Iterable, Sequence
 
-from .errors import InvalidRequestError
+from paged.errors import InvalidRequestError
 
 
 class RequestStatus(enum.Enum):

@@ -1,7 +1,7 @@
 """The engine loop: schedule -> apply cache ops -> forward -> sample -> update -> record.
 
 ``LLMEngine`` is the step-level API (``add_request``, ``step``, ``abort``,
-``has_unfinished_requests``, ``kv_manager``); ``paged.llm.LLM`` wraps it for offline
+``has_unfinished_requests``, ``kv_manager``); ``paged.engine.llm.LLM`` wraps it for offline
 batches. A user request is a *group* of sequences (scheduler requests): one for plain
 sampling, ``n`` for parallel sampling (children forked from the parent after its prompt is
 computed, sharing its blocks), up to ``n`` live beams for beam search (copy-on-write when a
@@ -22,14 +22,14 @@ from typing import Sequence
 
 import torch
 
-from . import events as ev
-from .errors import ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
-from .kv_manager import KVCacheManager
-from .models.loader import LoadedModel
-from .request import Request, RequestStatus
+from paged.core import events as ev
+from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
+from paged.core.kv_manager import KVCacheManager
+from paged.models.loader import LoadedModel
+from paged.core.request import Request, RequestStatus
 from .runner import ModelRunner
 from .sampling import SamplingParams, greedy_tokens, make_generator, sample_row
-from .scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
+from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 
 SEQ_ID_SEP = "#"
 """Separates a request id from the suffix of its forked sequences (``"<id>#k"``, ``"<id>#b<j>"``);
@@ -187,7 +187,7 @@ class _Group:
 
 
 def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
-    from ._kernels import kernels
+    from paged._kernels import kernels
     try:
         return cfg.num_layers * block_size * kernels.bytes_per_token(
             kv_cache_dtype, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, block_size=block_size)
@@ -241,7 +241,7 @@ class LLMEngine:
             max_num_batched_tokens=budget_tokens, max_num_seqs=c.max_num_seqs,
             enable_chunked_prefill=c.enable_chunked_prefill, preemption_mode=c.preemption_mode,
             policy=c.policy, watermark=c.watermark))
-        from ._kernels import kernels
+        from paged._kernels import kernels
         try:
             self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
                                       num_cpu_blocks=num_cpu, attention_backend=c.attention_backend,

@@ -26,15 +26,15 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from paged.baselines import ContiguousKVCacheManager
-from paged.config import GiB, ModelSpec, get_gpu, get_model, kv_cache_sizing
-from paged.cost_model import CostModel, StepShape
+from paged.sim.baselines import ContiguousKVCacheManager
+from paged.sim.specs import GiB, ModelSpec, get_gpu, get_model, kv_cache_sizing
+from paged.sim.cost_model import CostModel, StepShape
 from paged.errors import ConfigError, InvalidRequestError, PagedError
-from paged.events import NullRecorder, Recorder
-from paged.kv_manager import KVCacheManager
-from paged.request import Request
-from paged.scheduler import Scheduler, SchedulerConfig
-from paged.workload import normalize_trace
+from paged.core.events import NullRecorder, Recorder
+from paged.core.kv_manager import KVCacheManager
+from paged.core.request import Request
+from paged.core.scheduler import Scheduler, SchedulerConfig
+from paged.sim.workload import normalize_trace
 
 ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 DUMMY_TOKEN = 17  # first non-control id of SmolLM2's vocabulary; never a stop token here
@@ -166,7 +166,7 @@ class Simulator:
         self.cost = cost_model or build_cost_model(cfg, self.model)
         self.calibration_report = None
         if cfg.calibration and cost_model is None:
-            from paged.cost_model import shapes_from_frame
+            from paged.sim.cost_model import shapes_from_frame
 
             shapes, secs = shapes_from_frame(pd.read_csv(cfg.calibration))
             self.calibration_report = self.cost.fit(shapes, secs, seed=cfg.seed)
@@ -401,7 +401,7 @@ TRACE_KEYS = ("workload", "num_requests", "rate", "arrival", "cv", "trace_seed",
 
 def run_point(point: dict[str, Any]) -> dict[str, Any]:
     """One grid point: trace keys (``TRACE_KEYS``) + ``SimConfig`` fields -> params and summary."""
-    from paged.workload import load_trace, synthetic_trace
+    from paged.sim.workload import load_trace, synthetic_trace
 
     sim_kw = {k: v for k, v in point.items() if k not in TRACE_KEYS and not k.startswith("_")}
     cfg = SimConfig(**sim_kw)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from .models.errors import ModelLoadError
+from paged.errors import ModelLoadError
 
 # llama.cpp token types
 _CONTROL = 3

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Hashable
 
 from . import events as ev
-from .errors import BlockStateError, CacheInUseError, ConfigError
+from paged.errors import BlockStateError, CacheInUseError, ConfigError
 from .eviction import EvictionPolicy, make_policy
 
 class Block:

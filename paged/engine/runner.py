@@ -16,11 +16,11 @@ from typing import Sequence
 
 import torch
 
-from ._kernels import kernels
+from paged._kernels import kernels
 from .batch import BatchMetadata, build_batch
-from .kv_manager import KVCacheManager
-from .models.llama import LlamaForCausalLM
-from .scheduler import ScheduledChunk, SchedulerOutput
+from paged.core.kv_manager import KVCacheManager
+from paged.models.llama import LlamaForCausalLM
+from paged.core.scheduler import ScheduledChunk, SchedulerOutput
 
 
 class PagedAttention:

@@ -12,9 +12,9 @@ from typing import Sequence
 
 import torch
 
-from .engine import EngineConfig, LLMEngine, RequestOutput, StepOutput
-from .errors import ConfigError, PagedError, UnknownRequestError
-from .models.loader import LoadedModel, load_model
+from .llm_engine import EngineConfig, LLMEngine, RequestOutput, StepOutput
+from paged.errors import ConfigError, PagedError, UnknownRequestError
+from paged.models.loader import LoadedModel, load_model
 from .sampling import SamplingParams
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,

@@ -25,11 +25,11 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
-from paged import events as ev
-from paged.block_pool import Block
+from paged.core import events as ev
+from paged.core.block_pool import Block
 from paged.errors import BlockStateError, ConfigError, InvalidRequestError, UnknownRequestError
-from paged.kv_manager import BlockMapping, KVCacheManager
-from paged.request import Request
+from paged.core.kv_manager import BlockMapping, KVCacheManager
+from paged.core.request import Request
 
 RESERVATIONS = ("max", "pow2", "oracle")
 

@@ -16,7 +16,7 @@ from array import array
 from typing import Callable, Hashable, Sequence
 
 from .block_pool import Block, BlockPool
-from .errors import ConfigError
+from paged.errors import ConfigError
 
 HashFn = Callable[[Hashable, tuple[int, ...], tuple], Hashable]
 

@@ -1,0 +1,10 @@
+"""The torch executor: the step loop over a real model on the paged KV cache.
+
+``LLMEngine`` (schedule -> cache ops -> forward -> sample -> update -> record) and ``LLM``,
+its offline batch API. Imports torch.
+"""
+from .llm import LLM
+from .llm_engine import EngineConfig, LLMEngine, RequestOutput, StepOutput
+from .sampling import SamplingParams
+
+__all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams", "StepOutput"]
