@@ -4,7 +4,9 @@
 its offline batch API. Imports torch.
 """
 from .llm import LLM
-from .llm_engine import EngineConfig, LLMEngine, RequestOutput, StepOutput
+from .llm_engine import EngineConfig, LLMEngine
+from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
 from .sampling import SamplingParams
 
-__all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams", "StepOutput"]
+__all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams",
+           "StepOutput"]

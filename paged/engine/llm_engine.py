@@ -2,42 +2,33 @@
 
 ``LLMEngine`` is the step-level API (``add_request``, ``step``, ``abort``,
 ``has_unfinished_requests``, ``kv_manager``); ``paged.engine.llm.LLM`` wraps it for offline
-batches. A user request is a *group* of sequences (scheduler requests): one for plain
-sampling, ``n`` for parallel sampling (children forked from the parent after its prompt is
-computed, sharing its blocks), up to ``n`` live beams for beam search (copy-on-write when a
-forked beam writes into a shared block).
+batches. User requests are groups of scheduler sequences (``paged.engine.groups``: n > 1,
+beam search); outputs and step records live in ``paged.engine.outputs``.
 
-Invariants: every sequence of a group is a scheduler request whose ``data`` is its
-``_Seq``; a group is finished when none of its sequences is left in the scheduler; after
-``abort`` or completion all of a group's blocks are released by the scheduler.
+Invariant: after ``abort`` or completion all of a group's blocks are released by the scheduler.
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import operator
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from paged.core import events as ev
-from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from paged.core.kv_manager import KVCacheManager
+from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
+from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from paged.models.loader import LoadedModel
-from paged.core.request import Request, RequestStatus
+from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
+from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
 from .runner import ModelRunner
-from .sampling import SamplingParams, greedy_tokens, make_generator, sample_row
-from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
+from .sampling import SamplingParams
 
-SEQ_ID_SEP = "#"
-"""Separates a request id from the suffix of its forked sequences (``"<id>#k"``, ``"<id>#b<j>"``);
-user request ids may not contain it, so forked ids never collide with another request's."""
-
-_FINISH_REASON = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
-                  RequestStatus.FINISHED_ABORTED: "abort"}
-
+__all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SEQ_ID_SEP",
+           "StepOutput", "steps_to_frame"]
 
 @dataclass
 class EngineConfig:
@@ -70,120 +61,10 @@ class EngineConfig:
     hash_fn: str = "sha256"
 
 
-@dataclass
-class CompletionOutput:
-    index: int
-    token_ids: list[int]
-    text: str = ""
-    cumulative_logprob: float | None = None
-    finish_reason: str | None = None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool = True
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    arrival_time: float = 0.0
-    finish_time: float = 0.0
-
-
-@dataclass
-class ChunkInfo:
-    """What one scheduled chunk did in a step."""
-    request_id: str
-    start: int
-    num_tokens: int
-    is_prefill: bool
-    samples: bool
-
-
-@dataclass
-class StepOutput:
-    """Everything that happened in one ``step()``; times in milliseconds.
-
-    ``schedule_ms`` + ``cache_ops_ms`` + ``forward_ms`` + ``sample_ms`` ~= ``total_ms``, where
-    ``sample_ms`` covers sampling and the bookkeeping after it (scheduler update, forks,
-    finishing requests).
-
-    ``prefill_ms``/``decode_ms`` are measured forward times of the step's prefill and decode
-    work: for a pure step one of them is the whole forward pass and the other 0; a mixed step
-    runs one pass and reports both as None, unless ``split_prefill_decode`` ran two passes
-    (a decode chunk that reads a block written by a prefill chunk of the same step runs, and
-    is timed, in the prefill pass).
-    ``new_tokens`` maps scheduler sequence ids (``"<id>"``, ``"<id>#k"`` for sample k of n>1,
-    ``"<id>#b<j>"`` for beams) to the token sampled for them this step.
-    """
-    step: int
-    scheduled: list[ChunkInfo]
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    new_tokens: dict[str, int]
-    finished: list[RequestOutput]
-    preempted: list[tuple[str, str]]
-    num_block_copies: int
-    num_swapped_out_blocks: int
-    num_swapped_in_blocks: int
-    schedule_ms: float
-    cache_ops_ms: float
-    forward_ms: float
-    prefill_ms: float | None
-    decode_ms: float | None
-    sample_ms: float
-    total_ms: float
-    kv_cache_usage: float
-    token_usage: float
-    num_waiting: int
-    num_running: int
-    num_swapped: int
-    events: list[ev.Event] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
-    def to_row(self) -> dict:
-        """Scalars of this step (one DataFrame row; lists become counts)."""
-        row = {k: v for k, v in self.__dict__.items()
-               if not isinstance(v, (list, dict))}
-        row.update(num_seqs=len(self.scheduled), num_new_tokens=len(self.new_tokens),
-                   num_finished=len(self.finished), num_preempted=len(self.preempted),
-                   num_events=len(self.events))
-        return row
-
-
 def steps_to_frame(steps: Sequence[StepOutput]):
     """pandas DataFrame with one row per step (see ``StepOutput.to_row``)."""
     import pandas as pd
     return pd.DataFrame([s.to_row() for s in steps])
-
-
-@dataclass
-class _Seq:
-    group: "_Group"
-    index: int
-    generator: torch.Generator | None
-    cum_logprob: float = 0.0
-
-
-@dataclass
-class _Group:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    arrival_time: float
-    live: set[str] = field(default_factory=set)            # scheduler ids still in flight
-    done: list[tuple[int, list[int], str]] = field(default_factory=list)  # (sample index, tokens, reason)
-    forked: bool = False
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    beam_hyps: list[tuple[float, list[int], str]] = field(default_factory=list)
-    stops: frozenset[int] = frozenset()
 
 
 def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
@@ -248,9 +129,7 @@ class LLMEngine:
                                       max_num_seqs=c.max_num_seqs)
         except kernels.KernelError as e:
             raise ConfigError(f"cannot set up the KV cache and attention backend: {e}") from e
-        self._groups: dict[str, _Group] = {}
-        self._fallback = torch.Generator().manual_seed(c.seed)
-        self._ids = itertools.count(1)
+        self._groups = Groups(self.scheduler, c.seed, self._text)
 
     # ---- introspection ---------------------------------------------------------------
     @property
@@ -314,16 +193,10 @@ class LLMEngine:
             stops.update(self.loaded.config.eos_token_ids)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 stops.add(self.tokenizer.eos_token_id)
-        group = _Group(request_id, text, ids, params,
-                       time.perf_counter() if arrival_time is None else arrival_time,
-                       stops=frozenset(stops))
-        seq = _Seq(group, 0, None if params.use_beam_search else make_generator(params.seed, 0))
-        req = Request(request_id, ids, params.max_tokens,
-                      stop_token_ids=() if params.use_beam_search else stops,
-                      arrival_time=group.arrival_time, priority=priority, data=seq)
-        self.scheduler.add_request(req)  # raises before any state changes
-        group.live.add(request_id)
-        self._groups[request_id] = group
+        group = Group(request_id, text, ids, params,
+                      time.perf_counter() if arrival_time is None else arrival_time,
+                      stops=frozenset(stops))
+        self._groups.add(group, priority)  # raises before any state changes
 
     def abort(self, request_id: str) -> RequestOutput:
         """Stop a request (all its sequences) and free its blocks; returns what it produced."""
@@ -332,10 +205,10 @@ class LLMEngine:
             raise UnknownRequestError(f"unknown request id {request_id!r} (finished, aborted or never added)")
         for sid in list(group.live):
             req = self.scheduler.abort(sid)
-            self._record_done(group, req, "abort")
+            self._groups.record_done(group, req, "abort")
         self.scheduler.take_finished()
         self.runner.release_freed_blocks()
-        return self._finish_group(group)
+        return self._groups.finish(group)
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -364,7 +237,7 @@ class LLMEngine:
             elif not decodes:
                 decode_ms, prefill_ms = 0.0, forward_ms
         t2 = time.perf_counter()
-        sampled, post = self._sample(sample_ids, logits)
+        sampled, post = self._groups.sample(sample_ids, logits)
         for rid, _ in plan.preempted:
             self.scheduler.requests[rid].data.group.num_preemptions += 1
         done = self.scheduler.update(plan, sampled)
@@ -372,9 +245,9 @@ class LLMEngine:
             fn()
         self.runner.release_freed_blocks()
         for req in done:
-            self._record_done(req.data.group, req, _FINISH_REASON[req.status])
+            self._groups.record_done(req.data.group, req, FINISH_REASON[req.status])
         self.scheduler.take_finished()
-        finished = [self._finish_group(g) for g in self._completed_groups(plan)]
+        finished = [self._groups.finish(g) for g in self._groups.completed(plan)]
         t3 = time.perf_counter()
         return StepOutput(
             step=plan.step,
@@ -408,153 +281,6 @@ class LLMEngine:
         if not late:
             return decodes, prefills
         return [c for c in decodes if c not in late], late + prefills
-
-    # ---- sampling ----------------------------------------------------------------------
-    def _sample(self, sample_ids: list[str], logits: torch.Tensor):
-        """Tokens for every sampling chunk, plus actions to run after ``scheduler.update``."""
-        sampled: dict[str, int] = {}
-        post: list = []
-        if not sample_ids:
-            return sampled, post
-        greedy = greedy_tokens(logits)  # one device->host copy for every greedy row
-        beams: dict[str, list[tuple[Request, int]]] = {}
-        for row, rid in enumerate(sample_ids):
-            req = self.scheduler.requests[rid]
-            seq: _Seq = req.data
-            g, p = seq.group, seq.group.params
-            if p.use_beam_search:
-                beams.setdefault(g.request_id, []).append((req, row))
-            elif p.n > 1 and not g.forked:
-                self._first_of_n(req, logits[row], sampled, post)
-            elif p.temperature == 0.0:
-                sampled[rid] = greedy[row]
-            else:
-                sampled[rid] = sample_row(logits[row], p, seq.generator, self._fallback)
-        for gid, members in beams.items():
-            self._beam_step(self._groups[gid], members, logits, sampled, post)
-        return sampled, post
-
-    def _terminal(self, req: Request, token: int) -> bool:
-        return token in req.stop_token_ids or req.num_output_tokens + 1 >= req.max_tokens
-
-    def _first_of_n(self, req: Request, row: torch.Tensor, sampled: dict[str, int], post: list) -> None:
-        """Draw the n first tokens from one logits row; fork a child per extra live sample."""
-        g, p = req.data.group, req.data.group.params
-        g.forked = True
-        gens = [make_generator(p.seed, k) for k in range(p.n)]
-        toks = [sample_row(row, p, gens[k], self._fallback) for k in range(p.n)]
-        # decided now, before ``scheduler.update`` appends the parent's token to ``req``
-        terminal = [self._terminal(req, t) for t in toks]
-        # the parent keeps a non-terminal sample when there is one, so children can fork from it
-        order = sorted(range(p.n), key=lambda k: terminal[k])
-        parent_k = order[0]
-        req.data.index, req.data.generator = parent_k, gens[parent_k]
-        sampled[req.request_id] = toks[parent_k]
-
-        def fork_children() -> None:
-            for k in order[1:]:
-                cid = f"{g.request_id}{SEQ_ID_SEP}{k}"
-                sampled[cid] = toks[k]
-                if terminal[k]:  # (a terminal parent means every sample is terminal)
-                    reason = "stop" if toks[k] in req.stop_token_ids else "length"
-                    g.done.append((k, [toks[k]], reason))
-                    continue
-                self.scheduler.fork(req.request_id, cid, last_token=toks[k], data=_Seq(g, k, gens[k]))
-                g.live.add(cid)
-        post.append(fork_children)
-
-    def _beam_step(self, g: _Group, members: list[tuple[Request, int]], logits: torch.Tensor,
-                   sampled: dict[str, int], post: list) -> None:
-        """Expand the ready beams of one group: keep the best ``len(members)`` continuations.
-
-        All live beams of a group normally sample in the same step (exact beam search); a beam
-        lagging after preemption is expanded on its own later.
-        """
-        p = g.params
-        width = p.n - (len(g.live) - len(members))  # beams lagging behind keep their slots
-        stops = g.stops
-        cands: list[tuple[float, int, int]] = []   # (score, member index, token)
-        for mi, (req, row) in enumerate(members):
-            lp = torch.log_softmax(logits[row].float(), -1)
-            top = torch.topk(lp, min(2 * width + 1, lp.shape[0]))
-            base = req.data.cum_logprob
-            cands += [(base + float(v), mi, int(t)) for v, t in zip(top.values, top.indices)]
-        cands.sort(key=lambda c: (-c[0], c[1], c[2]))
-        chosen: list[tuple[float, int, int]] = []
-        for rank, (score, mi, tok) in enumerate(cands):
-            if len(chosen) == width:
-                break
-            if tok in stops:
-                if rank < width:
-                    toks = members[mi][0].output_token_ids + [tok]
-                    g.beam_hyps.append((score, toks, "stop"))
-                continue
-            chosen.append((score, mi, tok))
-        if len(g.beam_hyps) >= p.n:  # early stopping: n finished hypotheses
-            chosen = []
-        uses: dict[int, list[tuple[float, int]]] = {}
-        for score, mi, tok in chosen:
-            uses.setdefault(mi, []).append((score, tok))
-        for mi, (req, _) in enumerate(members):
-            if mi not in uses:
-                self.scheduler.abort(req.request_id)
-                g.live.discard(req.request_id)
-                continue
-            score, tok = uses[mi][0]
-            sampled[req.request_id] = tok
-            req.data.cum_logprob = score
-
-        def fork_beams() -> None:
-            for mi, extra in uses.items():
-                parent = members[mi][0]
-                for score, tok in extra[1:]:
-                    cid = f"{g.request_id}{SEQ_ID_SEP}b{next(self._ids)}"
-                    if parent.status is RequestStatus.RUNNING:
-                        self.scheduler.fork(parent.request_id, cid, last_token=tok,
-                                            data=_Seq(g, 0, None, score))
-                        g.live.add(cid)
-                        sampled[cid] = tok
-                    else:  # parent just ended by length: so does this sibling
-                        g.beam_hyps.append((score, parent.output_token_ids[:-1] + [tok], "length"))
-        post.append(fork_beams)
-
-    # ---- completion --------------------------------------------------------------------
-    def _record_done(self, g: _Group, req: Request, reason: str) -> None:
-        g.live.discard(req.request_id)
-        g.num_cached_tokens = max(g.num_cached_tokens, req.num_cached_tokens)
-        if g.params.use_beam_search:
-            # an aborted beam is a hypothesis too: abort returns the best n of finished and live
-            g.beam_hyps.append((req.data.cum_logprob, req.output_token_ids, reason))
-            return
-        g.done.append((req.data.index, req.output_token_ids, reason))
-
-    def _completed_groups(self, plan: SchedulerOutput) -> list[_Group]:
-        out, seen = [], set()
-        for c in plan.scheduled:
-            g = c.request.data.group
-            if id(g) in seen or g.request_id not in self._groups:
-                continue
-            seen.add(id(g))
-            if not g.live:
-                out.append(g)
-        return out
-
-    def _finish_group(self, g: _Group) -> RequestOutput:
-        self._groups.pop(g.request_id, None)
-        p = g.params
-        if p.use_beam_search:
-            def norm(h: tuple[float, list[int], str]) -> float:
-                return h[0] / (max(len(h[1]), 1) ** p.length_penalty)
-            hyps = sorted(g.beam_hyps, key=norm, reverse=True)[:p.n]
-            outs = [CompletionOutput(i, list(t), self._text(t, p), s, r) for i, (s, t, r) in enumerate(hyps)]
-        else:
-            by_index = {}
-            for k, toks, reason in g.done:
-                by_index.setdefault(k, CompletionOutput(k, list(toks), self._text(toks, p), None, reason))
-            outs = [by_index[k] for k in sorted(by_index)]
-        return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, finished=True,
-                             num_cached_tokens=g.num_cached_tokens, num_preemptions=g.num_preemptions,
-                             arrival_time=g.arrival_time, finish_time=time.perf_counter())
 
     def _text(self, toks: Sequence[int], params: SamplingParams) -> str:
         if self.tokenizer is None:
