@@ -333,6 +333,11 @@ class KVCacheManager:
         except KeyError:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks in the GPU pool") from None
 
+    def snapshot(self, requests=None, **kw):
+        """Numpy state for views: a `paged.core.snapshot.KVSnapshot` (see there; O(blocks))."""
+        from .snapshot import take_snapshot
+        return take_snapshot(self, requests, **kw)
+
     # ---- checks --------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Assert the manager's invariants (for tests; O(total blocks))."""

@@ -194,6 +194,11 @@ class ContiguousKVCacheManager(KVCacheManager):
     def reset_prefix_cache(self) -> int:
         return 0
 
+    def snapshot(self, requests=None, **kw):
+        """Reserved vs filled slots per request: a `paged.core.snapshot.ContiguousSnapshot`."""
+        from paged.core.snapshot import take_contiguous_snapshot
+        return take_contiguous_snapshot(self, kw.get("step"))
+
     def _reservation(self, request_id: str) -> tuple[int, int]:
         try:
             return self._res[request_id]
