@@ -1,4 +1,5 @@
-# Two commands matter: `make demo` (the headline demo, writes reports/) and `make test`.
+# `make lab` (JupyterLab on notebooks/), `make dashboard` (the live notebooks as Voilà pages),
+# `make demo` (the headline demo, writes reports/) and `make test`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,7 +15,14 @@ export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
 
-.PHONY: install demo test bench clean
+# Bound to this machine only; a fresh token each start unless you set LAB_TOKEN.
+LAB_PORT ?= 8888
+DASHBOARD_PORT ?= 8866
+ifndef LAB_TOKEN
+LAB_TOKEN := $(shell od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
+endif
+
+.PHONY: install lab dashboard demo test bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +34,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+lab: $(STAMP)
+	@echo "JupyterLab on notebooks/: http://127.0.0.1:$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=notebooks \
+		--IdentityProvider.token=$(LAB_TOKEN)
+
+# Code-free pages for a projector: each notebook runs in its own kernel, only outputs and widgets show.
+dashboard: $(STAMP)
+	@echo "Dashboard (Voila): http://127.0.0.1:$(DASHBOARD_PORT)/?token=$(LAB_TOKEN)"
+	$(BIN)/voila notebooks --no-browser --Voila.ip=127.0.0.1 --port=$(DASHBOARD_PORT) --token=$(LAB_TOKEN) \
+		--strip_sources=True --show_tracebacks=True
 
 demo: $(STAMP)
 	$(BIN)/python -m paged demo --out reports

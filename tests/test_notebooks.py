@@ -1,0 +1,91 @@
+"""Every notebook executes headless, top to bottom, without an error (nbclient, ``PAGED_SMOKE=1``).
+
+Each notebook is its own test case. The kernel is the interpreter running pytest (the venv's
+ipykernel), started with IPython and Jupyter directories in a temporary folder and one OpenMP
+thread; the notebook runs from a copy inside ``notebooks/``'s temporary twin (``data/`` linked),
+so relative paths resolve as they do in JupyterLab and the repository's files stay output-free.
+Also checked: the layout rules of CONTRACT (a ``parameters`` cell that reads PAGED_SMOKE, no
+committed outputs, no function definitions in code cells, a "Try this" ending).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+TIMEOUT_S = int(os.environ.get("PAGED_NOTEBOOK_TIMEOUT", "300"))  # per cell
+
+
+def _kernel_env(tmp: Path) -> dict[str, str]:
+    env = {
+        "PAGED_SMOKE": "1", "OMP_NUM_THREADS": "1", "IPYTHONDIR": str(tmp / "ipython"),
+        "JUPYTER_CONFIG_DIR": str(tmp / "jconfig"), "JUPYTER_DATA_DIR": str(tmp / "jdata"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "jruntime"), "MPLCONFIGDIR": str(tmp / "mpl"),
+        "TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR", str(ROOT / ".cache" / "triton")),
+    }
+    # "python3" resolves to this interpreter's ipykernel (the venv's), whatever else is installed
+    spec = tmp / "jdata" / "kernels" / "python3"
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (paged venv)", "language": "python"}))
+    return env
+
+
+def test_there_are_notebooks() -> None:
+    assert NOTEBOOKS, f"no notebooks in {ROOT / 'notebooks'}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_layout(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1, f"{path.name}: needs exactly one code cell tagged 'parameters', found {len(params)}"
+    assert "PAGED_SMOKE" in params[0].source, f"{path.name}: the parameters cell must read PAGED_SMOKE"
+    with_outputs = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not with_outputs, f"{path.name}: cells {with_outputs} have committed outputs; clear them"
+    defs = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            and any(line.lstrip().startswith(("def ", "async def ", "class ")) for line in c.source.splitlines())]
+    assert not defs, f"{path.name}: cells {defs} define functions or classes; move them into the package"
+    last_md = [c for c in nb.cells if c.cell_type == "markdown"][-1].source.lower()
+    assert "try this" in last_md, f"{path.name}: end with a 'Try this' markdown cell"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path: Path, tmp_path: Path) -> None:
+    from nbclient import NotebookClient
+
+    work = tmp_path / "notebooks"
+    work.mkdir()
+    if (ROOT / "data").is_dir():
+        (tmp_path / "data").symlink_to(ROOT / "data")
+    shutil.copy(path, work / path.name)
+    nb = nbformat.read(work / path.name, as_version=4)
+    env = _kernel_env(tmp_path)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits the environment of its manager
+    try:
+        client = NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3", allow_errors=False,
+                                resources={"metadata": {"path": str(work)}})
+        km = client.create_kernel_manager()
+        assert km.kernel_spec.argv[0] == sys.executable, km.kernel_spec.argv
+        t0 = time.perf_counter()
+        client.execute(km=km)
+        took = time.perf_counter() - t0
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    print(f"{path.name}: executed in {took:.1f} s")
