@@ -53,7 +53,7 @@ def run(scheduler: Scheduler, requests, *, arrivals_per_step: int = 3, seed: int
 @pytest.mark.parametrize("chunked", [True, False])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_workload_finishes_under_memory_pressure(mode, chunked, block_size):
-    budget = 128 if chunked else 128  # max_total_tokens <= 124 fits without chunking
+    budget = 128  # max_total_tokens <= 124 fits without chunking too
     kv = KVCacheManager(-(-160 // block_size), block_size, num_cpu_blocks=-(-96 // block_size),
                         recorder=Recorder())
     sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16,
