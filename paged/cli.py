@@ -247,8 +247,8 @@ def _engine_section(args: argparse.Namespace) -> list[str]:
     texts.to_csv(os.path.join(args.out, "engine_answers.csv"), index=False)
     formats = kv_format_comparison(loaded, max_tokens=args.max_tokens // 2)
     formats.to_csv(os.path.join(args.out, "kv_formats.csv"), index=False)
-    cols = ["step", "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_preempted", "kv_cache_usage",
-            "token_usage", "num_running", "num_waiting", "forward_ms"]
+    cols = ["step", "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_preempted", "kv_cache_usage_perc",
+            "token_usage", "num_running", "num_waiting", "step_time_s"]
     every = max(1, len(steps) // 12)
     return [
         f"## A real model through the paged cache on this machine ({loaded.config.name or args.model})",

@@ -46,7 +46,6 @@ def chat_prompts(tokenizer, n: int) -> list[list[int]]:
 def engine_run(loaded, *, num_requests: int = 12, max_tokens: int = 48, num_blocks: int = 40,
                block_size: int = 16, max_num_batched_tokens: int = 256):
     """Run chat requests through a deliberately small pool; returns (summary, steps, texts)."""
-    from paged.engine.llm_engine import steps_to_frame
     from paged.engine.llm import LLM
     from paged.engine.sampling import SamplingParams
     from paged import telemetry
@@ -58,7 +57,7 @@ def engine_run(loaded, *, num_requests: int = 12, max_tokens: int = 48, num_bloc
     t0 = time.perf_counter()
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), on_step=steps.append)
     wall = time.perf_counter() - t0
-    frame = steps_to_frame(steps)
+    frame = telemetry.steps_frame(steps)
     m = telemetry.metrics(llm.kv_manager, llm.engine.scheduler)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     summary = {
@@ -67,7 +66,7 @@ def engine_run(loaded, *, num_requests: int = 12, max_tokens: int = 48, num_bloc
         "kv_blocks": num_blocks, "block_size": block_size,
         "prefix_cache_hit_rate": m["prefix_cache_hit_rate"],
         "num_preemptions": m["num_preemptions"],
-        "kv_cache_usage_mean": float(frame["kv_cache_usage"].mean()),
+        "kv_cache_usage_mean": float(frame["kv_cache_usage_perc"].mean()),
         "token_usage_mean": float(frame["token_usage"].mean()),
         "mixed_steps": int(((frame["num_prefill_tokens"] > 0) & (frame["num_decode_tokens"] > 0)).sum()),
         "blocks_in_use_at_end": llm.kv_manager.num_used_blocks,

@@ -1,24 +1,101 @@
-"""Events and step plans -> pandas DataFrames and summary metrics.
+"""THE record schema: step, request and event columns, the same for both executors.
 
-Metric names follow vLLM where one exists: `kv_cache_usage_perc`, `prefix_cache_queries`,
-`prefix_cache_hits` (both in tokens), `num_preemptions`. `token_usage` is ours: slots
-holding tokens / slots in used blocks (block usage minus internal fragmentation).
+Both executors (the torch engine and the simulator) produce step rows with exactly
+``STEP_COLUMNS`` and per-request rows with ``REQUEST_COLUMNS``; seconds everywhere.
+
+- ``time_s``: start of the step on the executor's clock (engine: seconds since it was built;
+  simulator: simulated seconds); ``step_time_s``: its measured (engine) or modelled (simulator)
+  duration.
+- ``kv_cache_usage_perc`` (vLLM's name): used blocks / all blocks, in [0, 1]; ``token_usage``
+  (ours): slots holding tokens / slots of used blocks (block usage minus internal
+  fragmentation); both and the pool counts are read right after the step's plan is made.
+- ``prefix_cache_queries``/``prefix_cache_hits``: cumulative, in tokens (as vLLM counts them).
+- requests: ``*_s`` columns are times on the same clock as ``time_s`` (NaN when it never
+  happened); ``ttft_s = first_token_s - arrival_time_s``, ``e2e_s = finish_s - arrival_time_s``,
+  ``queueing_s = first_scheduled_s - arrival_time_s``, ``tbt_mean_s`` the mean gap between the
+  steps that produced the request's tokens.
+
+pandas is imported only by the ``*_frame`` functions, so ``step_row`` is cheap to import.
 """
 from __future__ import annotations
 
-from typing import Iterable
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .core import events as ev
-from paged.core.kv_manager import KVCacheManager
-from paged.core.scheduler import Scheduler, SchedulerOutput
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from paged.core.kv_manager import KVCacheManager
+    from paged.core.scheduler import Scheduler
+
+STEP_COLUMNS = ("step", "time_s", "step_time_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
+                "num_batched_tokens", "num_running", "num_waiting", "num_swapped", "num_preempted",
+                "num_block_copies", "num_swapped_out_blocks", "num_swapped_in_blocks", "kv_cache_usage_perc",
+                "token_usage", "num_used_blocks", "num_free_blocks", "num_cached_free_blocks",
+                "prefix_cache_queries", "prefix_cache_hits", "num_finished")
+"""One row per executed step (see the module docstring for meanings)."""
+
+REQUEST_COLUMNS = ("request_id", "arrival_time_s", "num_prompt_tokens", "num_output_tokens",
+                   "first_scheduled_s", "first_token_s", "finish_s", "ttft_s", "tbt_mean_s", "e2e_s",
+                   "queueing_s", "num_preemptions", "num_cached_tokens")
+"""One row per request (see the module docstring for meanings)."""
 
 EVENT_COLUMNS = ["step", "kind", "request_id", "block_id", "value"]
 
 
-def events_frame(recorder: ev.Recorder) -> pd.DataFrame:
+def step_row(source: Any, **values: Any) -> dict[str, Any]:
+    """The ``STEP_COLUMNS`` row of one step: ``values`` given here, the rest read as attributes
+    of ``source`` (a ``SchedulerOutput`` plus ``time_s``, ``step_time_s``, ``num_finished``; or
+    an engine ``StepOutput``, which has them all)."""
+    return {c: values[c] if c in values else getattr(source, c) for c in STEP_COLUMNS}
+
+
+def _row(x: Any) -> dict[str, Any]:
+    if isinstance(x, dict):
+        return x
+    if hasattr(x, "to_row"):
+        return x.to_row()
+    return x.row
+
+
+def steps_frame(steps: Iterable[Any]) -> "pd.DataFrame":
+    """One row per step, columns ``STEP_COLUMNS`` in order: from step rows (dicts), engine
+    ``StepOutput``s (``.to_row()``) or simulator steps (``.row``)."""
+    import pandas as pd
+    return pd.DataFrame([_row(s) for s in steps], columns=list(STEP_COLUMNS))
+
+
+def requests_frame(rows: Iterable[dict[str, Any]]) -> "pd.DataFrame":
+    """One row per request, columns ``REQUEST_COLUMNS`` in order (missing times are NaN)."""
+    import pandas as pd
+    return pd.DataFrame(list(rows), columns=list(REQUEST_COLUMNS))
+
+
+def request_row(request_id: str, arrival_time_s: float, num_prompt_tokens: int, num_output_tokens: int,
+                first_scheduled_s: float | None, first_token_s: float | None, last_token_s: float | None,
+                finish_s: float | None, num_token_steps: int, num_preemptions: int,
+                num_cached_tokens: int) -> dict[str, Any]:
+    """A ``REQUEST_COLUMNS`` row from a request's time stamps (None: never happened)."""
+    nan = float("nan")
+
+    def since(t: float | None) -> float:
+        return nan if t is None else t - arrival_time_s
+
+    tbt = ((last_token_s - first_token_s) / (num_token_steps - 1)
+           if num_token_steps > 1 and first_token_s is not None and last_token_s is not None else nan)
+    return {"request_id": request_id, "arrival_time_s": arrival_time_s, "num_prompt_tokens": num_prompt_tokens,
+            "num_output_tokens": num_output_tokens,
+            "first_scheduled_s": nan if first_scheduled_s is None else first_scheduled_s,
+            "first_token_s": nan if first_token_s is None else first_token_s,
+            "finish_s": nan if finish_s is None else finish_s, "ttft_s": since(first_token_s), "tbt_mean_s": tbt,
+            "e2e_s": since(finish_s), "queueing_s": since(first_scheduled_s), "num_preemptions": num_preemptions,
+            "num_cached_tokens": num_cached_tokens}
+
+
+def events_frame(recorder: ev.Recorder) -> "pd.DataFrame":
     """One row per event, in order. `value` is nullable (Int64)."""
+    import pandas as pd
     df = pd.DataFrame.from_records(recorder.events, columns=EVENT_COLUMNS)
     df["step"] = df["step"].astype("int64")
     df["block_id"] = df["block_id"].astype("Int64")
@@ -26,25 +103,12 @@ def events_frame(recorder: ev.Recorder) -> pd.DataFrame:
     return df
 
 
-def steps_frame(outputs: Iterable[SchedulerOutput]) -> pd.DataFrame:
-    """One row per scheduled step: tokens (prefill/decode), queue lengths, memory."""
-    rows = [{
-        "step": o.step, "num_batched_tokens": o.num_batched_tokens,
-        "num_prefill_tokens": o.num_prefill_tokens, "num_decode_tokens": o.num_decode_tokens,
-        "num_seqs": len(o.scheduled), "num_running": o.num_running, "num_waiting": o.num_waiting,
-        "num_swapped": o.num_swapped, "num_preempted": len(o.preempted),
-        "num_block_copies": len(o.block_copies), "num_swap_out_blocks": len(o.swap_out),
-        "num_swap_in_blocks": len(o.swap_in), "kv_cache_usage_perc": o.kv_cache_usage_perc,
-        "token_usage": o.token_usage,
-    } for o in outputs]
-    return pd.DataFrame(rows)
-
-
-def block_lifetimes(events: pd.DataFrame) -> pd.DataFrame:
+def block_lifetimes(events: "pd.DataFrame") -> "pd.DataFrame":
     """Each allocation of a block with the step it was freed and its lifetime in steps.
 
     A lifetime runs from an allocation to the free that follows it (a prefix hit that revives
     a cached-free block does not start a new one); blocks still in use have `freed_step` NA."""
+    import pandas as pd
     e = events[events["kind"].isin([ev.ALLOCATE, ev.FREE])][["step", "kind", "block_id"]]
     rows = []
     for bid, g in e.groupby("block_id", sort=True):
@@ -60,8 +124,9 @@ def block_lifetimes(events: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["block_id", "alloc_step", "freed_step", "lifetime_steps"])
 
 
-def reuse_distances(events: pd.DataFrame) -> pd.Series:
+def reuse_distances(events: "pd.DataFrame") -> "pd.Series":
     """Steps between a block being freed and the same block being allocated again."""
+    import pandas as pd
     e = events[events["kind"].isin([ev.ALLOCATE, ev.FREE])][["step", "kind", "block_id"]]
     out = []
     for _, g in e.groupby("block_id", sort=False):
@@ -75,12 +140,12 @@ def reuse_distances(events: pd.DataFrame) -> pd.Series:
     return pd.Series(out, dtype="int64", name="reuse_distance_steps")
 
 
-def allocation_latency_ns(events: pd.DataFrame) -> pd.Series:
+def allocation_latency_ns(events: "pd.DataFrame") -> "pd.Series":
     """Nanoseconds spent in each `allocate_slots` call."""
     return events.loc[events["kind"] == ev.ALLOC_LATENCY, "value"].astype("int64").rename("alloc_latency_ns")
 
 
-def metrics(kv: KVCacheManager, scheduler: Scheduler | None = None) -> dict[str, float]:
+def metrics(kv: "KVCacheManager", scheduler: "Scheduler | None" = None) -> dict[str, float]:
     """A snapshot of the cache's (and scheduler's) counters."""
     m = {
         "kv_cache_usage_perc": kv.kv_cache_usage_perc,

@@ -7,7 +7,7 @@ import torch
 
 from paged.core import events as ev
 from paged.errors import ConfigError, InvalidRequestError, PagedError
-from paged.engine.llm_engine import steps_to_frame
+from paged.telemetry import steps_frame
 from paged.engine.llm import LLM
 from paged.models import ModelLoadError, dense_logits, load_model
 from paged.models.testing import make_tiny_checkpoint
@@ -215,7 +215,7 @@ def test_step_api_and_abort(tiny):
     while eng.has_unfinished_requests():
         finished += eng.step().finished
     assert [f.request_id for f in finished] == ["a"] and finished[0].outputs[0].token_ids == tiny["ref"][3]
-    df = steps_to_frame([s1, *steps])
+    df = steps_frame([s1, *steps])
     assert list(df["step"]) == [1, 2, 3, 4, 5] and df["num_prefill_tokens"].iloc[0] == 16
     _check_all_free(llm)
 

@@ -108,6 +108,32 @@ class SchedulerOutput:
     num_swapped: int = 0
     kv_cache_usage_perc: float = 0.0
     token_usage: float = 0.0
+    # the pool after this plan's allocations (prefix-cache counters are cumulative, in tokens)
+    num_used_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.preempted)
+
+    @property
+    def num_block_copies(self) -> int:
+        return len(self.block_copies)
+
+    @property
+    def num_swapped_out_blocks(self) -> int:
+        return len(self.swap_out)
+
+    @property
+    def num_swapped_in_blocks(self) -> int:
+        return len(self.swap_in)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -297,6 +323,9 @@ class Scheduler:
                 self._admit_waiting(out, budget)
         out.num_waiting, out.num_running, out.num_swapped = len(self.waiting), len(running), len(self.swapped)
         out.kv_cache_usage_perc, out.token_usage = kv.kv_cache_usage_perc, kv.token_usage
+        out.num_used_blocks, out.num_free_blocks = kv.num_used_blocks, kv.num_free_blocks
+        out.num_cached_free_blocks = kv.num_cached_free_blocks
+        out.prefix_cache_queries, out.prefix_cache_hits = kv.prefix_cache_queries, kv.prefix_cache_hits
         self.recorder.emit(ev.STEP, None, None, out.num_batched_tokens)
         return out
 

@@ -53,6 +53,12 @@ class Group:
     num_preemptions: int = 0
     beam_hyps: list[tuple[float, list[int], str]] = field(default_factory=list)
     stops: frozenset[int] = frozenset()
+    # engine-clock stamps (seconds since the engine was built) for its request record
+    arrival_s: float = 0.0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    num_token_steps: int = 0
 
 
 class Groups:

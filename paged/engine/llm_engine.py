@@ -17,9 +17,10 @@ from typing import Sequence
 
 import torch
 
+from paged import telemetry
 from paged.core import events as ev
 from paged.core.kv_manager import KVCacheManager
-from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
+from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from paged.models.loader import LoadedModel
 from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
@@ -28,7 +29,7 @@ from .runner import ModelRunner
 from .sampling import SamplingParams
 
 __all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SEQ_ID_SEP",
-           "StepOutput", "steps_to_frame"]
+           "StepOutput"]
 
 @dataclass
 class EngineConfig:
@@ -59,12 +60,6 @@ class EngineConfig:
     split_prefill_decode: bool = False
     record_events: bool = True
     hash_fn: str = "sha256"
-
-
-def steps_to_frame(steps: Sequence[StepOutput]):
-    """pandas DataFrame with one row per step (see ``StepOutput.to_row``)."""
-    import pandas as pd
-    return pd.DataFrame([s.to_row() for s in steps])
 
 
 def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
@@ -130,6 +125,8 @@ class LLMEngine:
         except kernels.KernelError as e:
             raise ConfigError(f"cannot set up the KV cache and attention backend: {e}") from e
         self._groups = Groups(self.scheduler, c.seed, self._text)
+        self._request_rows: list[dict] = []
+        self._t0 = time.perf_counter()  # the engine clock of step and request records
 
     # ---- introspection ---------------------------------------------------------------
     @property
@@ -149,6 +146,11 @@ class LLMEngine:
 
     def num_unfinished_requests(self) -> int:
         return len(self._groups)
+
+    def request_rows(self) -> list[dict]:
+        """One record per finished (or aborted) request, in finishing order: exactly
+        ``paged.telemetry.REQUEST_COLUMNS``, times in seconds on the engine clock."""
+        return list(self._request_rows)
 
     # ---- requests ----------------------------------------------------------------------
     def _to_ids(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
@@ -193,9 +195,9 @@ class LLMEngine:
             stops.update(self.loaded.config.eos_token_ids)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 stops.add(self.tokenizer.eos_token_id)
-        group = Group(request_id, text, ids, params,
-                      time.perf_counter() if arrival_time is None else arrival_time,
-                      stops=frozenset(stops))
+        now = time.perf_counter()
+        group = Group(request_id, text, ids, params, now if arrival_time is None else arrival_time,
+                      stops=frozenset(stops), arrival_s=now - self._t0)
         self._groups.add(group, priority)  # raises before any state changes
 
     def abort(self, request_id: str) -> RequestOutput:
@@ -208,7 +210,7 @@ class LLMEngine:
             self._groups.record_done(group, req, "abort")
         self.scheduler.take_finished()
         self.runner.release_freed_blocks()
-        return self._groups.finish(group)
+        return self._finish(group)
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -243,11 +245,12 @@ class LLMEngine:
         done = self.scheduler.update(plan, sampled)
         for fn in post:
             fn()
+        self._stamp(plan, sampled, t0 - self._t0, time.perf_counter() - self._t0)
         self.runner.release_freed_blocks()
         for req in done:
             self._groups.record_done(req.data.group, req, FINISH_REASON[req.status])
         self.scheduler.take_finished()
-        finished = [self._groups.finish(g) for g in self._groups.completed(plan)]
+        finished = [self._finish(g) for g in self._groups.completed(plan)]
         t3 = time.perf_counter()
         return StepOutput(
             step=plan.step,
@@ -259,9 +262,35 @@ class LLMEngine:
             num_swapped_in_blocks=len(plan.swap_in),
             schedule_ms=(t1 - t0) * 1e3, cache_ops_ms=cache_ms, forward_ms=forward_ms,
             prefill_ms=prefill_ms, decode_ms=decode_ms, sample_ms=(t3 - t2) * 1e3,
-            total_ms=(t3 - t0) * 1e3, kv_cache_usage=plan.kv_cache_usage_perc,
+            total_ms=(t3 - t0) * 1e3, kv_cache_usage_perc=plan.kv_cache_usage_perc,
             token_usage=plan.token_usage, num_waiting=plan.num_waiting, num_running=plan.num_running,
-            num_swapped=plan.num_swapped, events=self.recorder.since(mark))
+            num_swapped=plan.num_swapped, time_s=t0 - self._t0, num_used_blocks=plan.num_used_blocks,
+            num_free_blocks=plan.num_free_blocks, num_cached_free_blocks=plan.num_cached_free_blocks,
+            prefix_cache_queries=plan.prefix_cache_queries, prefix_cache_hits=plan.prefix_cache_hits,
+            events=self.recorder.since(mark))
+
+    def _stamp(self, plan: SchedulerOutput, sampled: dict[str, int], start_s: float, end_s: float) -> None:
+        """Time stamps of the groups this step served (first scheduled, token steps)."""
+        seen: set[int] = set()
+        for c in plan.scheduled:
+            g = c.request.data.group
+            if g.first_scheduled_s is None:
+                g.first_scheduled_s = start_s
+            if c.samples and c.request_id in sampled and id(g) not in seen:
+                seen.add(id(g))
+                if g.first_token_s is None:
+                    g.first_token_s = end_s
+                g.last_token_s = end_s
+                g.num_token_steps += 1
+
+    def _finish(self, g: Group) -> RequestOutput:
+        out = self._groups.finish(g)
+        self._request_rows.append(telemetry.request_row(
+            g.request_id, g.arrival_s, len(g.prompt_token_ids),
+            max((len(o.token_ids) for o in out.outputs), default=0), g.first_scheduled_s, g.first_token_s,
+            g.last_token_s, time.perf_counter() - self._t0, g.num_token_steps, g.num_preemptions,
+            g.num_cached_tokens))
+        return out
 
     def _split_passes(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]
                       ) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:

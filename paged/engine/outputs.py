@@ -1,12 +1,14 @@
 """What the engine hands back: per-request outputs and per-step records.
 
 ``StepOutput`` keeps its measured millisecond breakdown as attributes; ``to_row()`` is its
-one-row view in the shared record schema (``paged.telemetry.STEP_COLUMNS``, seconds).
+one-row view in the shared record schema (``paged.telemetry.STEP_COLUMNS``, seconds), the
+same columns the simulator's steps have.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paged import telemetry
 from paged.core import events as ev
 
 
@@ -44,7 +46,7 @@ class ChunkInfo:
 
 @dataclass
 class StepOutput:
-    """Everything that happened in one ``step()``; times in milliseconds.
+    """Everything that happened in one ``step()``; ``*_ms`` times in milliseconds.
 
     ``schedule_ms`` + ``cache_ops_ms`` + ``forward_ms`` + ``sample_ms`` ~= ``total_ms``, where
     ``sample_ms`` covers sampling and the bookkeeping after it (scheduler update, forks,
@@ -57,6 +59,8 @@ class StepOutput:
     is timed, in the prefill pass).
     ``new_tokens`` maps scheduler sequence ids (``"<id>"``, ``"<id>#k"`` for sample k of n>1,
     ``"<id>#b<j>"`` for beams) to the token sampled for them this step.
+    ``time_s`` is the step's start in seconds since the engine was built; usage and pool
+    counts are read right after the step's plan was made (see ``paged.telemetry``).
     """
     step: int
     scheduled: list[ChunkInfo]
@@ -75,22 +79,41 @@ class StepOutput:
     decode_ms: float | None
     sample_ms: float
     total_ms: float
-    kv_cache_usage: float
+    kv_cache_usage_perc: float
     token_usage: float
     num_waiting: int
     num_running: int
     num_swapped: int
+    time_s: float = 0.0
+    num_used_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     events: list[ev.Event] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens
 
+    num_batched_tokens = num_tokens
+
+    @property
+    def step_time_s(self) -> float:
+        return self.total_ms * 1e-3
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.preempted)
+
+    @property
+    def num_finished(self) -> int:
+        return len(self.finished)
+
     def to_row(self) -> dict:
-        """Scalars of this step (one DataFrame row; lists become counts)."""
-        row = {k: v for k, v in self.__dict__.items()
-               if not isinstance(v, (list, dict))}
-        row.update(num_seqs=len(self.scheduled), num_new_tokens=len(self.new_tokens),
-                   num_finished=len(self.finished), num_preempted=len(self.preempted),
-                   num_events=len(self.events))
-        return row
+        """This step as one record: exactly ``paged.telemetry.STEP_COLUMNS``."""
+        return telemetry.step_row(self)

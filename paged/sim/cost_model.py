@@ -314,7 +314,7 @@ def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
 def calibration_frame(steps: Iterable[Any], time_field: str = "total_ms") -> "pd.DataFrame":
     """Engine step records -> tidy DataFrame, one row per chunk (``step, start, num_tokens, samples,
     seconds``), to save measurements and fit later (``shapes_from_frame``). Unlike
-    ``paged.engine.steps_to_frame`` (one row per step) it keeps each chunk's shape."""
+    ``paged.telemetry.steps_frame`` (one row per step) it keeps each chunk's shape."""
     import pandas as pd
 
     rows = [(i, c.start, c.num_tokens, bool(c.samples), float(getattr(st, time_field)) * 1e-3)
