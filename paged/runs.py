@@ -1,0 +1,354 @@
+"""Steppable runs: one interface over the real engine and the simulator, for live views.
+
+    run = EngineRun(paged.LLM(num_blocks=48), chat_workload(tok, 8))   # SmolLM2, real kernels
+    run = SimRun(SimConfig(model="llama-2-70b", gpu="a100-80gb", tensor_parallel=4), trace)
+    while not run.done:
+        row = run.step()          # dict with exactly paged.telemetry STEP_COLUMNS (seconds)
+    run.snapshot()                # paged.core.snapshot.KVSnapshot of the cache now
+    run.steps_frame(); run.requests_frame(); run.events   # records so far
+    run.fresh(num_blocks=32)      # a new run of the same workload with changed settings
+
+Both kinds keep `rows` (step rows), `events` (paged.core.events.Event tuples), `request_rows()`
+(REQUEST_COLUMNS), `tbt_samples()` (seconds between a request's tokens), `backend` and `label`.
+EngineRun times are seconds since the run started (wall clock); SimRun times are simulated.
+Invariant: `step()` on a done run raises (a SimRun's last call returns None: the simulator
+knows its trace is over only when asked for one more step); every request of the workload is added exactly once,
+at the first step whose index reaches its `arrival_step`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from paged.core import events as ev
+from paged.errors import ConfigError, PagedError
+
+try:  # the one record schema (helper A lands it in paged.telemetry)
+    from paged.telemetry import REQUEST_COLUMNS, STEP_COLUMNS
+except ImportError:  # pragma: no cover - until the schema lands
+    STEP_COLUMNS = (
+        "step", "time_s", "step_time_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
+        "num_batched_tokens", "num_running", "num_waiting", "num_swapped", "num_preempted", "num_block_copies",
+        "num_swapped_out_blocks", "num_swapped_in_blocks", "kv_cache_usage_perc", "token_usage",
+        "num_used_blocks", "num_free_blocks", "num_cached_free_blocks", "prefix_cache_queries",
+        "prefix_cache_hits", "num_finished")
+    REQUEST_COLUMNS = (
+        "request_id", "arrival_time_s", "num_prompt_tokens", "num_output_tokens", "first_scheduled_s",
+        "first_token_s", "finish_s", "ttft_s", "tbt_mean_s", "e2e_s", "queueing_s", "num_preemptions",
+        "num_cached_tokens")
+
+__all__ = ["EngineRequest", "EngineRun", "SimRun", "STEP_COLUMNS", "REQUEST_COLUMNS", "chat_workload",
+           "interference_workload", "backend_label"]
+
+_USE_KINDS = (ev.ALLOCATE, ev.FREE, ev.PREFIX_HIT, ev.COW)
+
+
+@dataclass
+class EngineRequest:
+    """One request of an engine workload: added before step `arrival_step` (1 = the first)."""
+    request_id: str
+    prompt: str | Sequence[int]
+    params: Any = None            # paged.engine.SamplingParams (None: defaults)
+    arrival_step: int = 1
+
+
+class _Run:
+    """What both run kinds share: records, a per-block last-use array, snapshots."""
+
+    label = "run"
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.events: list[ev.Event] = []
+        self._last_use: np.ndarray | None = None
+        self._written: list[int] = []
+        self.done = False
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.rows)
+
+    def _track(self, events: Sequence[ev.Event], num_blocks: int) -> None:
+        if self._last_use is None:
+            self._last_use = np.full(num_blocks, -1, np.int32)
+        self.events.extend(events)
+        for e in events:
+            if e[3] is not None and e[1] in _USE_KINDS and 0 <= e[3] < num_blocks:
+                self._last_use[e[3]] = e[0]
+
+    def steps_frame(self):
+        """pandas DataFrame of the step rows so far (STEP_COLUMNS)."""
+        import pandas as pd
+        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+
+    def requests_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.request_rows(), columns=list(REQUEST_COLUMNS))
+
+    def events_frame(self):
+        import pandas as pd
+        df = pd.DataFrame.from_records([tuple(e) for e in self.events],
+                                       columns=["step", "kind", "request_id", "block_id", "value"])
+        return df.astype({"step": "int64", "block_id": "Int64", "value": "Int64"})
+
+    def run_to_completion(self, max_steps: int = 100_000) -> "_Run":
+        """Step until done (blocking)."""
+        for _ in range(max_steps):
+            if self.done:
+                break
+            self.step()
+        return self
+
+
+def backend_label(device, backend: str | None) -> str:
+    """'triton on cuda' / 'torch on cpu (a CPU run: times are CPU times)'."""
+    try:
+        from paged._kernels import kernels
+        name = kernels.resolve_backend(backend, device)
+    except Exception:  # noqa: BLE001 - a label must never fail a view
+        name = backend or "auto"
+    dev = getattr(device, "type", str(device))
+    note = " (a CPU run: step times are this CPU's, not a GPU's)" if dev == "cpu" else ""
+    return f"{name} kernels on {dev}{note}"
+
+
+class EngineRun(_Run):
+    """The real engine stepping through `workload` (EngineRequests, or dicts of their fields)."""
+
+    label = "engine"
+
+    def __init__(self, llm_or_engine, workload: Sequence[EngineRequest | dict]) -> None:
+        super().__init__()
+        engine = getattr(llm_or_engine, "engine", llm_or_engine)
+        self.engine = engine
+        self.workload = [w if isinstance(w, EngineRequest) else EngineRequest(**w) for w in workload]
+        if len({w.request_id for w in self.workload}) != len(self.workload):
+            raise ConfigError("workload request ids must be unique")
+        self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
+        self._t0 = time.perf_counter()
+        self._req: dict[str, dict] = {}
+        self.last_output = None
+        self.backend = backend_label(engine.device, engine.runner.backend)
+        self.tokenizer = engine.tokenizer
+
+    @property
+    def kv(self):
+        return self.engine.kv_manager
+
+    @property
+    def scheduler(self):
+        return self.engine.scheduler
+
+    @property
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _add_arrivals(self, step: int) -> None:
+        from paged.engine import SamplingParams
+        while self._pending and self._pending[0].arrival_step <= step:
+            w = self._pending.pop(0)
+            self.engine.add_request(w.request_id, w.prompt, w.params or SamplingParams())
+            n = len(self.engine.scheduler.requests[w.request_id].token_ids)
+            self._req[w.request_id] = dict(request_id=w.request_id, arrival_time_s=self.now, num_prompt_tokens=n,
+                                           first_scheduled_s=np.nan, token_times=[], finish_s=np.nan,
+                                           num_output_tokens=0, num_preemptions=0, num_cached_tokens=0)
+
+    def step(self) -> dict:
+        """Add due arrivals, run one engine step, record it; returns its STEP_COLUMNS row."""
+        if self.done:
+            raise PagedError("this run is done; use fresh() for a new one")
+        self._add_arrivals(len(self.rows) + 1)
+        start = self.now
+        out = self.engine.step()
+        end = self.now
+        self.last_output = out
+        for c in out.scheduled:
+            r = self._req.get(c.request_id.split("#")[0])
+            if r is not None and np.isnan(r["first_scheduled_s"]):
+                r["first_scheduled_s"] = start
+        for gid in {sid.split("#")[0] for sid in out.new_tokens}:
+            if gid in self._req:
+                self._req[gid]["token_times"].append(end)
+        for ro in out.finished:
+            r = self._req.get(ro.request_id)
+            if r is not None:
+                r.update(finish_s=end, num_output_tokens=max((len(c.token_ids) for c in ro.outputs), default=0),
+                         num_preemptions=ro.num_preemptions, num_cached_tokens=ro.num_cached_tokens)
+        kv = self.kv
+        self._track(out.events, kv.num_blocks)
+        self._written = [b for c in out.scheduled if kv.has(c.request_id)
+                         for b in kv.block_table(c.request_id)[c.start // kv.block_size:
+                                                               (c.start + c.num_tokens - 1) // kv.block_size + 1]
+                         if c.num_tokens]
+        row = dict(step=len(self.rows) + 1, time_s=start, step_time_s=out.total_ms / 1e3,
+                   num_seqs=len(out.scheduled), num_prefill_tokens=out.num_prefill_tokens,
+                   num_decode_tokens=out.num_decode_tokens,
+                   num_batched_tokens=out.num_prefill_tokens + out.num_decode_tokens,
+                   num_running=out.num_running, num_waiting=out.num_waiting, num_swapped=out.num_swapped,
+                   num_preempted=len(out.preempted), num_block_copies=out.num_block_copies,
+                   num_swapped_out_blocks=out.num_swapped_out_blocks, num_swapped_in_blocks=out.num_swapped_in_blocks,
+                   kv_cache_usage_perc=kv.kv_cache_usage_perc, token_usage=kv.token_usage,
+                   num_used_blocks=kv.num_used_blocks, num_free_blocks=kv.num_free_blocks,
+                   num_cached_free_blocks=kv.num_cached_free_blocks, prefix_cache_queries=kv.prefix_cache_queries,
+                   prefix_cache_hits=kv.prefix_cache_hits, num_finished=len(out.finished))
+        self.rows.append(row)
+        self.done = not self._pending and not self.engine.has_unfinished_requests()
+        return row
+
+    def snapshot(self, with_tokens: bool = True):
+        """KVSnapshot now; blocks written by the last step are marked WRITING."""
+        return self.kv.snapshot(self.scheduler.requests, step=len(self.rows), writing=self._written,
+                                last_use=self._last_use, with_tokens=with_tokens)
+
+    def request_rows(self) -> list[dict]:
+        """REQUEST_COLUMNS rows of the requests that finished so far."""
+        out = []
+        for r in self._req.values():
+            if np.isnan(r["finish_s"]):
+                continue
+            tt = r["token_times"]
+            first = tt[0] if tt else np.nan
+            out.append(dict(request_id=r["request_id"], arrival_time_s=r["arrival_time_s"],
+                            num_prompt_tokens=r["num_prompt_tokens"], num_output_tokens=r["num_output_tokens"],
+                            first_scheduled_s=r["first_scheduled_s"], first_token_s=first, finish_s=r["finish_s"],
+                            ttft_s=first - r["arrival_time_s"],
+                            tbt_mean_s=float(np.mean(np.diff(tt))) if len(tt) > 1 else np.nan,
+                            e2e_s=r["finish_s"] - r["arrival_time_s"],
+                            queueing_s=r["first_scheduled_s"] - r["arrival_time_s"],
+                            num_preemptions=r["num_preemptions"], num_cached_tokens=r["num_cached_tokens"]))
+        return out
+
+    def tbt_samples(self) -> np.ndarray:
+        """Every gap between consecutive tokens of a request (seconds), all requests."""
+        gaps = [np.diff(r["token_times"]) for r in self._req.values() if len(r["token_times"]) > 1]
+        return np.concatenate(gaps) if gaps else np.zeros(0)
+
+    def fresh(self, workload: Sequence[EngineRequest | dict] | None = None, **config) -> "EngineRun":
+        """A new run on a new engine over the same loaded model; `config`: EngineConfig fields."""
+        from paged.engine import LLMEngine
+        cfg = dataclasses.replace(self.engine.config, **config)
+        return EngineRun(LLMEngine(self.engine.loaded, cfg), self.workload if workload is None else workload)
+
+
+class SimRun(_Run):
+    """The simulator stepping through `trace` (a paged.sim.workload trace DataFrame)."""
+
+    label = "simulator"
+
+    def __init__(self, sim_or_config, trace) -> None:
+        super().__init__()
+        from paged.sim.simulator import SimConfig, Simulator
+        if isinstance(sim_or_config, SimConfig):
+            sim_or_config = Simulator(dataclasses.replace(sim_or_config, record_events=True))
+        self.sim = sim_or_config
+        self.trace = trace
+        self.result = None
+        cfg = self.sim.config
+        self.backend = f"simulated {cfg.model} on {cfg.tensor_parallel}x {cfg.gpu} (cost model, no kernels run)"
+        self.tokenizer = None
+        self._it = iter(self.sim.iter_steps(trace)) if hasattr(self.sim, "iter_steps") else None
+        self._replay: list[dict] | None = None
+
+    @property
+    def kv(self):
+        return self.sim.kv
+
+    @property
+    def scheduler(self):
+        return self.sim.scheduler
+
+    def step(self) -> dict | None:
+        """One simulated step's row; None (and `done` becomes True) when the trace is finished."""
+        if self.done:
+            raise PagedError("this run is done; use fresh() for a new one")
+        if self._it is None:  # a simulator without iter_steps: run it, then hand out its rows
+            row = self._step_replayed()
+        else:
+            try:
+                s = next(self._it)
+            except StopIteration:
+                self.done = True
+                self.result = self.sim.result() if hasattr(self.sim, "result") else None
+                return None
+            row = {c: s.row[c] for c in STEP_COLUMNS}
+            self._track(list(s.events), self.kv.num_blocks)
+            plan = getattr(s, "plan", None)
+            if plan is not None:
+                from paged.core.snapshot import written_blocks
+                self._written = written_blocks(self.kv, plan.scheduled)
+        self.rows.append(row)
+        return row
+
+    def _step_replayed(self) -> dict:
+        if self._replay is None:
+            self.result = self.sim.run(self.trace)
+            st = self.result.steps.rename(columns={"time": "time_s", "duration": "step_time_s",
+                                                   "kv_block_usage": "kv_cache_usage_perc",
+                                                   "kv_token_usage": "token_usage"})
+            for c in STEP_COLUMNS:
+                if c not in st.columns:
+                    st[c] = 0
+            self._replay = st[list(STEP_COLUMNS)].to_dict("records")
+        row = self._replay[len(self.rows)]
+        if len(self.rows) + 1 >= len(self._replay):
+            self.done = True
+        return row
+
+    def snapshot(self, with_tokens: bool = False):
+        return self.kv.snapshot(self.scheduler.requests, step=len(self.rows), writing=self._written,
+                                last_use=self._last_use, with_tokens=with_tokens)
+
+    def request_rows(self) -> list[dict]:
+        """REQUEST_COLUMNS rows once the run is done (the simulator reports them at the end)."""
+        if self.result is None:
+            return []
+        rq = self.result.requests
+        return rq[[c for c in REQUEST_COLUMNS if c in rq.columns]].to_dict("records")
+
+    def tbt_samples(self) -> np.ndarray:
+        rq = self.request_rows()
+        return np.array([r["tbt_mean_s"] for r in rq if r.get("tbt_mean_s") == r.get("tbt_mean_s")], float)
+
+    def fresh(self, trace=None, **config) -> "SimRun":
+        cfg = dataclasses.replace(self.sim.config, **config)
+        return SimRun(cfg, self.trace if trace is None else trace)
+
+
+def chat_workload(tokenizer, num_requests: int = 8, *, system_prompt: str | None = None, max_tokens: int = 24,
+                  n: int = 1, arrive_every: int = 2, seed: int = 0) -> list[EngineRequest]:
+    """Chat requests sharing one system prompt (prefix-cache hits), arriving every `arrive_every`
+    steps; request 0 samples `n` continuations (parallel sampling: shared blocks, copy-on-write)."""
+    from paged.engine import SamplingParams
+    system = system_prompt or ("You are a helpful assistant for a class on operating systems. Answer in one "
+                               "short paragraph, plainly, and say when you are unsure.")
+    topics = ["virtual memory", "page tables", "copy-on-write", "caches", "scheduling", "fragmentation",
+              "swapping", "hash tables", "queues", "batching", "attention", "tokenizers"]
+    out = []
+    for i in range(num_requests):
+        prompt = f"{system}\nUser: Explain {topics[(i + seed) % len(topics)]} in two sentences.\nAssistant:"
+        k = n if i == 0 else 1
+        params = SamplingParams(max_tokens=max_tokens, n=k, temperature=0.8 if k > 1 else 0.0, seed=seed + i,
+                                ignore_eos=True)
+        out.append(EngineRequest(f"req-{i}", tokenizer.encode(prompt) if tokenizer else prompt, params,
+                                 1 + i * arrive_every))
+    return out
+
+
+def interference_workload(tokenizer, num_decoders: int = 4, decode_tokens: int = 48, num_long: int = 2,
+                          long_prompt_tokens: int = 384, long_every: int = 12) -> list[EngineRequest]:
+    """Short chats that decode for a while, then long prompts arriving every `long_every` steps:
+    without chunked prefill a long prefill stalls every decode for a whole step."""
+    from paged.engine import SamplingParams
+    base = tokenizer.encode("The history of computing, told as a long story: ") if tokenizer else [17] * 12
+    long_ids = (base * (long_prompt_tokens // len(base) + 1))[:long_prompt_tokens]
+    out = [EngineRequest(f"chat-{i}", base[:8] + [20 + i], SamplingParams(max_tokens=decode_tokens, ignore_eos=True), 1)
+           for i in range(num_decoders)]
+    for j in range(num_long):
+        ids = [min(t + j + 1, 49000) for t in long_ids]  # distinct prompts: no prefix hits between them
+        out.append(EngineRequest(f"long-{j}", ids, SamplingParams(max_tokens=4, ignore_eos=True),
+                                 4 + j * long_every))
+    return out
