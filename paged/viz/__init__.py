@@ -1,0 +1,53 @@
+"""paged.viz: the only place plotly and ipywidgets appear. Views read records and snapshots.
+
+Three layers (each usable alone):
+
+1. Runs (`paged.runs`) step the real engine or the simulator with one interface::
+
+       from paged import runs
+       llm = paged.LLM(num_blocks=48)                            # SmolLM2-135M, real kernels
+       run = runs.EngineRun(llm, runs.chat_workload(llm.tokenizer, 8, n=3))
+       run = runs.SimRun(SimConfig(model="llama-2-70b", tensor_parallel=4), trace)
+       row = run.step()        # dict of paged.telemetry STEP_COLUMNS (seconds)
+       run.done, run.rows, run.events, run.snapshot(), run.request_rows(), run.tbt_samples()
+       run.steps_frame(), run.requests_frame(), run.events_frame(), run.fresh(**changes)
+
+2. Pure figures (`paged.viz.figures`, plotly `go.Figure`, unit-tested on data)::
+
+       figures.block_grid(snap, cols=None, page=0, tokenizer=None, highlight=None)
+       figures.block_tables(snap, max_requests=16, highlight=None)
+       figures.contiguous_grid(contiguous_snap, cell_tokens=16)
+       figures.usage_over_time(steps_df, contiguous=None)      # blocks vs tokens (+ counterfactual)
+       figures.step_timeline(steps_df)                         # prefill/decode, step time, preempt/swap
+       figures.latency_distributions({"label": (requests_df, tbt_samples)}), figures.latency_summary(...)
+       figures.prefix_cache(steps_df, events_df), figures.block_lifetimes(events_df)
+
+   `snap` is a `paged.core.snapshot.KVSnapshot` (`run.snapshot()` / `KVCacheManager.snapshot()`).
+
+3. Live dashboards (`paged.viz.live`, FigureWidgets + an ipywidgets panel from `paged.viz.panels`)::
+
+       dash = live.Dashboard(run, views=("grid", "tables", "usage", "timeline"), fps=15)
+       dash                      # displays: panel (play/pause/step/reset/speed/settings) + figures
+       dash.play()               # background asyncio task: controls respond while it runs
+       dash.run_to_completion()  # blocking; draws frames at <= fps (for headless execution)
+       dash.frames, dash.figures # frames drawn so far; {name: FigureWidget}
+
+   Frames are coalesced to at most `fps` per second whatever the step rate, each inside
+   `fig.batch_update()`; series come from ring buffers (arrays replaced, never appended).
+   Clicking a block in the grid highlights its request's table and shows its tokens.
+   Without ipywidgets/anywidget, `Dashboard` shows static figures and says so.
+
+Replay (`paged.replay`): `save(run, path)`, `load(path)` -> `Recording` (same `rows`, `events`,
+`snapshot(i)` as a run, deterministic), `to_chrome_trace(run_or_recording, path)` for ui.perfetto.dev.
+"""
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["figures", "live", "panels"]
+
+
+def __getattr__(name: str):
+    if name in ("figures", "live", "panels"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
