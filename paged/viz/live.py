@@ -1,0 +1,324 @@
+"""Live dashboards: FigureWidgets that follow a run (paged.runs) while it steps.
+
+    dash = Dashboard(run, views=("grid", "tables", "usage", "timeline"))
+    dash                       # panel + figures; press play (a background asyncio task)
+    dash.run_to_completion()   # or step it to the end from the cell (headless execution)
+
+Invariants: at most `fps` frames per second are drawn whatever the step rate (a frame is due
+when 1/fps has passed since the last; the last step is always drawn); every frame is one
+`batch_update()` per figure; time series come from fixed-size ring buffers whose arrays are
+assigned whole (never appended to). Counting never depends on drawing: the run records every
+step whether or not a frame is drawn. FigureWidgets are displayed one by one, never inside a
+Box (plotly #4998). Without ipywidgets/anywidget the dashboard shows static figures and says so.
+"""
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from paged.runs import STEP_COLUMNS
+from . import figures as F
+
+VIEWS = ("grid", "tables", "usage", "timeline", "latency", "prefix")
+_SERIES = ("step", "step_time_s", "num_prefill_tokens", "num_decode_tokens", "num_preempted",
+           "num_swapped_out_blocks", "num_swapped_in_blocks", "kv_cache_usage_perc", "token_usage",
+           "prefix_cache_queries", "prefix_cache_hits", "num_cached_free_blocks")
+
+
+def widgets_available() -> str | None:
+    """None if FigureWidget and ipywidgets work here, else the reason they do not."""
+    try:
+        import anywidget  # noqa: F401  plotly >= 6 builds FigureWidget on it
+        import ipywidgets  # noqa: F401
+        go.FigureWidget()
+    except Exception as e:  # noqa: BLE001 - any failure means: fall back to static figures
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+class RingBuffer:
+    """The last `capacity` step rows, one numpy array per column; `frame()` is chronological."""
+
+    def __init__(self, capacity: int = 512, columns: Sequence[str] = _SERIES) -> None:
+        self.capacity = capacity
+        self.data = {c: np.zeros(capacity) for c in columns}
+        self.n = 0
+
+    def push(self, row: dict) -> None:
+        i = self.n % self.capacity
+        for c, a in self.data.items():
+            a[i] = row[c]
+        self.n += 1
+
+    def frame(self) -> dict[str, np.ndarray]:
+        """Copies, oldest first (at most `capacity` rows)."""
+        if self.n <= self.capacity:
+            return {c: a[:self.n].copy() for c, a in self.data.items()}
+        i = self.n % self.capacity
+        return {c: np.concatenate([a[i:], a[:i]]) for c, a in self.data.items()}
+
+    def clear(self) -> None:
+        self.n = 0
+
+
+class Dashboard:
+    """Live figures and a control panel over `run` (an EngineRun or SimRun).
+
+    `settings`: cache settings shown in the panel (name -> initial value; applied on reset
+    via `run.fresh(**settings)`); `workload`: (builder, kwargs) whose int kwargs get sliders,
+    rebuilt on reset as `builder(run.tokenizer, **kwargs)`."""
+
+    def __init__(self, run, views: Sequence[str] = ("grid", "tables", "usage", "timeline"), *, fps: float = 15.0,
+                 steps_per_second: float | None = None, history: int = 512, cols: int | None = None,
+                 max_requests: int = 12, settings: dict[str, Any] | None = None,
+                 workload: tuple[Callable, dict] | None = None, title: str | None = None) -> None:
+        bad = [v for v in views if v not in VIEWS]
+        if bad:
+            from paged.errors import ConfigError
+            raise ConfigError(f"unknown view(s) {bad}; choose from {VIEWS}")
+        self.run, self.views, self.fps, self.cols, self.max_requests = run, tuple(views), fps, cols, max_requests
+        self.steps_per_second = steps_per_second
+        self.title = title
+        self.buffer = RingBuffer(history)
+        self.frames = 0
+        self.selected: str | None = None
+        self.page = 0
+        self._last_draw = 0.0
+        self._task: asyncio.Task | None = None
+        self._playing = False
+        self._workload = workload
+        self.no_widgets = widgets_available()
+        self.panel = None
+        if self.no_widgets is None:
+            from .panels import ControlPanel
+            self.panel = ControlPanel(self, settings, workload[1] if workload else None)
+        self.figures: dict[str, go.Figure] = {}
+        self._build()
+
+    # ---- figures ---------------------------------------------------------------------
+    def _static(self) -> dict[str, go.Figure]:
+        run, snap = self.run, self.run.snapshot()
+        steps = self._steps_frame()
+        out: dict[str, go.Figure] = {}
+        for v in self.views:
+            if v == "grid":
+                out[v] = F.block_grid(snap, self.cols, self.page, run.tokenizer, self.selected)
+            elif v == "tables":
+                out[v] = F.block_tables(snap, self.max_requests, self.selected)
+                out[v].update_layout(height=26 * self.max_requests + 100)
+            elif v == "usage":
+                out[v] = F.usage_over_time(steps)
+            elif v == "timeline":
+                out[v] = F.step_timeline(steps)
+            elif v == "latency":
+                out[v] = F.latency_distributions({run.label: (run.requests_frame(), run.tbt_samples())})
+            elif v == "prefix":
+                out[v] = F.prefix_cache(steps)
+        return out
+
+    def _steps_frame(self):
+        import pandas as pd
+        d = self.buffer.frame()
+        return pd.DataFrame({c: d.get(c, np.zeros(len(d["step"]))) for c in STEP_COLUMNS})
+
+    def _build(self) -> None:
+        figs = self._static()
+        if self.no_widgets is None:
+            figs = {k: go.FigureWidget(f) for k, f in figs.items()}
+            if "grid" in figs:
+                figs["grid"].data[0].on_click(self._on_grid_click)
+        self.figures = figs
+        self._status()
+
+    def _status(self) -> None:
+        if self.panel is None:
+            return
+        r = self.run
+        last = r.rows[-1] if r.rows else None
+        t = f"{last['time_s'] + last['step_time_s']:.2f} s" if last else "-"
+        self.panel.show_status(
+            f"<b>{html.escape(self.title or r.label)}</b> · {html.escape(r.backend)}<br>"
+            f"step {len(r.rows)} · clock {t} · {'done' if r.done else 'running' if self._playing else 'paused'}"
+            f" · frames drawn {self.frames} (≤ {self.fps:g}/s)")
+
+    def draw(self) -> None:
+        """Draw one frame now (each figure in one batch_update)."""
+        self.frames += 1
+        self._last_draw = time.perf_counter()
+        if self.no_widgets is not None:
+            return
+        run, figs = self.run, self.figures
+        snap = run.snapshot() if ("grid" in figs or "tables" in figs) else None
+        d = self.buffer.frame()
+        if "grid" in figs:
+            g = F.grid_data(snap, self.cols, self.page, run.tokenizer, self.selected)
+            with figs["grid"].batch_update():
+                figs["grid"].data[0].z, figs["grid"].data[0].text = g["z"], g["text"]
+                figs["grid"].data[1].x, figs["grid"].data[1].y = g["hl_x"], g["hl_y"]
+                figs["grid"].layout.title.text = (f"block pool at step {snap.step}: {snap.num_blocks} blocks of "
+                                                  f"{snap.block_size} tokens · {_counts(snap)}")
+        if "tables" in figs:
+            t = F.tables_data(snap, self.max_requests, self.selected)
+            with figs["tables"].batch_update():
+                tr = figs["tables"].data[0]
+                tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
+                figs["tables"].layout.title.text = f"block tables at step {snap.step} (cell = physical block id)"
+        if "usage" in figs:
+            s = F.usage_series(d)
+            with figs["usage"].batch_update():
+                figs["usage"].data[0].x, figs["usage"].data[0].y = s["x"], s["blocks"]
+                figs["usage"].data[1].x, figs["usage"].data[1].y = s["x"], s["tokens"]
+        if "timeline" in figs:
+            s = F.timeline_series(d)
+            with figs["timeline"].batch_update():
+                tr = figs["timeline"].data
+                tr[0].x, tr[0].y, tr[1].x, tr[1].y = s["x"], s["prefill"], s["x"], s["decode"]
+                tr[2].x, tr[2].y = s["x"], s["ms"]
+                tr[3].x, tr[3].y, tr[4].x, tr[4].y = s["pre_x"], s["pre_y"], s["swap_x"], s["swap_y"]
+        if "prefix" in figs:
+            q, h = d["prefix_cache_queries"], d["prefix_cache_hits"]
+            with figs["prefix"].batch_update():
+                figs["prefix"].data[0].x = d["step"]
+                figs["prefix"].data[0].y = np.divide(100 * h, q, out=np.zeros_like(h), where=q > 0)
+                figs["prefix"].data[1].x, figs["prefix"].data[1].y = d["step"], d["num_cached_free_blocks"]
+        if "latency" in figs:
+            req, tbt = run.requests_frame(), run.tbt_samples()
+            with figs["latency"].batch_update():
+                figs["latency"].data[0].x = 1e3 * req["ttft_s"].to_numpy(float) if len(req) else []
+                figs["latency"].data[1].x = 1e3 * np.asarray(tbt, float)
+        self._status()
+
+    def _on_grid_click(self, trace, points, state) -> None:
+        if not points.xs:
+            return
+        g = F.grid_shape(self.run.kv.num_blocks, self.cols)
+        block = self.page * g[0] * g[1] + int(points.ys[0]) * g[1] + int(points.xs[0])
+        self.select_block(block)
+
+    def select_block(self, block: int) -> str:
+        """Highlight the table of the request owning `block`; show its tokens. Returns the text shown."""
+        snap = self.run.snapshot()
+        if not 0 <= block < snap.num_blocks:
+            return ""
+        o = int(snap.owner[block])
+        self.selected = snap.request_ids[o] if o >= 0 else None
+        toks = snap.block_tokens(block)
+        tok = self.run.tokenizer
+        body = (html.escape(tok.decode(list(toks))) if toks and tok is not None else str(list(toks or [])))
+        holders = ", ".join(snap.holders(block)) or "none (free)"
+        text = (f"<b>block {block}</b> ({F.STATE_NAMES[snap.state[block]]}, ref {int(snap.ref_count[block])}) "
+                f"held by: {html.escape(holders)}<br><code>{body or '(no tokens)'}</code>")
+        if self.panel is not None:
+            self.panel.tokens.value = text
+        self.draw()
+        return text
+
+    # ---- stepping --------------------------------------------------------------------
+    def step_once(self, draw: bool = False) -> dict | None:
+        """One run step; a frame is drawn if one is due (or `draw`)."""
+        if self.run.done:
+            return None
+        row = self.run.step()
+        if row is not None:
+            self.buffer.push(row)
+        if draw or self.run.done or time.perf_counter() - self._last_draw >= 1.0 / self.fps:
+            self.draw()
+        return row
+
+    def set_speed(self, steps_per_second: float | None) -> None:
+        self.steps_per_second = None if not steps_per_second or steps_per_second >= 1000 else steps_per_second
+
+    def _pause_s(self, started: float) -> float:
+        if not self.steps_per_second:
+            return 0.0
+        return max(0.0, 1.0 / self.steps_per_second - (time.perf_counter() - started))
+
+    async def _loop(self) -> None:
+        try:
+            while self._playing and not self.run.done:
+                t = time.perf_counter()
+                self.step_once()
+                await asyncio.sleep(self._pause_s(t))  # yields: widget messages get handled
+        finally:
+            self._playing = False
+            self.draw()
+            if self.panel is not None:
+                self.panel.stopped()
+
+    def play(self) -> asyncio.Task | None:
+        """Run in a background asyncio task (needs a running event loop, as in Jupyter)."""
+        if self._playing or self.run.done:
+            return self._task
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            try:
+                loop = asyncio.get_event_loop()
+            except RuntimeError:
+                loop = None
+        if loop is None or not loop.is_running():
+            self.run_to_completion()  # no event loop to run in (a script): finish here
+            return None
+        self._playing = True
+        self._task = loop.create_task(self._loop())
+        return self._task
+
+    def pause(self) -> None:
+        self._playing = False
+
+    async def wait(self) -> None:
+        """Await the background task (a final `await dash.wait()` cell keeps a headless kernel alive)."""
+        if self._task is not None:
+            await self._task
+
+    def run_to_completion(self, max_steps: int = 100_000, pace: bool = True) -> "Dashboard":
+        """Step to the end from here (blocking); frames still go out at <= fps."""
+        self._playing = False
+        for _ in range(max_steps):
+            if self.run.done:
+                break
+            t = time.perf_counter()
+            self.step_once()
+            if pace and self.steps_per_second:
+                time.sleep(self._pause_s(t))
+        self.draw()
+        return self
+
+    def reset(self, workload: dict | None = None, **settings) -> None:
+        """A fresh run with changed settings (and workload kwargs), drawn from step 0."""
+        self._playing = False
+        kw = {}
+        if workload is not None and self._workload is not None:
+            builder, base = self._workload
+            self._workload = (builder, {**base, **workload})
+            kw["workload" if hasattr(self.run, "engine") else "trace"] = builder(self.run.tokenizer, **self._workload[1])
+        self.run = self.run.fresh(**kw, **settings)
+        self.buffer.clear()
+        self.selected = None
+        self.draw()
+
+    # ---- display ---------------------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        from IPython.display import HTML, display
+        if self.no_widgets is not None:
+            display(HTML(f"<p><b>Static figures</b>: live widgets are unavailable here ({html.escape(self.no_widgets)}); "
+                         "install ipywidgets and anywidget for the live view. Backend: "
+                         f"{html.escape(self.run.backend)}</p>"))
+            for f in self._static().values():
+                display(f)
+            return
+        display(self.panel.widget)
+        for f in self.figures.values():  # one by one: a FigureWidget inside a Box renders broken (plotly #4998)
+            display(f)
+
+
+def _counts(snap) -> str:
+    c = np.bincount(snap.state, minlength=len(F.STATE_NAMES))
+    return " · ".join(f"{n} {int(c[i])}" for i, n in enumerate(F.STATE_NAMES) if c[i] and i < 5)
