@@ -11,12 +11,15 @@ Typical use by a model runner::
 
     layer = kernels.allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim,
                                       kv_format="auto", dtype=torch.float16, device="cuda")
-    layer.write(k, v, slot_mapping)                       # = kernels.write_kv(k, v, layer, None, slot_mapping)
-    out = layer.prefill(q, block_tables, seq_lens, query_start_loc)   # mixed prefill + decode batch
-    out = layer.decode(q, block_tables, seq_lens)         # one query token per sequence
+    kernels.write_kv(k, v, layer, None, slot_mapping)
+    out = kernels.paged_prefill_attention(q, layer, None, block_tables, seq_lens, query_start_loc)  # mixed batch
+    out = kernels.paged_decode_attention(q, layer, None, block_tables, seq_lens)  # one query token per sequence
     kernels.copy_blocks([layer0, layer1, ...], [(src, dst), ...])      # copy-on-write
     kernels.swap_blocks(gpu_layers, cpu_layers, [(gpu_block, cpu_block), ...])
-    layer.release_blocks(freed_block_ids)                 # int4_kivi: free staging (no-op otherwise)
+    kernels.release_blocks(layer, freed_block_ids)        # int4_kivi: free staging (no-op otherwise)
+
+``KVCacheLayer`` is data only (tensors, format, staging pool); every operation on it is a
+function of :mod:`kernels.api` / :mod:`kernels.blocks`.
 
 Entry points (each takes ``backend=None|"triton"|"interpreter"|"torch"``, see :mod:`kernels.backend`):
 
@@ -31,7 +34,7 @@ Entry points (each takes ``backend=None|"triton"|"interpreter"|"torch"``, see :m
   ``dequantize_kv(data, kv_format, scale, zero, *, dtype=torch.float32)``
 * ``allocate_kv_cache(..., num_staging_blocks=None) -> KVCacheLayer``; ``k_cache`` may be a
   ``KVCacheLayer`` (then ``v_cache=None`` and no format/scale arguments: the layer carries them;
-  ``int4_kivi`` works only through layers). ``KVCacheLayer.release_blocks(ids)``.
+  ``int4_kivi`` works only through layers). ``release_blocks(layer, ids)``.
 
 KV formats: ``"fp16"``, ``"bf16"``, ``"fp32"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (per-head float32
 scales), ``"int8"`` (per token-head fp16 scale), ``"int4"`` (per token-head group of 32 fp16
@@ -54,26 +57,47 @@ when the repository root is the working directory (checked: a foreign ``kernels`
 path is imported instead). Importers should check ``getattr(kernels, "WORKBENCH", False)`` (True
 only here) and otherwise tell the user to ``pip uninstall kernels`` or use a separate environment.
 
-Importing this package does not import triton (the Triton kernels load on first use).
+Importing this package imports neither torch nor triton: its names load on first use, and the
+Triton kernels on the first Triton call.
 """
 
 from __future__ import annotations
 
-from .api import paged_decode_attention, paged_prefill_attention, write_kv
-from .backend import BACKENDS, resolve_backend
-from .blocks import copy_blocks, swap_blocks
-from .cache import KVCacheLayer, allocate_kv_cache, as_layer
-from .errors import BackendUnavailableError, KernelError, KVFormatError, ShapeError, StagingExhaustedError
-from .formats import FORMATS, KVFormat, bytes_per_token, get_format
-from .quant import QuantizedKV, dequantize_kv, fp8_scale, pack_int4, quantize_kv, unpack_int4
+import importlib
 
 WORKBENCH = True  # marks this package apart from PyPI's unrelated `kernels`
 
+# Public name -> submodule. Loaded on first access (PEP 562), so that importing `kernels` (or the
+# torch-free `kernels.format_table`, which the simulator reads) does not import torch.
+_LAZY = {
+    "paged_decode_attention": "api", "paged_prefill_attention": "api", "write_kv": "api", "release_blocks": "api",
+    "BACKENDS": "backend", "resolve_backend": "backend",
+    "copy_blocks": "blocks", "swap_blocks": "blocks",
+    "KVCacheLayer": "cache", "allocate_kv_cache": "cache", "as_layer": "cache",
+    "BackendUnavailableError": "errors", "KernelError": "errors", "KVFormatError": "errors",
+    "ShapeError": "errors", "StagingExhaustedError": "errors",
+    "FORMATS": "format_table", "KVFormat": "format_table", "bytes_per_token": "formats", "get_format": "formats",
+    "QuantizedKV": "quant", "dequantize_kv": "quant", "fp8_scale": "quant", "pack_int4": "quant",
+    "quantize_kv": "quant", "unpack_int4": "quant",
+}
+
 __all__ = [
-    "paged_decode_attention", "paged_prefill_attention", "write_kv", "copy_blocks", "swap_blocks",
+    "paged_decode_attention", "paged_prefill_attention", "write_kv", "release_blocks", "copy_blocks", "swap_blocks",
     "KVCacheLayer", "allocate_kv_cache", "as_layer", "quantize_kv", "dequantize_kv", "fp8_scale",
     "pack_int4", "unpack_int4", "QuantizedKV", "KVFormat", "FORMATS", "get_format", "bytes_per_token",
     "BACKENDS", "resolve_backend", "KernelError", "KVFormatError", "ShapeError", "BackendUnavailableError",
     "StagingExhaustedError",
     "WORKBENCH",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

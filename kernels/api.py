@@ -1,4 +1,8 @@
-"""Public entry points: validate inputs, pick a backend, call the Triton kernel or the torch reference."""
+"""Public entry points: validate inputs, pick a backend, call the Triton kernel or the torch reference.
+
+Every operation on a :class:`~kernels.cache.KVCacheLayer` lives here (or in :mod:`kernels.blocks`);
+the layer itself is data only.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from .cache import KVCacheLayer, as_layer
 from .errors import ShapeError
 from .reference import decode_attention_ref, prefill_attention_ref, write_kv_ref
 
-__all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv"]
+__all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv", "release_blocks"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 Scale = torch.Tensor | float | None  # fp8: per tensor or per KV head; int8/int4: per-token side tensor
@@ -142,3 +146,14 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVC
         return
     from .triton_impl.launch import write_kv_triton
     write_kv_triton(layer, key.contiguous(), value.contiguous(), sm)
+
+
+def release_blocks(layer: KVCacheLayer, block_ids) -> None:
+    """Tell ``layer`` that the KV manager freed ``block_ids`` (ints or an integer tensor).
+
+    ``int4_kivi``: frees their staging slots (this bounds staging use; see
+    :mod:`kernels.kivi_cache`). A no-op for the other formats, so callers need not check.
+    """
+    if layer.staging is not None:
+        from .kivi_cache import release
+        release(layer, block_ids)

@@ -17,7 +17,7 @@ import torch
 
 from .errors import KVFormatError, ShapeError
 from .formats import DEFAULT_INT4_GROUP, KVFormat, get_format
-from .quant import _head_scale
+from .quant import as_head_scale
 from .staging import StagingPool, default_num_staging_blocks
 
 __all__ = ["KVCacheLayer", "allocate_kv_cache", "as_layer"]
@@ -83,33 +83,6 @@ class KVCacheLayer:
         extra = self.staging.nbytes() if self.staging is not None else 0
         return sum(t.numel() * t.element_size() for t in ts if t is not None) + extra
 
-    def release_blocks(self, block_ids) -> None:
-        """Tell the layer that the KV manager freed ``block_ids`` (ints or an integer tensor).
-
-        ``int4_kivi``: frees their staging slots (this bounds staging use; see
-        :mod:`kernels.kivi_cache`). A no-op for the other formats, so callers need not check.
-        """
-        if self.staging is not None:
-            from .kivi_cache import release
-            release(self, block_ids)
-
-    def write(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, *,
-              backend: str | None = None) -> None:
-        """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_mapping``."""
-        from .api import write_kv
-        write_kv(key, value, self, None, slot_mapping, backend=backend)
-
-    def decode(self, q: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, **kw):
-        """:func:`kernels.paged_decode_attention` over this layer."""
-        from .api import paged_decode_attention
-        return paged_decode_attention(q, self, None, block_tables, seq_lens, **kw)
-
-    def prefill(self, q: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                query_start_loc: torch.Tensor, **kw):
-        """:func:`kernels.paged_prefill_attention` over this layer."""
-        from .api import paged_prefill_attention
-        return paged_prefill_attention(q, self, None, block_tables, seq_lens, query_start_loc, **kw)
-
 
 def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                       kv_format: str | KVFormat = "auto", *, dtype: torch.dtype = torch.float16,
@@ -152,8 +125,8 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
         layer.staging = StagingPool(num_blocks, n, block_size, num_kv_heads, head_dim, dtype, device,
                                     growable=grow_staging)
     elif fmt.scale == "head":
-        layer.k_scale = _head_scale(k_scale, num_kv_heads, device).clone()
-        layer.v_scale = _head_scale(v_scale, num_kv_heads, device).clone()
+        layer.k_scale = as_head_scale(k_scale, num_kv_heads, device).clone()
+        layer.v_scale = as_head_scale(v_scale, num_kv_heads, device).clone()
     elif fmt.scale == "token":
         groups = head_dim // group_size if fmt.packed else 1
         layer.k_scale, layer.v_scale = new(lead + (groups,), torch.float16), new(lead + (groups,), torch.float16)
@@ -183,8 +156,8 @@ def as_layer(k_cache: torch.Tensor | KVCacheLayer, v_cache: torch.Tensor | None,
         else:
             fmt = get_format(kv_format, k_cache.dtype)
         if fmt.scale == "head":
-            k_scale = _head_scale(k_scale, k_cache.shape[2] if k_cache.dim() == 4 else 1, k_cache.device)
-            v_scale = _head_scale(v_scale, k_cache.shape[2] if k_cache.dim() == 4 else 1, k_cache.device)
+            k_scale = as_head_scale(k_scale, k_cache.shape[2] if k_cache.dim() == 4 else 1, k_cache.device)
+            v_scale = as_head_scale(v_scale, k_cache.shape[2] if k_cache.dim() == 4 else 1, k_cache.device)
         layer = KVCacheLayer(k_cache, v_cache, fmt, k_scale, v_scale, k_zero, v_zero,
                              dtype or (k_cache.dtype if not fmt.quantized else torch.float16))
     check_layer(layer)

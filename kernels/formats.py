@@ -1,5 +1,8 @@
 """KV-cache storage formats: names, storage dtypes, side tensors and bytes per token.
 
+The table itself lives in :mod:`kernels.format_table` (torch-free, shared with the simulator);
+this module adds the torch-dtype side of the look-ups.
+
 A format says how one token-head row of ``head_dim`` values is stored in a cache block:
 
 ========== ============================ ================================================
@@ -28,103 +31,28 @@ so that a block copy or swap moves a block's data and scales together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .errors import KVFormatError
+from . import format_table as _table
+from .format_table import DEFAULT_INT4_GROUP, FORMATS, KVFormat
 
-__all__ = ["KVFormat", "FORMATS", "get_format", "format_for_dtype", "bytes_per_token"]
-
-DEFAULT_INT4_GROUP = 32
-
-
-@dataclass(frozen=True, slots=True)
-class KVFormat:
-    """Static description of one KV storage format.
-
-    ``code`` is the integer the Triton kernels switch on (a constexpr); ``scale`` is one of
-    ``None`` (no side tensor), ``"head"`` (one float32 per KV head) or ``"token"`` (float16 side
-    tensors in the block layout, one per token-head group).
-    """
-
-    name: str
-    code: int
-    storage_dtype: torch.dtype | None  # None: the model dtype (baseline formats)
-    scale: str | None
-    has_zero: bool = False
-    max_value: float | None = None  # largest finite code value (fp8) / code (int)
-    bits: int = 16
-    k_per_channel: bool = False  # int4_kivi: K scales per (block, head, channel), staging pool
-
-    @property
-    def quantized(self) -> bool:
-        return self.scale is not None
-
-    @property
-    def packed(self) -> bool:
-        return self.bits == 4
+__all__ = ["KVFormat", "FORMATS", "get_format", "format_for_dtype", "bytes_per_token", "DEFAULT_INT4_GROUP"]
 
 
-FORMATS: dict[str, KVFormat] = {
-    "fp16": KVFormat("fp16", 0, torch.float16, None),
-    "bf16": KVFormat("bf16", 0, torch.bfloat16, None),
-    "fp32": KVFormat("fp32", 0, torch.float32, None, bits=32),
-    "fp8_e4m3": KVFormat("fp8_e4m3", 1, torch.float8_e4m3fn, "head", max_value=448.0, bits=8),
-    "fp8_e5m2": KVFormat("fp8_e5m2", 2, torch.float8_e5m2, "head", max_value=57344.0, bits=8),
-    "int8": KVFormat("int8", 3, torch.int8, "token", max_value=127.0, bits=8),
-    "int4": KVFormat("int4", 4, torch.uint8, "token", has_zero=True, max_value=15.0, bits=4),
-    "int4_kivi": KVFormat("int4_kivi", 5, torch.uint8, "token", has_zero=True, max_value=15.0, bits=4,
-                          k_per_channel=True),
-}
-
-_ALIASES = {"kivi": "int4_kivi", "float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32",
-            "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
-_DTYPE_FORMATS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
-                  torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2",
-                  torch.int8: "int8"}
-
-
-def get_format(name: str | KVFormat, dtype: torch.dtype | None = None) -> KVFormat:
+def get_format(name: str | KVFormat | None, dtype: torch.dtype | None = None) -> KVFormat:
     """Look a format up by name; ``"auto"`` (or None) means the baseline format of ``dtype``."""
-    if isinstance(name, KVFormat):
-        return name
-    if name is None or name == "auto":
-        return format_for_dtype(dtype if dtype is not None else torch.float16)
-    key = _ALIASES.get(str(name).lower(), str(name).lower())
-    if key not in FORMATS:
-        raise KVFormatError(f"unknown kv_format {name!r}; use one of 'auto', {', '.join(map(repr, FORMATS))}")
-    return FORMATS[key]
+    return _table.lookup(name, dtype)
 
 
 def format_for_dtype(dtype: torch.dtype) -> KVFormat:
     """The format whose data tensor has ``dtype`` (uint8 is ambiguous and is refused)."""
-    if dtype not in _DTYPE_FORMATS:
-        raise KVFormatError(f"cannot infer a KV format from dtype {dtype}; pass kv_format= explicitly "
-                            f"(uint8 caches are 'int4')")
-    return FORMATS[_DTYPE_FORMATS[dtype]]
+    return _table.format_for_dtype(dtype)
 
 
 def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int, *,
                     dtype: torch.dtype = torch.float16, group_size: int = DEFAULT_INT4_GROUP,
                     block_size: int = 16) -> int:
-    """Bytes one token occupies in one layer for K and V together, side tensors included.
-
-    Per-head fp8 scales are per layer, not per token, and are not counted. ``int4_kivi`` reports
-    the steady-state cost of full blocks: its per-channel K scale and zero (``4 * head_dim``
-    bytes per block-head) are spread over ``block_size`` tokens (rounded up to whole bytes per
-    token); the staging pool for unfilled blocks is a fixed cost per layer, counted by
-    :meth:`KVCacheLayer.nbytes` and not here.
-    """
-    fmt = get_format(kv_format, dtype)
-    if fmt.k_per_channel:
-        v = head_dim // 2 + 2 * 2 * (head_dim // group_size)
-        k_num = (head_dim // 2) * block_size + 2 * 2 * head_dim  # per block-head
-        return num_kv_heads * v + -(-num_kv_heads * k_num // block_size)
-    if fmt.bits == 4:
-        per_head = head_dim // 2 + 2 * 2 * (head_dim // group_size)  # codes + fp16 scale and zero
-    elif fmt.scale == "token":
-        per_head = head_dim + 2  # int8 codes + one fp16 scale
-    else:
-        per_head = head_dim * fmt.bits // 8
-    return 2 * num_kv_heads * per_head
+    """Bytes one token occupies in one layer for K and V together (see
+    :func:`kernels.format_table.bytes_per_token`, the one definition)."""
+    return _table.bytes_per_token(kv_format, num_kv_heads, head_dim, dtype=dtype, group_size=group_size,
+                                  block_size=block_size)

@@ -34,7 +34,7 @@ Invariants:
    source's rows are copied into the destination's slot (its own, or a new one); a sealed
    source releases the destination's slot. ``swap_blocks`` does the same between the pools of
    two layers (GPU <-> CPU), leaving the source as it is (the manager frees it afterwards).
-   :meth:`KVCacheLayer.release_blocks` frees the slots of blocks the KV manager freed; that call
+   :func:`kernels.release_blocks` frees the slots of blocks the KV manager freed; that call
    is what bounds staging use. A freed staged block that is never released keeps its slot until
    the block is reused: rewritten from offset 0 (it reuses its own slot), sealed, or the
    destination of a copy or swap; so without releases, staging can still hold at most one slot

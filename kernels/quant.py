@@ -20,9 +20,10 @@ from typing import NamedTuple
 import torch
 
 from .errors import KVFormatError, ShapeError
+from .format_table import CODE_INT8
 from .formats import DEFAULT_INT4_GROUP, KVFormat, get_format
 
-__all__ = ["QuantizedKV", "quantize_kv", "dequantize_kv", "fp8_scale", "pack_int4", "unpack_int4"]
+__all__ = ["QuantizedKV", "quantize_kv", "dequantize_kv", "fp8_scale", "as_head_scale", "pack_int4", "unpack_int4"]
 
 
 class QuantizedKV(NamedTuple):
@@ -39,14 +40,14 @@ def fp8_scale(x: torch.Tensor, kv_format: str | KVFormat = "fp8_e4m3", *, per_he
     Returns float32 ``[num_kv_heads]`` (a per-tensor scale is repeated in every head).
     """
     fmt = get_format(kv_format)
-    if fmt.code not in (1, 2):
+    if not fmt.is_fp8:
         raise KVFormatError(f"fp8_scale needs an fp8 format, got {fmt.name!r}")
     a = x.detach().float().abs().reshape(-1, x.shape[-2], x.shape[-1])
     amax = a.amax(dim=(0, 2)) if per_head else a.amax().expand(x.shape[-2])
     return torch.where(amax > 0, amax / fmt.max_value, torch.ones_like(amax)).contiguous()
 
 
-def _head_scale(scale: torch.Tensor | float | None, num_heads: int, device: torch.device) -> torch.Tensor:
+def as_head_scale(scale: torch.Tensor | float | None, num_heads: int, device: torch.device) -> torch.Tensor:
     """Normalise an fp8 scale (None, float, 0-d, [1] or [H]) to float32 ``[H]``."""
     if scale is None:
         return torch.ones(num_heads, dtype=torch.float32, device=device)
@@ -96,11 +97,11 @@ def quantize_kv(x: torch.Tensor, kv_format: str | KVFormat, *, scale: torch.Tens
     if not fmt.quantized:
         return QuantizedKV(x.to(fmt.storage_dtype))
     xf = x.float()
-    if fmt.code in (1, 2):
-        s = fp8_scale(x, fmt) if scale is None else _head_scale(scale, x.shape[-2], x.device)
+    if fmt.is_fp8:
+        s = fp8_scale(x, fmt) if scale is None else as_head_scale(scale, x.shape[-2], x.device)
         y = (xf / s[:, None]).clamp(-fmt.max_value, fmt.max_value)
         return QuantizedKV(y.to(fmt.storage_dtype), s)
-    if fmt.code == 3:
+    if fmt.code == CODE_INT8:
         s = (xf.abs().amax(dim=-1, keepdim=True) / 127.0).to(torch.float16)
         q = torch.round(xf / _safe(s.float())).clamp(-127, 127)
         return QuantizedKV(q.to(torch.int8), s)
@@ -132,10 +133,10 @@ def dequantize_kv(data: torch.Tensor | QuantizedKV, kv_format: str | KVFormat | 
         return data.to(dtype)
     if scale is None:
         raise KVFormatError(f"dequantizing {fmt.name} needs its scale tensor")
-    if fmt.code in (1, 2):
-        s = _head_scale(scale, data.shape[-2], data.device)
+    if fmt.is_fp8:
+        s = as_head_scale(scale, data.shape[-2], data.device)
         return (data.float() * s[:, None]).to(dtype)
-    if fmt.code == 3:
+    if fmt.code == CODE_INT8:
         return (data.float() * scale.float()).to(dtype)
     if zero is None:
         raise KVFormatError("dequantizing int4 needs its zero-point tensor")

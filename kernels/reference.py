@@ -62,7 +62,7 @@ def gather_kv(layer: KVCacheLayer, which: str, blocks: torch.Tensor) -> torch.Te
         if which == "k":
             return gather_k(layer, blocks)
         fmt = get_format("int4")  # int4_kivi's V is int4
-    raw = _take(data.view(torch.uint8), blocks).view(data.dtype) if fmt.code in (1, 2) else _take(data, blocks)
+    raw = _take(data.view(torch.uint8), blocks).view(data.dtype) if fmt.is_fp8 else _take(data, blocks)
     scale = getattr(layer, which + "_scale")
     if fmt.scale == "token":
         scale = _take(scale, blocks)

@@ -78,7 +78,7 @@ class StagingPool:
             f"int4_kivi staging pool is full: {what} needs {needed} free slot(s), {self.num_free} of "
             f"{self.num_slots} are free. Allocate the layer with a larger num_staging_blocks= (at least the "
             f"number of blocks that are not full at once, about one per running request), or call "
-            f"layer.release_blocks(ids) for blocks the KV manager freed")
+            f"kernels.release_blocks(layer, ids) for blocks the KV manager freed")
 
     def slots_of(self, blocks: torch.Tensor) -> torch.Tensor:
         """Host int64 slots (-1: not staged) of host block ids."""

@@ -35,10 +35,11 @@ class PagedAttention:
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layer, m = self.layers[layer_idx], self.meta
-        layer.write(k, v, m.slot_mapping, backend=self.backend)
+        kernels.write_kv(k, v, layer, None, m.slot_mapping, backend=self.backend)
         if self.decode_only:
-            return layer.decode(q, m.block_tables, m.seq_lens, backend=self.backend)
-        return layer.prefill(q, m.block_tables, m.seq_lens, m.query_start_loc, backend=self.backend)
+            return kernels.paged_decode_attention(q, layer, None, m.block_tables, m.seq_lens, backend=self.backend)
+        return kernels.paged_prefill_attention(q, layer, None, m.block_tables, m.seq_lens, m.query_start_loc,
+                                               backend=self.backend)
 
 
 @dataclass(slots=True)
@@ -107,7 +108,7 @@ class ModelRunner:
         if self.staged:
             self.release_freed_blocks()
             for layer in self.cpu_layers:
-                layer.release_blocks([cpu for cpu, _ in plan.swap_in])
+                kernels.release_blocks(layer, [cpu for cpu, _ in plan.swap_in])
         self._sync()
         return (time.perf_counter() - t0) * 1e3
 
@@ -118,7 +119,7 @@ class ModelRunner:
             freed = self.kv.take_freed_blocks()
             if freed:
                 for layer in self.layers:
-                    layer.release_blocks(freed)
+                    kernels.release_blocks(layer, freed)
 
     def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardResult:
         """One forward pass over ``chunks``; logits only for the chunks that sample."""
