@@ -2,9 +2,12 @@
 
 Both pack one KV head's group of query heads into the rows of a tile, so each K/V tile is loaded
 (and dequantized) once per group. K/V are gathered token by token through the block table, which
-makes any block size (1 included) work; loads are masked at ``seq_len``. ``int4_kivi`` (FMT 5)
-reads K per block from staging or from per-channel int4 (``kst_ptr``/``map_ptr``: staging rows
-and block -> slot map; dummies for the other formats, never read) and V as int4.
+makes any block size (1 included) work; loads are masked at ``seq_len``. ``int4_kivi``
+(``FMT_INT4_KIVI``) reads K per block from staging or from per-channel int4 (``kst_ptr``/``map_ptr``:
+staging rows and block -> slot map; dummies for the other formats, never read) and V as int4.
+
+Both kernels run the same online-softmax loop, :func:`attend`: one definition of the tile math,
+including the guard for rows that see no key yet (their running max stays -inf).
 """
 
 from __future__ import annotations
@@ -12,7 +15,46 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import block_slots, dot_f32, head_scale, load_kivi_k_tile, load_kv_tile
+from .common import FMT_INT4_KIVI, block_slots, dot_f32, head_scale, load_kivi_k_tile, load_kv_tile
+
+
+@triton.jit
+def attend(q, q_pos, n_start, n_end, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr, map_ptr, bt_row, kvh,
+           offs_d, mask_d, sm_scale,
+           ROWS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, BS: tl.constexpr,
+           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr):
+    """Online softmax of ``ROWS`` query rows ``q`` (float32 ``[ROWS, BLOCK_D]``, at positions
+    ``q_pos`` ``[ROWS]``) over the cache positions ``[n_start, n_end)`` of one KV head.
+
+    Returns ``(acc, m, l)``: the unnormalised output ``[ROWS, BLOCK_D]``, the running max and the
+    sum of ``exp(score - m)`` per row. Row ``r`` sees position ``p`` iff ``p < n_end`` and
+    ``p <= q_pos[r]``; a row that has seen nothing keeps ``m = -inf``, ``l = 0``, ``acc = 0``
+    (scores are shifted by 0 instead of -inf for it, so no NaN appears).
+    """
+    k_hs = head_scale(ks_ptr, kvh, FMT)
+    v_hs = head_scale(vs_ptr, kvh, FMT)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for n0 in range(n_start, n_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        mask_n = pos < n_end
+        slots = block_slots(bt_row, pos, mask_n, BS)
+        if FMT == FMT_INT4_KIVI:
+            k = load_kivi_k_tile(k_ptr, ks_ptr, kz_ptr, kst_ptr, map_ptr, slots, mask_n, kvh, offs_d, mask_d, H, D, BS)
+        else:
+            k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
+        s = dot_f32(q, tl.trans(k), DOT) * sm_scale
+        s = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_kv_tile(v_ptr, vs_ptr, vz_ptr, slots, mask_n, kvh, offs_d, mask_d, v_hs, H, D, NG, FMT)
+        acc = acc * alpha[:, None] + dot_f32(p, v, DOT)
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -40,30 +82,10 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + (seq * HQ + heads)[:, None] * D + offs_d[None, :],
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
-    k_hs = head_scale(ks_ptr, kvh, FMT)
-    v_hs = head_scale(vs_ptr, kvh, FMT)
-
-    m_i = tl.full([GP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, BLOCK_D], tl.float32)
+    q_pos = tl.zeros([GP], tl.int32) + (seq_len - 1)  # the one query token is the last one cached
     bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        mask_n = pos < end
-        slots = block_slots(bt_row, pos, mask_n, BS)
-        if FMT == 5:
-            k = load_kivi_k_tile(k_ptr, ks_ptr, kz_ptr, kst_ptr, map_ptr, slots, mask_n, kvh, offs_d, mask_d, H, D, BS)
-        else:
-            k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
-        s = dot_f32(q, tl.trans(k), DOT) * sm_scale
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_kv_tile(v_ptr, vs_ptr, vz_ptr, slots, mask_n, kvh, offs_d, mask_d, v_hs, H, D, NG, FMT)
-        acc = acc * alpha[:, None] + dot_f32(p, v, DOT)
-        m_i = m_new
+    acc, m_i, l_i = attend(q, q_pos, start, end, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr, map_ptr,
+                           bt_row, kvh, offs_d, mask_d, sm_scale, GP, H, D, NG, BS, BLOCK_N, BLOCK_D, FMT, DOT)
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -125,33 +147,11 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr,
     q_rows = (q_start + tok).to(tl.int64) * HQ + kvh * GROUP + g
     q = tl.load(q_ptr + q_rows[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :],
                 other=0.0).to(tl.float32)
-    k_hs = head_scale(ks_ptr, kvh, FMT)
-    v_hs = head_scale(vs_ptr, kvh, FMT)
-
-    m_i = tl.full([M], float("-inf"), tl.float32)
-    l_i = tl.zeros([M], tl.float32)
-    acc = tl.zeros([M, BLOCK_D], tl.float32)
     # keys up to the tile's last query position; nothing for tiles past the query
     kv_end = tl.where(tile * BLOCK_Q < q_len, tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_Q), 0)
     bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
-    for n0 in range(0, kv_end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        mask_n = pos < kv_end
-        slots = block_slots(bt_row, pos, mask_n, BS)
-        if FMT == 5:
-            k = load_kivi_k_tile(k_ptr, ks_ptr, kz_ptr, kst_ptr, map_ptr, slots, mask_n, kvh, offs_d, mask_d, H, D, BS)
-        else:
-            k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
-        s = dot_f32(q, tl.trans(k), DOT) * sm_scale
-        s = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp(m_i - m_use)
-        p = tl.exp(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_kv_tile(v_ptr, vs_ptr, vz_ptr, slots, mask_n, kvh, offs_d, mask_d, v_hs, H, D, NG, FMT)
-        acc = acc * alpha[:, None] + dot_f32(p, v, DOT)
-        m_i = m_new
+    acc, m_i, l_i = attend(q, q_pos, 0, kv_end, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr, map_ptr,
+                           bt_row, kvh, offs_d, mask_d, sm_scale, M, H, D, NG, BS, BLOCK_N, BLOCK_D, FMT, DOT)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_rows[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),

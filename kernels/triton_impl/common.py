@@ -14,10 +14,18 @@ import os
 import triton
 import triton.language as tl
 
+from .. import format_table as _ft
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-# Kernel format codes (kernels.formats.KVFormat.code).
-FMT_PLAIN, FMT_E4M3, FMT_E5M2, FMT_INT8, FMT_INT4, FMT_INT4_KIVI = 0, 1, 2, 3, 4, 5
+# Kernel format codes (KVFormat.code, defined once in kernels.format_table), as constexprs so that
+# @triton.jit functions may read them as globals; the FMT argument of every kernel is one of these.
+FMT_PLAIN = tl.constexpr(_ft.CODE_PLAIN)
+FMT_E4M3 = tl.constexpr(_ft.CODE_E4M3)
+FMT_E5M2 = tl.constexpr(_ft.CODE_E5M2)
+FMT_INT8 = tl.constexpr(_ft.CODE_INT8)
+FMT_INT4 = tl.constexpr(_ft.CODE_INT4)
+FMT_INT4_KIVI = tl.constexpr(_ft.CODE_INT4_KIVI)
 
 
 @triton.jit
@@ -95,8 +103,8 @@ def decode_fp8(c, IS_E4M3: tl.constexpr):
 
 @triton.jit
 def head_scale(scale_ptr, head, FMT: tl.constexpr):
-    """The per-head fp8 scale (formats 1 and 2); 1.0 for every other format."""
-    if FMT == 1 or FMT == 2:
+    """The per-head fp8 scale (FMT_E4M3, FMT_E5M2); 1.0 for every other format."""
+    if FMT == FMT_E4M3 or FMT == FMT_E5M2:
         return tl.load(scale_ptr + head).to(tl.float32)
     else:
         return 1.0
@@ -118,7 +126,7 @@ def load_kv_tile(data_ptr, scale_ptr, zero_ptr, slots, mask_n, kvh, offs_d, mask
     """
     m = mask_n[:, None] & mask_d[None, :]
     row = slots * H + kvh
-    if FMT == 4 or FMT == 5:  # int4; also int4_kivi's V
+    if FMT == FMT_INT4 or FMT == FMT_INT4_KIVI:  # int4; also int4_kivi's V
         W: tl.constexpr = D // 2
         G: tl.constexpr = D // NG
         b = tl.load(data_ptr + row[:, None] * W + offs_d[None, :] // 2, mask=m, other=0).to(tl.int32)
@@ -129,13 +137,13 @@ def load_kv_tile(data_ptr, scale_ptr, zero_ptr, slots, mask_n, kvh, offs_d, mask
         x = code * s + z
     else:
         raw = tl.load(data_ptr + row[:, None] * D + offs_d[None, :], mask=m, other=0)
-        if FMT == 0:
+        if FMT == FMT_PLAIN:
             x = raw.to(tl.float32)
-        elif FMT == 3:
+        elif FMT == FMT_INT8:
             s = tl.load(scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)
             x = raw.to(tl.float32) * s[:, None]
         else:
-            x = decode_fp8(raw, FMT == 1) * hs
+            x = decode_fp8(raw, FMT == FMT_E4M3) * hs
     return x
 
 

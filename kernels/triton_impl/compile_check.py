@@ -15,10 +15,14 @@ import os
 import time
 from typing import Iterator
 
+from ..format_table import (CODE_E4M3, CODE_E5M2, CODE_INT4, CODE_INT4_KIVI, CODE_INT8, CODE_PLAIN,
+                            INT4_CODES)
+
 # (format code, data pointer type, scale pointer type) for every KV format
-_FORMATS = [(0, "*fp16", "*fp16"), (0, "*bf16", "*bf16"), (0, "*fp32", "*fp32"), (1, "*u8", "*fp32"),
-            (2, "*u8", "*fp32"), (3, "*i8", "*fp16"), (4, "*u8", "*fp16"), (5, "*u8", "*fp16")]
-_NO_WRITE_KERNEL = (5,)  # int4_kivi writes with torch ops (kernels.kivi_cache)
+_FORMATS = [(CODE_PLAIN, "*fp16", "*fp16"), (CODE_PLAIN, "*bf16", "*bf16"), (CODE_PLAIN, "*fp32", "*fp32"),
+            (CODE_E4M3, "*u8", "*fp32"), (CODE_E5M2, "*u8", "*fp32"), (CODE_INT8, "*i8", "*fp16"),
+            (CODE_INT4, "*u8", "*fp16"), (CODE_INT4_KIVI, "*u8", "*fp16")]
+_NO_WRITE_KERNEL = (CODE_INT4_KIVI,)  # int4_kivi writes with torch ops (kernels.kivi_cache)
 
 
 def _sig(fn, types: dict, consts: dict) -> tuple[dict, dict]:
@@ -38,15 +42,16 @@ def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
 
     for fmt, data, scale in _FORMATS:
         plain_q = {"*fp16": "*fp16", "*bf16": "*bf16", "*fp32": "*fp32"}.get(data)
-        q_types = (plain_q,) if fmt == 0 else (("*fp16",) if quick else ("*fp16", "*bf16"))
+        q_types = (plain_q,) if fmt == CODE_PLAIN else (("*fp16",) if quick else ("*fp16", "*bf16"))
         for q in q_types:
             dot = {"*fp16": 1, "*bf16": 2, "*fp32": 0}[q]
             for d, group in ((128, 8),) if quick else ((128, 4), (64, 1)):
-                ng = d // 32 if fmt in (4, 5) else 1
-                kivi = fmt == 5  # staging rows in the model dtype, int32 block -> slot map
+                ng = d // 32 if fmt in INT4_CODES else 1
+                kivi = fmt == CODE_INT4_KIVI  # staging rows in the model dtype, int32 block -> slot map
                 ptrs = dict(q_ptr=q, k_ptr=data, v_ptr=data, ks_ptr=scale, vs_ptr=scale, kz_ptr=scale, vz_ptr=scale,
-                            kst_ptr=q if kivi else data, map_ptr="*i32" if kivi else data, bt_ptr="*i32", sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32", mid_lse_ptr="*fp32",
-                            out_ptr=q, sm_scale="fp32", bt_stride="i32", tokens_per_split="i32", nsplit="i32")
+                            kst_ptr=q if kivi else data, map_ptr="*i32" if kivi else data, bt_ptr="*i32",
+                            sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32", mid_lse_ptr="*fp32", out_ptr=q,
+                            sm_scale="fp32", bt_stride="i32", tokens_per_split="i32", nsplit="i32")
                 gp = max(16, 1 << (group - 1).bit_length())
                 yield (f"decode fmt={fmt} data={data} q={q} d={d} g={group}", decode_split_kernel, ptrs,
                        dict(HQ=8 * group, H=8, D=d, NG=ng, BS=16, GROUP=group, GP=gp, BLOCK_N=64,
@@ -60,11 +65,11 @@ def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
         bf16 = data == "*bf16"
         wdata = "*i16" if bf16 else data
         for src in ("*bf16",) if quick else ("*fp16", "*bf16", "*fp32"):
-            ng = 128 // 32 if fmt == 4 else 1
+            ng = 128 // 32 if fmt == CODE_INT4 else 1
             yield (f"write fmt={fmt} data={data} src={src}", write_kv_kernel,
                    dict(key_ptr=src, value_ptr=src, slot_ptr="*i32", k_ptr=wdata, v_ptr=wdata, ks_ptr=scale,
                         vs_ptr=scale, kz_ptr=scale, vz_ptr=scale),
-                   dict(H=8, D=128, NG=ng, NGP=ng, HGP=16 if fmt == 4 else 64, BLOCK_D=128, FMT=fmt, BF16=bf16))
+                   dict(H=8, D=128, NG=ng, NGP=ng, HGP=16 if fmt == CODE_INT4 else 64, BLOCK_D=128, FMT=fmt, BF16=bf16))
     for q in ("*fp16", "*bf16", "*fp32"):
         yield (f"merge q={q}", decode_merge_kernel,
                dict(mid_o_ptr="*fp32", mid_lse_ptr="*fp32", out_ptr=q, lse_ptr="*fp32", nsplit="i32"),

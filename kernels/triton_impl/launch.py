@@ -35,7 +35,7 @@ def _side(layer: KVCacheLayer) -> tuple:
     """(k data, v data, k scale, v scale, k zero, v zero, k staging, staging map) with dummies for
     absent tensors."""
     k, v = layer.k, layer.v
-    if layer.kv_format.code in (1, 2):
+    if layer.kv_format.is_fp8:
         k, v = k.view(torch.uint8), v.view(torch.uint8)
     dummy = k  # never read: the format's constexpr branch does not touch it
     st = layer.staging

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import bf16_bits_rne, div_rn, encode_fp8, head_scale, rne
+from .common import FMT_E4M3, FMT_E5M2, FMT_INT4, FMT_PLAIN, bf16_bits_rne, div_rn, encode_fp8, head_scale, rne
 
 
 @triton.jit
@@ -22,11 +22,11 @@ def _store_row(x, data_ptr, scale_ptr, zero_ptr, row, ok, hs, offs_d,
     mask = (offs_d < D) & ok
     if BF16:
         tl.store(data_ptr + row * D + offs_d, bf16_bits_rne(x), mask=mask)
-    elif FMT == 0:
+    elif FMT == FMT_PLAIN:
         tl.store(data_ptr + row * D + offs_d, x.to(data_ptr.dtype.element_ty), mask=mask)
-    elif FMT == 1:
+    elif FMT == FMT_E4M3:
         tl.store(data_ptr + row * D + offs_d, encode_fp8(div_rn(x, hs), 3, 7, 0x7E).to(tl.uint8), mask=mask)
-    elif FMT == 2:
+    elif FMT == FMT_E5M2:
         tl.store(data_ptr + row * D + offs_d, encode_fp8(div_rn(x, hs), 2, 15, 0x7B).to(tl.uint8), mask=mask)
     else:  # int8, symmetric per token-head, fp16 scale
         s = div_rn(tl.max(tl.abs(x), 0), 127.0).to(tl.float16)
@@ -78,7 +78,7 @@ def write_kv_kernel(key_ptr, value_ptr, slot_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, 
     ok = slot >= 0
     row = tl.maximum(slot, 0) * H + h
     src = (t.to(tl.int64) * H + h) * D
-    if FMT == 4:
+    if FMT == FMT_INT4:
         _store_row_int4(key_ptr + src, k_ptr, ks_ptr, kz_ptr, row, ok, D, NG, NGP, HGP)
         _store_row_int4(value_ptr + src, v_ptr, vs_ptr, vz_ptr, row, ok, D, NG, NGP, HGP)
     else:
