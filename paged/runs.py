@@ -67,6 +67,18 @@ class _Run:
         self._last_use: np.ndarray | None = None
         self._written: list[int] = []
         self.done = False
+        self.snapshot_stride = 0               # keep_snapshots(k): a snapshot every k steps
+        self.snapshots: dict[int, Any] = {}    # step index (len(rows)) -> KVSnapshot
+
+    def keep_snapshots(self, stride: int = 1) -> "_Run":
+        """Keep a snapshot after every `stride`-th step (for paged.replay); 0 stops."""
+        self.snapshot_stride = stride
+        return self
+
+    def _after_step(self) -> None:
+        k = self.snapshot_stride
+        if k and len(self.rows) % k == 0:
+            self.snapshots[len(self.rows)] = self.snapshot()
 
     @property
     def num_steps(self) -> int:
@@ -197,6 +209,7 @@ class EngineRun(_Run):
                    prefix_cache_hits=kv.prefix_cache_hits, num_finished=len(out.finished))
         self.rows.append(row)
         self.done = not self._pending and not self.engine.has_unfinished_requests()
+        self._after_step()
         return row
 
     def snapshot(self, with_tokens: bool = True):
@@ -281,6 +294,8 @@ class SimRun(_Run):
                 from paged.core.snapshot import written_blocks
                 self._written = written_blocks(self.kv, plan.scheduled)
         self.rows.append(row)
+        if self._it is not None:
+            self._after_step()
         return row
 
     def _step_replayed(self) -> dict:

@@ -278,8 +278,9 @@ class Dashboard:
         if self._task is not None:
             await self._task
 
-    def run_to_completion(self, max_steps: int = 100_000, pace: bool = True) -> "Dashboard":
-        """Step to the end from here (blocking); frames still go out at <= fps."""
+    def run_to_completion(self, max_steps: int = 100_000, pace: bool = True) -> None:
+        """Step to the end from here (blocking); frames still go out at <= fps (a cell running
+        this shows the motion live; returns None so the dashboard is not displayed twice)."""
         self._playing = False
         for _ in range(max_steps):
             if self.run.done:
@@ -289,7 +290,6 @@ class Dashboard:
             if pace and self.steps_per_second:
                 time.sleep(self._pause_s(t))
         self.draw()
-        return self
 
     def reset(self, workload: dict | None = None, **settings) -> None:
         """A fresh run with changed settings (and workload kwargs), drawn from step 0."""
