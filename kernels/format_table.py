@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import KVFormatError
+from .errors import KVFormatError, ShapeError
 
 __all__ = ["KVFormat", "FORMATS", "ALIASES", "DEFAULT_INT4_GROUP", "lookup", "format_for_dtype",
            "bytes_per_token", "CODE_PLAIN", "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4",
@@ -135,6 +135,9 @@ def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int,
     per layer, counted by ``KVCacheLayer.nbytes`` and not here.
     """
     fmt = lookup(kv_format, dtype)
+    if fmt.packed and (group_size < 2 or group_size % 2 or head_dim % group_size):
+        raise ShapeError(f"{fmt.name} groups of {group_size} values must be even and divide head_dim {head_dim}; "
+                         f"pick a group_size that divides {head_dim}, or another kv format")
     if fmt.k_per_channel:
         v = head_dim // 2 + 2 * 2 * (head_dim // group_size)
         k_num = (head_dim // 2) * block_size + 2 * 2 * head_dim  # per block-head

@@ -147,7 +147,7 @@ class Simulator:
                                       max_num_batched_tokens=cfg.max_num_batched_tokens,
                                       max_num_seqs=cfg.max_num_seqs)
         self.num_blocks = cfg.num_blocks if cfg.num_blocks is not None else self.sizing.num_blocks
-        self.block_bytes = self.model.kv_bytes_per_token(cfg.kv_format, cfg.tensor_parallel) * cfg.block_size
+        self.block_bytes = self.sizing.bytes_per_block  # kv_bytes_per_token(fmt, tp, block_size) x block_size
         self.recorder: Recorder = Recorder() if cfg.record_events else NullRecorder()
         if cfg.allocator == "paged":
             num_cpu = int(cfg.swap_space_gib * GiB // self.block_bytes) if cfg.preemption_mode == "swap" else 0

@@ -1,8 +1,11 @@
 """Model, GPU and KV-format specifications, and KV-cache sizing.
 
 Invariants:
-- ``ModelSpec.kv_bytes_per_token(fmt)`` = 2 (K and V) x layers x kv_heads x head_dim x
-  bytes per element, plus the format's scale overhead (see ``KVFormat``).
+- ``ModelSpec.kv_bytes_per_token(fmt, block_size=B)`` = layers x
+  ``kernels.format_table.bytes_per_token(fmt, kv_heads, head_dim, block_size=B)``: the one KV-format
+  table the engine sizes its blocks with (2 x kv_heads x head_dim x bytes per element plus the
+  format's per-token scales; int4_kivi's per-block K scales spread over the block), so both
+  executors give the same model the same block bytes for every format.
 - ``num_kv_blocks`` never returns a negative number; it raises ``SizingError`` (a
   ``ConfigError``) when the weights and activation reserve do not fit, naming what to change.
 
@@ -21,7 +24,11 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from paged._kernels import kernels as _kernels  # checks that `kernels` is ours; imports no torch
 from paged.errors import ConfigError
+
+from kernels import format_table as _formats
+from kernels.format_table import KVFormat
 
 GiB = 1024**3
 MiB = 1024**2
@@ -36,45 +43,18 @@ class SizingError(ConfigError):
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class KVFormat:
-    """Storage format of cached K/V elements.
-
-    ``scale_bytes_per_group`` extra bytes are stored for every ``group_size`` elements (per-token,
-    per-head scales for int8; per-group scale+zero for int4). ``group_size=0`` means per-tensor
-    scales only, whose size is negligible (fp8 in vLLM uses per-tensor scales).
-    """
-
-    name: str
-    bits: int
-    group_size: int = 0
-    scale_bytes_per_group: int = 0
-
-    def bytes_per_element(self, head_dim: int) -> float:
-        """Average bytes per stored element including scale overhead (``group_size=-1``: per head)."""
-        group = head_dim if self.group_size == -1 else self.group_size
-        return self.bits / 8 + (self.scale_bytes_per_group / group if group else 0.0)
+# The format table is kernels.format_table (shared with the engine); "fp8" is the CLI's name for e4m3.
+KV_FORMATS: dict[str, KVFormat] = {**_formats.FORMATS, "fp8": _formats.FORMATS["fp8_e4m3"]}
 
 
-KV_FORMATS: dict[str, KVFormat] = {
-    "fp16": KVFormat("fp16", 16),
-    "bf16": KVFormat("bf16", 16),
-    "fp32": KVFormat("fp32", 32),
-    "fp8": KVFormat("fp8", 8),
-    "fp8_e4m3": KVFormat("fp8_e4m3", 8),
-    "fp8_e5m2": KVFormat("fp8_e5m2", 8),
-    "int8": KVFormat("int8", 8, group_size=-1, scale_bytes_per_group=2),  # fp16 scale per token per head
-    "int4": KVFormat("int4", 4, group_size=32, scale_bytes_per_group=4),  # fp16 scale + zero
-}
-
-
-def get_kv_format(name: str | KVFormat) -> KVFormat:
-    """Look up a KV format by name (``fp16``, ``bf16``, ``fp8``, ``int8``, ``int4``, ...)."""
+def get_kv_format(name: str | KVFormat, dtype_bytes: int = 2) -> KVFormat:
+    """Look up a KV format by name or alias (``fp16``, ``bf16``, ``fp8``, ``int8``, ``int4``,
+    ``int4_kivi``, ...); ``"auto"`` is the model dtype (fp32 when ``dtype_bytes`` is 4, else fp16)."""
     if isinstance(name, KVFormat):
         return name
     try:
-        return KV_FORMATS[name.lower()]
-    except KeyError:
+        return _formats.lookup(name, "float32" if dtype_bytes == 4 else "float16")
+    except _kernels.KVFormatError:
         raise ConfigError(f"unknown kv format {name!r}; choose one of {sorted(KV_FORMATS)}") from None
 
 
@@ -145,16 +125,23 @@ class ModelSpec:
         return self.num_params * self.dtype_bytes
 
     # -- KV sizing ------------------------------------------------------------------------------
-    def kv_bytes_per_token(self, kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1) -> float:
-        """KV bytes per token on one GPU: 2 x layers x kv_heads x head_dim x bytes/element.
+    def kv_bytes_per_token(self, kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1,
+                           block_size: int = 16) -> int:
+        """KV bytes per token on one GPU, all layers, as the engine allocates them: layers x
+        ``kernels.format_table.bytes_per_token`` (2 x kv_heads x head_dim x bytes/element plus
+        per-token scales). ``block_size`` matters only for ``int4_kivi`` (its per-block K scales).
 
         With tensor parallelism the KV heads are split across GPUs (replicated when
         ``num_kv_heads < tensor_parallel``, as in vLLM).
         """
-        fmt = get_kv_format(kv_format)
+        fmt = get_kv_format(kv_format, self.dtype_bytes)
         self.check_tensor_parallel(tensor_parallel)
         heads = max(1, self.num_kv_heads // tensor_parallel) if tensor_parallel > 1 else self.num_kv_heads
-        return 2 * self.num_layers * heads * self.head_dim * fmt.bytes_per_element(self.head_dim)
+        try:
+            per_layer = _formats.bytes_per_token(fmt, heads, self.head_dim, block_size=block_size)
+        except _kernels.KernelError as e:
+            raise ConfigError(f"{self.name} with kv format {fmt.name!r}: {e}") from e
+        return self.num_layers * per_layer
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
         """Raise ConfigError unless the heads split evenly over ``tensor_parallel`` GPUs (vLLM's rule:
@@ -336,7 +323,7 @@ def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int 
     act = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tensor_parallel) \
         if activation_bytes is None else activation_bytes
     kv = budget - weights - act
-    per_block = model.kv_bytes_per_token(kv_format, tensor_parallel) * block_size
+    per_block = model.kv_bytes_per_token(kv_format, tensor_parallel, block_size) * block_size
     if kv < per_block:
         raise SizingError(
             f"{model.name} needs {weights / GiB:.1f} GiB of weights + {act / GiB:.1f} GiB activations per GPU "
