@@ -1,0 +1,80 @@
+"""Round trips through a KV side's storage: what the cache hands back after quantize-on-write.
+
+Every codec here calls the kernels' reference quantizers (:func:`kernels.quantize_kv`,
+:func:`kernels.kivi.quantize_keys_per_channel`), the definitions the engine's kernels reproduce,
+so the study measures the engine's formats, not look-alikes.
+
+Invariant: ``roundtrip(x, side)`` is a per-token map (each token-head row quantized on its own,
+as the engine writes it) except for ``kivi`` keys, which :class:`KiviKeyStore` quantizes per
+channel once a 16-token block is full.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .schemes import KIVI_BLOCK, Side
+
+__all__ = ["roundtrip", "hadamard", "KiviKeyStore"]
+
+_TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def roundtrip(x: torch.Tensor, side: Side, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 ``[T, H, D]`` -> the float32 values the cache returns for ``side`` (not kivi).
+
+    ``scale``: fp8 per-head scales ``[H]`` (None = 1.0, vLLM's uncalibrated default).
+    """
+    from kernels import dequantize_kv, quantize_kv
+    if side.kind in _TORCH:
+        return x.to(_TORCH[side.kind]).float()
+    if side.kind in ("fp8_e4m3", "fp8_e5m2"):
+        s = torch.ones(x.shape[-2]) if scale is None else scale
+        qz = quantize_kv(x, side.kind, scale=s)
+        return dequantize_kv(qz, side.kind)
+    if side.kind == "int8":
+        return dequantize_kv(quantize_kv(x, "int8"), "int8")
+    if side.kind == "int4":
+        return dequantize_kv(quantize_kv(x, "int4", group_size=side.group), "int4")
+    raise ValueError(f"roundtrip does not take {side.kind!r}; kivi keys go through KiviKeyStore")
+
+
+def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Orthonormal Sylvester-Hadamard matrix ``[n, n]`` (``H @ H.T = I``); n a power of two."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"a Hadamard rotation needs a power-of-two head_dim, got {n}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(n)).to(device)
+
+
+class KiviKeyStore:
+    """KIVI keys of one layer of one sequence: full 16-token blocks int4 per channel, the
+    newest unfilled block kept as written (the engine's staging pool)."""
+
+    def __init__(self) -> None:
+        self.done: list[torch.Tensor] = []   # dequantized full blocks
+        self.tail: torch.Tensor | None = None
+        self.raw: list[torch.Tensor] = []    # keys as written (for truncate)
+
+    def truncate(self, n: int) -> torch.Tensor:
+        """Keep the first ``n`` tokens, as if only they had been written; return the stored keys."""
+        raw = torch.cat(self.raw)[:n]
+        full = (n // KIVI_BLOCK) * KIVI_BLOCK
+        self.done = [torch.cat(self.done)[:full]] if self.done else []
+        self.tail, self.raw = raw[full:], [raw]
+        return torch.cat([*self.done, self.tail])
+
+    def append(self, k: torch.Tensor) -> torch.Tensor:
+        """Add keys ``[t, H, D]``; return every stored key as the cache reads it ``[T, H, D]``."""
+        from kernels.kivi import dequantize_keys_per_channel, quantize_keys_per_channel
+        self.raw.append(k)
+        tail = k if self.tail is None else torch.cat([self.tail, k])
+        full = (tail.shape[0] // KIVI_BLOCK) * KIVI_BLOCK
+        if full:
+            q = quantize_keys_per_channel(tail[:full], group_size=KIVI_BLOCK)
+            self.done.append(dequantize_keys_per_channel(q))
+        self.tail = tail[full:]
+        return torch.cat([*self.done, self.tail])

@@ -1,0 +1,115 @@
+"""Forward passes of one sequence through a :class:`QuantKVAttention` cache: scored logits,
+greedy continuations, and the fp8 calibration pass. Model weights are whatever was loaded
+(the study loads fp32); the cache is reset before every sequence.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .attention import MultiCache, QuantKVAttention, attend
+from .codec import hadamard
+
+__all__ = ["load", "chunk_logits", "greedy", "greedy_many", "calibrate_fp8", "fp8_scales"]
+
+
+def load(model=None):
+    """A :class:`paged.models.LoadedModel`: None/"smollm2" = the embedded SmolLM2 in fp32,
+    a name or path = :func:`paged.models.load_model` in fp32, a LoadedModel or LLM as it is."""
+    from paged.models import LoadedModel, load_model
+    if isinstance(model, LoadedModel):
+        return model
+    if hasattr(model, "loaded") and isinstance(model.loaded, LoadedModel):
+        return model.loaded
+    return load_model("smollm2" if model is None else model, dtype=torch.float32, device="cpu")
+
+
+@torch.inference_mode()
+def chunk_logits(model, ids: Sequence[int], cache: QuantKVAttention, rows: slice) -> torch.Tensor:
+    """One prefill of ``ids`` from an empty cache; float32 logits of ``rows`` only."""
+    cache.reset()
+    dev = next(model.parameters()).device
+    x = torch.tensor(list(ids), dtype=torch.long, device=dev)
+    hidden = model(x, torch.arange(len(ids), device=dev), cache)
+    return model.compute_logits(hidden[rows])
+
+
+@torch.inference_mode()
+def greedy(model, prompt: Sequence[int], cache: QuantKVAttention, n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt``: a prefill, then one decode step per token."""
+    cache.reset()
+    dev = next(model.parameters()).device
+    ids = torch.tensor(list(prompt), dtype=torch.long, device=dev)
+    hidden = model(ids, torch.arange(len(prompt), device=dev), cache)
+    out = [int(model.compute_logits(hidden[-1:]).argmax(-1))]
+    pos = len(prompt)
+    while len(out) < n:
+        h = model(torch.tensor([out[-1]], device=dev), torch.tensor([pos], device=dev), cache)
+        out.append(int(model.compute_logits(h).argmax(-1)))
+        pos += 1
+    return out
+
+
+@torch.inference_mode()
+def greedy_many(model, caches: Sequence[QuantKVAttention], first: Sequence[int], pos: int, n: int
+                ) -> list[list[int]]:
+    """Continue every cache (each holding the same ``pos``-token prompt) greedily for ``n``
+    tokens in one batched decode per step; ``first[i]`` is cache i's first greedy token."""
+    dev = next(model.parameters()).device
+    outs = [[int(t)] for t in first]
+    multi = MultiCache(list(caches))
+    while len(outs[0]) < n:
+        ids = torch.tensor([o[-1] for o in outs], device=dev)
+        h = model(ids, torch.full((len(outs),), pos, device=dev), multi)
+        for o, t in zip(outs, model.compute_logits(h).argmax(-1).tolist()):
+            o.append(int(t))
+        pos += 1
+    return outs
+
+
+class _AbsMax:
+    """Exact attention that records per-head absmax of K and V (plain and Hadamard-rotated)."""
+
+    def __init__(self, num_layers: int, head_dim: int) -> None:
+        self.rot = hadamard(head_dim)
+        self.amax: dict[tuple[int, bool], list[torch.Tensor]] = {}
+
+    def __call__(self, layer: int, q, k, v):
+        k, v = k.float(), v.float()
+        for rotated in (False, True):
+            kk, vv = (k @ self.rot, v @ self.rot) if rotated else (k, v)
+            cur = [kk.abs().amax(dim=(0, 2)), vv.abs().amax(dim=(0, 2))]
+            old = self.amax.get((layer, rotated))
+            self.amax[(layer, rotated)] = cur if old is None else [torch.maximum(a, b) for a, b in zip(old, cur)]
+        return attend(q.float(), k, v).to(q.dtype)
+
+
+@torch.inference_mode()
+def calibrate_fp8(model, seqs: Sequence[Sequence[int]]) -> dict[tuple[int, bool], list[torch.Tensor]]:
+    """Per-layer, per-KV-head absmax of K and V over ``seqs``: ``{(layer, rotated): [k_amax [H],
+    v_amax [H]]}``; :func:`fp8_scales` turns it into a scheme's scales."""
+    cfg = model.config
+    rec = _AbsMax(cfg.num_layers, cfg.head_dim)
+    dev = next(model.parameters()).device
+    for ids in seqs:
+        x = torch.tensor(list(ids), dtype=torch.long, device=dev)
+        model(x, torch.arange(len(ids), device=dev), rec)
+    return rec.amax
+
+
+def fp8_scales(scheme, amax: dict[tuple[int, bool], list[torch.Tensor]]
+               ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Calibrated scales ``absmax / fp8_max`` (vLLM's rule) per layer and KV head for the fp8
+    sides of ``scheme``: ``{layer: (k_scale [H], v_scale [H])}`` for :class:`QuantKVAttention`."""
+    fmax = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+    out = {}
+    for (layer, rotated), (ka, va) in amax.items():
+        if rotated != scheme.rotate:
+            continue
+        pair = []
+        for side, a in ((scheme.k, ka), (scheme.v, va)):
+            m = fmax.get(side.kind, 1.0)
+            pair.append(torch.where(a > 0, a / m, torch.ones_like(a)))
+        out[layer] = (pair[0], pair[1])
+    return out

@@ -1,0 +1,169 @@
+"""KV quantization schemes of the study: a format for K, one for V, and an optional rotation.
+
+A scheme name is ``SIDE`` (same format for K and V) or ``K/V`` (keys and values apart), with an
+optional ``+rot`` suffix (a normalised Hadamard rotation of K, Q and V along head_dim before
+caching; attention scores are unchanged because ``(qH)(kH)^T = q k^T`` for orthogonal ``H``)::
+
+    SIDE := fp32 | fp16 | bf16                       baselines (bits 32 / 16)
+          | fp8_e4m3 | fp8_e5m2 [_cal]              fp8, per-head scale 1.0, or calibrated (_cal)
+          | int8                                     symmetric, fp16 scale per token-head
+          | int4 [_gN]                               asymmetric, fp16 scale + zero per N values (32)
+          | kivi                                     keys only: int4 per channel over a 16-token
+                                                     block, the unfilled block kept unquantized
+
+``int4_kivi`` is the engine's name for ``kivi/int4``. Every side maps to a format of
+:mod:`kernels.formats` and is quantized with the kernels' own reference codecs, so a scheme whose
+K and V share an engine format reproduces what ``paged.LLM(kv_cache_dtype=...)`` stores.
+
+Bits per value and bytes per token are exact steady-state storage costs including scales and
+zero points; ``staging_bytes`` is the one unfilled KIVI block per sequence (fp16 when served).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from paged.errors import ConfigError
+
+__all__ = ["Side", "Scheme", "parse_scheme", "DEFAULT_SCHEMES", "NOISE_FLOOR", "BASE", "KIVI_BLOCK"]
+
+KIVI_BLOCK = 16  # the engine's default block_size: one KIVI key group
+BASE = "fp32"
+NOISE_FLOOR = ("fp16", "bf16")
+_FP8 = {"fp8_e4m3", "fp8_e5m2"}
+_SIDE = re.compile(r"^(fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|int4|kivi)(_cal)?(?:_g(\d+))?$")
+
+# The study's default list (base first, then the noise floor, then by bits per value).
+DEFAULT_SCHEMES = (
+    "fp32", "fp16", "bf16",
+    "fp8_e4m3", "fp8_e4m3_cal", "fp8_e5m2", "fp8_e5m2_cal",
+    "int8", "int8+rot", "int8/fp16", "fp16/int8",
+    "int8/int4", "int8/int4_g64",
+    "int4_kivi", "int4", "int4+rot", "int4_g64", "int4_g64+rot",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """How one of K or V is stored. ``kernel_format`` names the :mod:`kernels.formats` entry."""
+
+    kind: str              # fp32 fp16 bf16 fp8_e4m3 fp8_e5m2 int8 int4 kivi
+    group: int = 32        # int4 values per scale/zero group
+    calibrated: bool = False  # fp8: per-head scales from a calibration pass (else 1.0)
+
+    @property
+    def kernel_format(self) -> str:
+        return "int4_kivi" if self.kind == "kivi" else self.kind
+
+    @property
+    def name(self) -> str:
+        s = self.kind + ("_cal" if self.calibrated else "")
+        return s + (f"_g{self.group}" if self.kind == "int4" and self.group != 32 else "")
+
+    def bits(self, head_dim: int) -> float:
+        """Exact stored bits per value, side tensors included (per-head fp8 scales: 0 per token)."""
+        if self.kind == "fp32":
+            return 32.0
+        if self.kind in ("fp16", "bf16"):
+            return 16.0
+        if self.kind in _FP8:
+            return 8.0
+        if self.kind == "int8":
+            return 8.0 + 16.0 / head_dim
+        if self.kind == "int4":
+            return 4.0 + 32.0 / self.group
+        return 4.0 + 32.0 / KIVI_BLOCK  # kivi: fp16 scale + zero per channel per block
+
+    def check(self, head_dim: int) -> None:
+        if self.kind == "int4" and (self.group < 2 or self.group % 2 or head_dim % self.group):
+            raise ConfigError(f"int4 group {self.group} must be even and divide head_dim {head_dim}; "
+                              f"use one of {[g for g in (8, 16, 32, 64, 128) if head_dim % g == 0]}")
+
+
+@dataclass(frozen=True, slots=True)
+class Scheme:
+    """K side, V side and rotation. ``name`` round-trips through :func:`parse_scheme`."""
+
+    k: Side
+    v: Side
+    rotate: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.k.kind == "kivi" and self.v == Side("int4") and not self.rotate:
+            return "int4_kivi"
+        body = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
+        return body + ("+rot" if self.rotate else "")
+
+    @property
+    def is_base(self) -> bool:
+        return self.k.kind == self.v.kind == "fp32" and not self.rotate
+
+    @property
+    def engine_format(self) -> str | None:
+        """The ``kv_cache_dtype`` the engine serves this scheme with, or None if it has none."""
+        if self.rotate or self.k.calibrated or self.v.calibrated:
+            return None
+        if self.k.kind == "kivi" and self.v == Side("int4"):
+            return "int4_kivi"
+        if self.k == self.v and self.k.kind != "kivi" and self.k.group == 32:
+            return self.k.kernel_format
+        return None
+
+    def bits_per_value(self, head_dim: int) -> float:
+        return (self.k.bits(head_dim) + self.v.bits(head_dim)) / 2
+
+    def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int) -> float:
+        """Steady-state bytes one token holds in every layer, K and V, side tensors included."""
+        return num_layers * num_kv_heads * head_dim * 2 * self.bits_per_value(head_dim) / 8
+
+    def staging_bytes(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+        """Per-sequence bytes of unquantized KIVI key staging (one fp16 block), else 0."""
+        return num_layers * num_kv_heads * head_dim * KIVI_BLOCK * 2 if self.k.kind == "kivi" else 0
+
+    def tokens_per_gib(self, num_layers: int, num_kv_heads: int, head_dim: int, context: int) -> float:
+        """Tokens a GiB of cache holds for sequences of ``context`` tokens (staging amortised)."""
+        per = self.bytes_per_token(num_layers, num_kv_heads, head_dim)
+        per += self.staging_bytes(num_layers, num_kv_heads, head_dim) / max(context, 1)
+        return 2 ** 30 / per
+
+    def check(self, head_dim: int) -> None:
+        self.k.check(head_dim)
+        self.v.check(head_dim)
+
+
+def _side(text: str, whole: str, what: str) -> Side:
+    m = _SIDE.match(text)
+    if not m:
+        raise ConfigError(f"unknown KV format {whole!r}: {what} {text!r} is not one of fp32, fp16, bf16, "
+                          "fp8_e4m3[_cal], fp8_e5m2[_cal], int8, int4[_gN], kivi (keys only); e.g. 'int8', "
+                          "'int8/int4', 'int4_g64+rot', 'int4_kivi'")
+    kind, cal, group = m.group(1), bool(m.group(2)), m.group(3)
+    if cal and kind not in _FP8:
+        raise ConfigError(f"{whole!r}: only fp8 formats take '_cal' (calibrated per-head scales)")
+    if group is not None and kind != "int4":
+        raise ConfigError(f"{whole!r}: only int4 takes a group suffix '_gN'")
+    return Side(kind, int(group) if group else 32, cal)
+
+
+def parse_scheme(name: "str | Scheme") -> Scheme:
+    """``"int8"``, ``"int8/int4"``, ``"int4_g64+rot"``, ``"int4_kivi"``, ``"kivi/int4"`` -> Scheme."""
+    if isinstance(name, Scheme):
+        return name
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"a KV format must be a non-empty string such as 'int8', got {name!r}")
+    text = name.strip().lower()
+    rotate = text.endswith("+rot")
+    body = text.removesuffix("+rot")
+    if body == "int4_kivi":
+        body = "kivi/int4"
+    parts = body.split("/")
+    if len(parts) > 2:
+        raise ConfigError(f"unknown KV format {name!r}: use 'K/V' with one '/' at most")
+    k = _side(parts[0], name, "K side" if len(parts) == 2 else "format")
+    v = _side(parts[-1], name, "V side") if len(parts) == 2 else k
+    if v.kind == "kivi":
+        raise ConfigError(f"{name!r}: 'kivi' quantizes keys per channel; values use 'int4' (e.g. 'kivi/int4')")
+    if k.kind == "kivi" and len(parts) == 1:
+        k, v = k, Side("int4")
+    return Scheme(k, v, rotate)
