@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from paged.sim.simulator import SimConfig, Simulator, block_size_ablation, interference_study, memory_story  # noqa: E402
+from paged.sim.simulator import SimConfig, Simulator  # noqa: E402
+from paged.sim.studies import block_size_ablation, interference_study, memory_story  # noqa: E402
 from paged.sim.workload import synthetic_trace  # noqa: E402
 
 

@@ -156,7 +156,8 @@ def _parse_value(v: str) -> Any:
 
 def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
     """``["block_size=8,16", "allocator=paged"]`` -> ``{"block_size": [8, 16], "allocator": ["paged"]}``."""
-    from paged.sim.simulator import SimConfig, TRACE_KEYS
+    from paged.sim.simulator import SimConfig
+    from paged.sim.studies import TRACE_KEYS
 
     fields = {f.name for f in dataclasses.fields(SimConfig)} | set(TRACE_KEYS)
     grid: dict[str, list[Any]] = {}
@@ -172,7 +173,7 @@ def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from paged.sim.simulator import run_grid
+    from paged.sim.studies import run_grid
 
     base = {k: getattr(args, k) for k in _SIM_FLAGS}
     # -n: requests to generate (default 1000), or the first N rows of --trace (default all), as in simulate
@@ -209,7 +210,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The embedded model through our paged cache on this machine, then the simulated studies."""
-    from paged.sim.simulator import interference_study, memory_story
+    from paged.sim.studies import interference_study, memory_story
 
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()

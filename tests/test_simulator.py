@@ -23,11 +23,11 @@ def test_run_finishes_everything_and_frees_every_block():
     assert s["requests_finished"] == 80 and s["num_blocks_in_use_at_end"] == 0
     assert s["num_preemptions"] > 0  # 200 blocks of 16 are tight for 80 requests
     r = res.requests
-    assert (r["ttft"] > 0).all() and (r["e2e_latency"] >= r["ttft"]).all() and (r["queueing_time"] >= 0).all()
+    assert (r["ttft_s"] > 0).all() and (r["e2e_s"] >= r["ttft_s"]).all() and (r["queueing_s"] >= 0).all()
     assert 0 < s["kv_token_usage_mean"] <= 1 and 0 < s["kv_block_usage_mean"] <= 1
     st = res.steps
     assert (st["num_prefill_tokens"] + st["num_decode_tokens"]).sum() >= r["prompt_tokens"].sum() + r["output_tokens"].sum() - 80
-    assert s["duration_s"] == pytest.approx(r["finish_time"].max())
+    assert s["duration_s"] == pytest.approx(r["finish_s"].max())
 
 
 def test_deterministic():
@@ -81,8 +81,8 @@ def test_rejected_and_arrival_gaps():
     res = simulate(tr, SimConfig(**SMALL))
     s = res.summary
     assert s["requests_finished"] == 2 and s["requests_rejected"] == 1 and "max_model_len" in s["first_rejection"]
-    assert res.requests.loc[2, "first_scheduled"] == 50.0  # the clock jumps over idle time
-    assert bool(res.requests.loc[1, "rejected"]) and np.isnan(res.requests.loc[1, "ttft"])
+    assert res.requests.loc[2, "first_scheduled_s"] == 50.0  # the clock jumps over idle time
+    assert bool(res.requests.loc[1, "rejected"]) and np.isnan(res.requests.loc[1, "ttft_s"])
 
 
 def test_simulator_runs_once_and_progress_callback():
@@ -99,7 +99,7 @@ def test_priority_column_reaches_the_scheduler():
                        "priority": [5, 5, 5, 0, 0, 0]})
     res = simulate(tr, SimConfig(**SMALL, policy="priority", max_num_seqs=3))
     r = res.requests
-    assert r.loc[r["priority"] == 0, "finish_time"].max() < r.loc[r["priority"] == 5, "finish_time"].min()
+    assert r.loc[r["priority"] == 0, "finish_s"].max() < r.loc[r["priority"] == 5, "finish_s"].min()
 
 
 def test_calibrated_cost_model_from_a_steps_file(tmp_path):

@@ -88,6 +88,9 @@ class ContiguousKVCacheManager(KVCacheManager):
     def num_cached_free_blocks(self) -> int:
         return 0
 
+    prefix_cache_queries = 0  # no prefix sharing: never queried, never hit
+    prefix_cache_hits = 0
+
     @property
     def largest_hole(self) -> int:
         return max(self._holes_len, default=0)

@@ -288,14 +288,27 @@ def paged_attention_efficiency(block_size: int) -> float:
     return float(np.interp(np.log2(block_size), xs, ys))
 
 
+def step_shape(chunks: Sequence[Any], num_swapped_blocks: int = 0, num_copied_blocks: int = 0,
+               block_bytes: float = 0.0) -> StepShape:
+    """The ``StepShape`` of one step from its chunks (anything with ``num_tokens``, ``start``,
+    ``samples``: the scheduler's ``ScheduledChunk`` or the engine's ``ChunkInfo``); swapped and
+    copied blocks are priced at ``block_bytes`` each. The simulator and ``shapes_from_steps``
+    both build shapes here."""
+    return StepShape(np.array([c.num_tokens for c in chunks], dtype=np.float64),
+                     np.array([c.start for c in chunks], dtype=np.float64),
+                     sum(1 for c in chunks if c.samples), num_swapped_blocks * block_bytes,
+                     num_copied_blocks * block_bytes)
+
+
 def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
                       time_field: str = "total_ms") -> tuple[list[StepShape], np.ndarray]:
     """Engine step records -> (``StepShape`` list, seconds) for ``CostModel.fit``.
 
-    Each record needs ``scheduled`` (chunks with ``start``, ``num_tokens``, ``samples``) and a time
-    in milliseconds (``time_field``; ``total_ms`` of ``paged.engine.StepOutput`` covers scheduling,
-    cache ops, forward and sampling, which is what ``step_time`` predicts). Steps that scheduled
-    nothing are skipped. ``block_bytes`` prices swapped/copied blocks when the records count them.
+    Each record (an engine ``StepOutput``) needs ``scheduled`` (chunks with ``start``, ``num_tokens``,
+    ``samples``), ``num_swapped_out_blocks``, ``num_swapped_in_blocks``, ``num_block_copies`` and a
+    time in milliseconds (``time_field``; ``total_ms`` of ``paged.engine.StepOutput`` covers
+    scheduling, cache ops, forward and sampling, which is what ``step_time`` predicts). Steps that
+    scheduled nothing are skipped. ``block_bytes`` prices swapped/copied blocks (see ``step_shape``).
     """
     shapes: list[StepShape] = []
     secs: list[float] = []
@@ -303,10 +316,8 @@ def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
         chunks = list(st.scheduled)
         if not chunks:
             continue
-        swaps = getattr(st, "num_swapped_out_blocks", 0) + getattr(st, "num_swapped_in_blocks", 0)
-        shapes.append(StepShape.make([c.num_tokens for c in chunks], [c.start for c in chunks],
-                                     sum(1 for c in chunks if c.samples), swaps * block_bytes,
-                                     getattr(st, "num_block_copies", 0) * block_bytes))
+        shapes.append(step_shape(chunks, st.num_swapped_out_blocks + st.num_swapped_in_blocks,
+                                 st.num_block_copies, block_bytes))
         secs.append(float(getattr(st, time_field)) * 1e-3)
     return shapes, np.asarray(secs)
 
@@ -353,4 +364,4 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency",
-           "shapes_from_steps", "calibration_frame", "shapes_from_frame"]
+           "step_shape", "shapes_from_steps", "calibration_frame", "shapes_from_frame"]
