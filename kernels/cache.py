@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from .errors import KVFormatError, ShapeError
-from .formats import DEFAULT_INT4_GROUP, KVFormat, get_format
+from .format_table import int4_group
+from .formats import KVFormat, get_format
 from .quant import as_head_scale
 from .staging import StagingPool, default_num_staging_blocks
 
@@ -86,19 +87,21 @@ class KVCacheLayer:
 
 def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                       kv_format: str | KVFormat = "auto", *, dtype: torch.dtype = torch.float16,
-                      device: torch.device | str = "cpu", group_size: int = DEFAULT_INT4_GROUP,
+                      device: torch.device | str = "cpu", group_size: int | None = None,
                       k_scale: torch.Tensor | float | None = None,
                       v_scale: torch.Tensor | float | None = None,
                       num_staging_blocks: int | None = None, grow_staging: bool = False) -> KVCacheLayer:
     """Allocate one zero-filled layer. ``kv_format="auto"`` stores ``dtype`` itself.
 
     fp8 scales default to 1.0 per head (set ``layer.k_scale[:]`` after calibration);
-    ``group_size`` is the int4 group along head_dim (V's group for ``int4_kivi``).
+    ``group_size`` is the int4 group along head_dim (V's group for ``int4_kivi``; default
+    ``min(32, head_dim)``, as :func:`kernels.bytes_per_token` assumes).
     ``num_staging_blocks`` (``int4_kivi`` only; default ``min(num_blocks, 256)``) is the number
     of blocks that may be unfilled at once (their K is kept in ``dtype``); with ``grow_staging``
     it is only the initial size, and the pool grows when more blocks are unfilled at once.
     """
     fmt = get_format(kv_format, dtype)
+    group_size = int4_group(int(head_dim), group_size)
     for name, val in (("num_blocks", num_blocks), ("block_size", block_size),
                       ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if int(val) < 1:

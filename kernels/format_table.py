@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .errors import KVFormatError, ShapeError
 
 __all__ = ["KVFormat", "FORMATS", "ALIASES", "DEFAULT_INT4_GROUP", "lookup", "format_for_dtype",
-           "bytes_per_token", "CODE_PLAIN", "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4",
+           "bytes_per_token", "int4_group", "CODE_PLAIN", "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4",
            "CODE_INT4_KIVI", "FP8_CODES", "INT4_CODES"]
 
 # Kernel format codes (KVFormat.code). Plain ints here; constexpr copies in triton_impl/common.py.
@@ -38,6 +38,11 @@ FP8_CODES = (CODE_E4M3, CODE_E5M2)
 INT4_CODES = (CODE_INT4, CODE_INT4_KIVI)
 
 DEFAULT_INT4_GROUP = 32
+
+
+def int4_group(head_dim: int, group_size: int | None = None) -> int:
+    """The int4 group along head_dim: ``group_size``, or by default ``min(32, head_dim)``."""
+    return min(DEFAULT_INT4_GROUP, head_dim) if group_size is None else group_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,16 +130,17 @@ def format_for_dtype(dtype) -> KVFormat:
 
 
 def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int, *, dtype=None,
-                    group_size: int = DEFAULT_INT4_GROUP, block_size: int = 16) -> int:
+                    group_size: int | None = None, block_size: int = 16) -> int:
     """Bytes one token occupies in one layer for K and V together, side tensors included.
 
-    ``dtype`` only resolves ``"auto"``. Per-head fp8 scales are per layer, not per token, and are
+    ``dtype`` only resolves ``"auto"``; ``group_size`` defaults to :func:`int4_group`. Per-head fp8 scales are per layer, not per token, and are
     not counted. ``int4_kivi`` reports the steady-state cost of full blocks: its per-channel K
     scale and zero (``4 * head_dim`` bytes per block-head) are spread over ``block_size`` tokens
     (rounded up to whole bytes per token); the staging pool for unfilled blocks is a fixed cost
     per layer, counted by ``KVCacheLayer.nbytes`` and not here.
     """
     fmt = lookup(kv_format, dtype)
+    group_size = int4_group(head_dim, group_size)
     if fmt.packed and (group_size < 2 or group_size % 2 or head_dim % group_size):
         raise ShapeError(f"{fmt.name} groups of {group_size} values must be even and divide head_dim {head_dim}; "
                          f"pick a group_size that divides {head_dim}, or another kv format")

@@ -50,7 +50,7 @@ def format_for_dtype(dtype: torch.dtype) -> KVFormat:
 
 
 def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int, *,
-                    dtype: torch.dtype = torch.float16, group_size: int = DEFAULT_INT4_GROUP,
+                    dtype: torch.dtype = torch.float16, group_size: int | None = None,
                     block_size: int = 16) -> int:
     """Bytes one token occupies in one layer for K and V together (see
     :func:`kernels.format_table.bytes_per_token`, the one definition)."""

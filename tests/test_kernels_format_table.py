@@ -38,15 +38,16 @@ def test_engine_and_simulator_size_a_block_identically(fmt):
 @pytest.mark.parametrize("fmt", sorted(format_table.FORMATS))
 def test_the_table_is_what_the_allocator_allocates(fmt):
     """nbytes = tokens x bytes_per_token + the fixed per-layer parts (fp8 head scales, int4_kivi staging)."""
-    nb, bs, h, d = 5, 8, 3, 64
-    layer = kernels.allocate_kv_cache(nb, bs, h, d, fmt, dtype=torch.float16, num_staging_blocks=2
-                                      if format_table.FORMATS[fmt].k_per_channel else None)
-    fixed = 0
-    if layer.staging is not None:
-        fixed = layer.staging.nbytes()
-    elif layer.kv_format.scale == "head":
-        fixed = 2 * h * 4
-    assert layer.nbytes() - fixed == nb * bs * kernels.bytes_per_token(fmt, h, d, block_size=bs)
+    nb, bs, h = 5, 8, 3
+    for d in (16, 64):  # head_dim 16: one int4 group of 16 (the default group is min(32, head_dim))
+        layer = kernels.allocate_kv_cache(nb, bs, h, d, fmt, dtype=torch.float16, num_staging_blocks=2
+                                          if format_table.FORMATS[fmt].k_per_channel else None)
+        fixed = 0
+        if layer.staging is not None:
+            fixed = layer.staging.nbytes()
+        elif layer.kv_format.scale == "head":
+            fixed = 2 * h * 4
+        assert layer.nbytes() - fixed == nb * bs * kernels.bytes_per_token(fmt, h, d, block_size=bs), d
 
 
 def test_int4_kivi_in_the_simulator():
