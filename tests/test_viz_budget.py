@@ -78,3 +78,12 @@ def test_panel_redraws_on_a_slider_change() -> None:
     panel.children[1].children[1].value = 4  # batch
     assert growth.data[1].y[0] == pytest.approx(4 * before)
     assert "× batch 4" in panel.children[2].value
+
+
+def test_tensor_parallel_splits_kv_heads_and_a_bad_split_is_shown() -> None:
+    one, four = B.batch_budget("llama-2-70b", 4096, 1), B.batch_budget("llama-2-70b", 4096, 1, tensor_parallel=4)
+    assert four["bytes_per_request"] == pytest.approx(one["bytes_per_request"] / 4)
+    assert one["kv_room_bytes"] == 0 and four["kv_room_bytes"] > 0
+    panel = B.budget_panel("llama-2-70b", 4096, 1, tensor_parallel=4)
+    panel.children[0].children[0].value = "smollm2-135m"  # 3 KV heads do not split over 4 GPUs
+    assert "tensor_parallel=4" in panel.children[2].value

@@ -94,19 +94,27 @@ def requests_that_fit(model: str | ModelSpec, tokens: int, memory_bytes: float, 
 
 def batch_budget(model: str | ModelSpec, context: int, batch: int, kv_format: str = "fp16",
                  gpu: str = "a100-80gb", tensor_parallel: int = 1) -> dict[str, float]:
-    """One configuration in numbers: per token, per request and per batch KV bytes, and the GPU's room for it.
+    """One configuration in numbers, per GPU: KV bytes per token, request and batch, and the GPU's room for it.
 
     ``kv_room_bytes`` = HBM x 0.9 - weights/tp (vLLM's default utilisation; activations ignored), floored at 0.
     """
     m, g = _model(model), get_gpu(gpu)
     per_tok = m.kv_bytes_per_token(kv_format, tensor_parallel)
+    heads = max(1, m.num_kv_heads // tensor_parallel)
     room = max(0.0, 0.9 * g.hbm_bytes - m.weight_bytes() / tensor_parallel)
     return {"model": m.name, "kv_format": get_kv_format(kv_format).name, "context": context, "batch": batch,
-            "layers": m.num_layers, "kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
-            "bytes_per_element": get_kv_format(kv_format).bytes_per_element(m.head_dim),
+            "layers": m.num_layers, "kv_heads": m.num_kv_heads, "kv_heads_per_gpu": heads, "head_dim": m.head_dim,
+            "bytes_per_element": per_tok / (2 * m.num_layers * heads * m.head_dim),
             "bytes_per_token": per_tok, "bytes_per_request": per_tok * context, "bytes_per_batch": per_tok * context * batch,
-            "weight_bytes": m.weight_bytes() / tensor_parallel, "gpu": g.name, "hbm_bytes": g.hbm_bytes,
+            "weight_bytes": m.weight_bytes() / tensor_parallel, "gpu": g.name, "tensor_parallel": tensor_parallel, "hbm_bytes": g.hbm_bytes,
             "kv_room_bytes": room, "requests_fit": room / (per_tok * context) if context else math.inf}
+
+
+def claims_table(df: pd.DataFrame | None = None):
+    """``check_claims()`` as a left-aligned, untruncated table (a pandas Styler) for a notebook."""
+    df = check_claims() if df is None else df
+    return df.style.hide(axis="index").set_properties(**{"text-align": "left", "white-space": "normal"}) \
+        .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}])
 
 
 def check_claims() -> pd.DataFrame:
@@ -127,7 +135,7 @@ def check_claims() -> pd.DataFrame:
     r = float(request_kv_bytes(l2, 8192)) / float(request_kv_bytes(l2, 4096))
     rows.append(("KV size grows with the square of the sequence length", "x4 when the length doubles",
                  f"x{r:.2f} when the length doubles",
-                 "wrong: KV bytes are linear in tokens (attention *compute* over them is quadratic in prefill)"))
+                 "wrong: KV bytes are linear in tokens (the attention compute over them is quadratic in prefill)"))
     gb65 = float(request_kv_bytes(LLAMA_65B, 2048, "fp16")) / GB
     rows.append(("LLaMA-65B (80 layers, 64 heads, no GQA), 2,048 tokens, FP16: KV needed", "160 GB",
                  f"{gb65:.2f} GB per request; 160 GB = {160 / gb65:.1f} requests",
@@ -141,10 +149,10 @@ def check_claims() -> pd.DataFrame:
 
 
 def kv_growth_figure(model: str | ModelSpec, context: int, batch: int = 1, kv_format: str = "fp16",
-                     gpu: str = "a100-80gb", max_tokens: int | None = None) -> go.Figure:
-    """KV bytes of a batch against tokens per request (a straight line), the chosen context marked,
-    and the GPU's room for KV (HBM x 0.9 minus weights) as a horizontal line."""
-    b = batch_budget(model, context, batch, kv_format, gpu)
+                     gpu: str = "a100-80gb", tensor_parallel: int = 1, max_tokens: int | None = None) -> go.Figure:
+    """KV bytes of a batch (per GPU) against tokens per request (a straight line), the chosen context
+    marked, and one GPU's room for KV (HBM x 0.9 minus its share of the weights) as a horizontal line."""
+    b = batch_budget(model, context, batch, kv_format, gpu, tensor_parallel)
     top = max_tokens or max(context * 2, 1024)
     t = np.linspace(0, top, 65)
     y = t * b["bytes_per_token"] * batch / GB
@@ -154,24 +162,26 @@ def kv_growth_figure(model: str | ModelSpec, context: int, batch: int = 1, kv_fo
         go.Scatter(x=[context], y=[b["bytes_per_batch"] / GB], mode="markers+text", name="chosen context",
                    text=[f"{b['bytes_per_batch'] / GB:.2f} GB"], textposition="top left",
                    marker=dict(size=11, color=WASTE_COLOUR)),
-        go.Scatter(x=[0, top], y=[b["kv_room_bytes"] / GB] * 2, mode="lines", name=f"room for KV on one {b['gpu']}",
+        go.Scatter(x=[0, top], y=[b["kv_room_bytes"] / GB] * 2, mode="lines", name=f"room for KV on each {b['gpu']}",
                    line=dict(dash="dash", color="grey")),
     ])
-    fig.update_layout(title=f"{b['model']} · {b['kv_format']} · batch {batch}: KV grows linearly with tokens",
-                      xaxis_title="tokens per request", yaxis_title="KV cache (GB)", height=380,
+    tp = f" · tensor parallel {tensor_parallel}" if tensor_parallel > 1 else ""
+    fig.update_layout(title=f"{b['model']} · {b['kv_format']} · batch {batch}{tp}: KV grows linearly with tokens",
+                      xaxis_title="tokens per request", yaxis_title="KV cache per GPU (GB)", height=380,
                       margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.25))
     return fig
 
 
 def kv_format_figure(model: str | ModelSpec, context: int, batch: int = 1,
-                     formats: Sequence[str] = ("fp32", "fp16", "fp8", "int8", "int4")) -> go.Figure:
-    """KV bytes of the batch in each storage format (scale overhead included), fp16 as the reference."""
-    gb = [float(request_kv_bytes(model, context, f)) * batch / GB for f in formats]
-    ref = float(request_kv_bytes(model, context, "fp16")) * batch / GB
+                     formats: Sequence[str] = ("fp32", "fp16", "fp8", "int8", "int4"),
+                     tensor_parallel: int = 1) -> go.Figure:
+    """KV bytes of the batch per GPU in each storage format (scale overhead included), fp16 as the reference."""
+    gb = [float(request_kv_bytes(model, context, f, tensor_parallel)) * batch / GB for f in formats]
+    ref = float(request_kv_bytes(model, context, "fp16", tensor_parallel)) * batch / GB
     fig = go.Figure(go.Bar(x=list(formats), y=gb, marker_color=PAGED_COLOUR,
                            text=[f"{g:.2f} GB ({g / ref:.2f}x)" for g in gb], textposition="outside"))
     fig.update_layout(title=f"{_model(model).name}: {batch} x {context:,} tokens in each KV format",
-                      yaxis_title="KV cache (GB)", height=360, margin=dict(l=60, r=20, t=50, b=40),
+                      yaxis_title="KV cache per GPU (GB)", height=360, margin=dict(l=60, r=20, t=50, b=40),
                       yaxis_range=[0, max(gb) * 1.2])
     return fig
 
@@ -228,16 +238,20 @@ def workload_lengths(workload: str = "sharegpt", num_requests: int = 1000, max_l
 
 def formula_text(b: dict) -> str:
     """The sizing formula with this configuration's numbers filled in (HTML for an ipywidgets.HTML)."""
-    return (f"<b>2 × {b['layers']} layers × {b['context']:,} tokens × {b['kv_heads']} KV heads × {b['head_dim']} "
-            f"× {b['bytes_per_element']:g} bytes = {b['bytes_per_request'] / GB:.3f} GB per request</b>; "
-            f"× batch {b['batch']} = {b['bytes_per_batch'] / GB:.2f} GB. "
-            f"One {b['gpu']} has {b['kv_room_bytes'] / GB:.1f} GB left after {b['weight_bytes'] / GB:.1f} GB of weights: "
-            f"room for {b['requests_fit']:.1f} such requests.")
+    tp = b.get("tensor_parallel", 1)
+    split = f" ÷ {tp} GPUs" if tp > 1 else ""
+    room = (f"room for {b['requests_fit']:.1f} such requests." if b["kv_room_bytes"] > 0 else
+            "no room at all: raise tensor parallelism or pick a larger GPU.")
+    return (f"<b>2 × {b['layers']} layers × {b['context']:,} tokens × {b['kv_heads']} KV heads{split} × {b['head_dim']} "
+            f"× {b['bytes_per_element']:g} bytes = {b['bytes_per_request'] / GB:.3f} GB per request</b>"
+            f"{' per GPU' if tp > 1 else ''}; × batch {b['batch']} = {b['bytes_per_batch'] / GB:.2f} GB. "
+            f"Each {b['gpu']} has {b['kv_room_bytes'] / GB:.1f} GB left after {b['weight_bytes'] / GB:.1f} GB of weights: "
+            + room)
 
 
 def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8, kv_format: str = "fp16",
-                 gpu: str = "a100-80gb"):
-    """Sliders (model, context, batch, KV format, GPU) over the growth and format figures and the formula.
+                 gpu: str = "a100-80gb", tensor_parallel: int = 1):
+    """Sliders (model, context, batch, KV format, GPU, tensor parallelism) over the figures and the formula.
 
     Returns an ``ipywidgets.VBox``; each change redraws both ``FigureWidget``s inside ``batch_update``.
     """
@@ -247,30 +261,37 @@ def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8
         model=W.Dropdown(options=model_choices(), value=_model(model).name, description="model"),
         context=W.IntSlider(value=context, min=128, max=32768, step=128, description="context", continuous_update=False),
         batch=W.IntSlider(value=batch, min=1, max=256, description="batch", continuous_update=False),
-        kv_format=W.Dropdown(options=[f for f in KV_FORMATS if f in ("fp32", "fp16", "bf16", "fp8", "int8", "int4")],
+        kv_format=W.Dropdown(options=[f for f in ("fp32", "fp16", "bf16", "fp8", "int8", "int4", "int4_kivi") if f in KV_FORMATS],
                              value=kv_format, description="KV format"),
         gpu=W.Dropdown(options=["a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4"], value=gpu, description="GPU"),
+        tensor_parallel=W.Dropdown(options=[1, 2, 4, 8], value=tensor_parallel, description="GPUs (tp)"),
     )
-    growth = go.FigureWidget(kv_growth_figure(model, context, batch, kv_format, gpu))
-    formats = go.FigureWidget(kv_format_figure(model, context, batch))
-    text = W.HTML(formula_text(batch_budget(model, context, batch, kv_format, gpu)))
+    growth = go.FigureWidget(kv_growth_figure(model, context, batch, kv_format, gpu, tensor_parallel))
+    formats = go.FigureWidget(kv_format_figure(model, context, batch, tensor_parallel=tensor_parallel))
+    text = W.HTML(formula_text(batch_budget(model, context, batch, kv_format, gpu, tensor_parallel)))
 
     def redraw(_change=None) -> None:
         v = {k: c.value for k, c in ctl.items()}
+        try:
+            text.value = formula_text(batch_budget(**v))
+        except ConfigError as exc:  # e.g. 8 KV heads do not split over the chosen GPUs
+            text.value = f"<b style='color:{WASTE_COLOUR}'>{exc}</b>"
+            return
         for widget, new in ((growth, kv_growth_figure(**v)),
-                            (formats, kv_format_figure(v["model"], v["context"], v["batch"]))):
+                            (formats, kv_format_figure(v["model"], v["context"], v["batch"],
+                                                      tensor_parallel=v["tensor_parallel"]))):
             with widget.batch_update():
                 for old, fresh in zip(widget.data, new.data):
                     old.update(fresh.to_plotly_json())
                 widget.layout.update(new.layout.to_plotly_json())
-        text.value = formula_text(batch_budget(**v))
 
     for c in ctl.values():
         c.observe(redraw, names="value")
-    return W.VBox([W.HBox([ctl["model"], ctl["kv_format"], ctl["gpu"]]), W.HBox([ctl["context"], ctl["batch"]]),
+    return W.VBox([W.HBox([ctl["model"], ctl["kv_format"], ctl["gpu"]]),
+                   W.HBox([ctl["context"], ctl["batch"], ctl["tensor_parallel"]]),
                    text, growth, formats])
 
 
 __all__ = ["GB", "LLAMA_65B", "kv_bytes", "request_kv_bytes", "reservation_waste", "paged_waste", "tokens_for_waste",
-           "requests_that_fit", "batch_budget", "check_claims", "model_choices", "kv_growth_figure", "kv_format_figure",
+           "requests_that_fit", "batch_budget", "check_claims", "claims_table", "model_choices", "kv_growth_figure", "kv_format_figure",
            "waste_curve_figure", "preallocation_figure", "workload_lengths", "formula_text", "budget_panel"]
