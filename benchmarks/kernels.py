@@ -52,7 +52,7 @@ def _paged_layer(num_seqs: int, ctx: int, block_size: int, heads: int, head_dim:
     layer = kernels.allocate_kv_cache(num_seqs * per_seq, block_size, heads, head_dim, fmt, dtype=dtype,
                                       device=device)
     for t in (layer.k, layer.v):
-        if layer.kv_format.code in (1, 2):  # random finite fp8 codes of moderate size, either sign
+        if layer.kv_format.is_fp8:  # random finite fp8 codes of moderate size, either sign
             u = t.view(torch.uint8)
             u.random_(0x20, 0x48, generator=g)
             u.add_(torch.randint(0, 2, u.shape, generator=g, device=device, dtype=torch.uint8) * 0x80)
