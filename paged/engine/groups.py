@@ -59,6 +59,8 @@ class Group:
     first_token_s: float | None = None
     last_token_s: float | None = None
     num_token_steps: int = 0
+    sample_logprobs: list[dict[int, float]] = field(default_factory=list)  # params.logprobs (n=1)
+    prompt_logprobs: list[dict[int, float] | None] | None = None           # params.prompt_logprobs
 
 
 class Groups:
@@ -89,9 +91,13 @@ class Groups:
         """Queue ``group``'s first sequence; raises (changing nothing) if the scheduler refuses it."""
         p = group.params
         seq = Seq(group, 0, None if p.use_beam_search else make_generator(p.seed, 0))
+        # prompt log-probs need every prompt position computed: a private salt skips prefix hits
+        salt = f"prompt_logprobs:{group.request_id}:{id(group)}" if p.prompt_logprobs is not None else None
         req = Request(group.request_id, group.prompt_token_ids, p.max_tokens,
                       stop_token_ids=() if p.use_beam_search else group.stops,
-                      arrival_time=group.arrival_time, priority=priority, data=seq)
+                      arrival_time=group.arrival_time, priority=priority, data=seq, cache_salt=salt)
+        if p.prompt_logprobs is not None:
+            group.prompt_logprobs = [None] * len(group.prompt_token_ids)
         self.scheduler.add_request(req)  # raises before any state changes
         group.live.add(group.request_id)
         self.by_id[group.request_id] = group
@@ -244,6 +250,9 @@ class Groups:
             for k, toks, reason in g.done:
                 by_index.setdefault(k, CompletionOutput(k, list(toks), self._detokenize(toks, p), None, reason))
             outs = [by_index[k] for k in sorted(by_index)]
+            if p.logprobs is not None and outs:
+                outs[0].logprobs = g.sample_logprobs[:len(outs[0].token_ids)]
         return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, finished=True,
                              num_cached_tokens=g.num_cached_tokens, num_preemptions=g.num_preemptions,
-                             arrival_time=g.arrival_time, finish_time=time.perf_counter())
+                             arrival_time=g.arrival_time, finish_time=time.perf_counter(),
+                             prompt_logprobs=g.prompt_logprobs)

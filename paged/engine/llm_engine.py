@@ -26,7 +26,7 @@ from paged.models.loader import LoadedModel
 from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
 from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
 from .runner import ModelRunner
-from .sampling import SamplingParams
+from .sampling import SamplingParams, logprob_dicts
 
 __all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SEQ_ID_SEP",
            "StepOutput"]
@@ -225,21 +225,27 @@ class LLMEngine:
         prefills = [c for c in plan.scheduled if not c.is_decode]
         first, second = (self._split_passes(decodes, prefills)
                          if self.config.split_prefill_decode and decodes and prefills else ([], []))
+        limits = {c.request_id: len(g.prompt_token_ids) - 1 for c in plan.scheduled
+                  if (g := c.request.data.group).prompt_logprobs is not None}
+        prompt_parts = []
         if first and second:
-            rd, rp = self.runner.forward(first), self.runner.forward(second)
+            rd, rp = self._forward(first, limits), self._forward(second, limits)
+            prompt_parts = [rd.prompt_logits, rp.prompt_logits]
             decode_ms, prefill_ms = rd.forward_ms, rp.forward_ms
             sample_ids = rd.sample_ids + rp.sample_ids
             logits = torch.cat([rd.logits, rp.logits])
             forward_ms = decode_ms + prefill_ms
         else:
-            r = self.runner.forward(plan.scheduled)
+            r = self._forward(plan.scheduled, limits)
             sample_ids, logits, forward_ms = r.sample_ids, r.logits, r.forward_ms
+            prompt_parts = [r.prompt_logits]
             if not prefills:
                 decode_ms, prefill_ms = forward_ms, 0.0
             elif not decodes:
                 decode_ms, prefill_ms = 0.0, forward_ms
         t2 = time.perf_counter()
         sampled, post = self._groups.sample(sample_ids, logits)
+        self._record_logprobs(sample_ids, logits, sampled, prompt_parts)
         for rid, _ in plan.preempted:
             self.scheduler.requests[rid].data.group.num_preemptions += 1
         done = self.scheduler.update(plan, sampled)
@@ -268,6 +274,29 @@ class LLMEngine:
             num_free_blocks=plan.num_free_blocks, num_cached_free_blocks=plan.num_cached_free_blocks,
             prefix_cache_queries=plan.prefix_cache_queries, prefix_cache_hits=plan.prefix_cache_hits,
             events=self.recorder.since(mark))
+
+    def _forward(self, chunks, limits: dict[str, int]):
+        # prompt_limits only when asked: callers may wrap runner.forward(chunks)
+        return self.runner.forward(chunks, prompt_limits=limits) if limits else self.runner.forward(chunks)
+
+    def _record_logprobs(self, sample_ids: list[str], logits: torch.Tensor, sampled: dict[str, int],
+                         prompt_parts: list) -> None:
+        """Store vLLM-style logprobs of sampled tokens and prompt tokens on their groups
+        (prompt positions are overwritten, not appended, so recompute after preemption is safe)."""
+        for row, rid in enumerate(sample_ids):
+            req = self.scheduler.requests.get(rid)  # a beam may have been dropped while sampling
+            g = req.data.group if req is not None else None
+            if g is not None and g.params.logprobs is not None and rid in sampled:
+                g.sample_logprobs += logprob_dicts(logits[row:row + 1], [sampled[rid]], g.params.logprobs)
+        for part in prompt_parts:
+            for rid, (start, rows) in (part or {}).items():
+                req = self.scheduler.requests.get(rid)
+                if req is None:
+                    continue
+                g = req.data.group
+                toks = g.prompt_token_ids[start + 1:start + 1 + rows.shape[0]]
+                lps = logprob_dicts(rows[:len(toks)], toks, g.params.prompt_logprobs)
+                g.prompt_logprobs[start + 1:start + 1 + len(toks)] = lps
 
     def _stamp(self, plan: SchedulerOutput, sampled: dict[str, int], start_s: float, end_s: float) -> None:
         """Time stamps of the groups this step served (first scheduled, token steps)."""

@@ -19,6 +19,7 @@ class CompletionOutput:
     text: str = ""
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
+    logprobs: list[dict[int, float]] | None = None  # SamplingParams.logprobs: one dict per token
 
 
 @dataclass
@@ -32,6 +33,7 @@ class RequestOutput:
     num_preemptions: int = 0
     arrival_time: float = 0.0
     finish_time: float = 0.0
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # SamplingParams.prompt_logprobs
 
 
 @dataclass

@@ -50,6 +50,7 @@ class ForwardResult:
     logits: torch.Tensor
     forward_ms: float
     num_tokens: int
+    prompt_logits: dict[str, tuple[int, torch.Tensor]] | None = None  # id -> (first position, rows)
 
 
 def default_backend(device: torch.device) -> str | None:
@@ -121,8 +122,11 @@ class ModelRunner:
                 for layer in self.layers:
                     kernels.release_blocks(layer, freed)
 
-    def forward(self, chunks: Sequence[ScheduledChunk]) -> ForwardResult:
-        """One forward pass over ``chunks``; logits only for the chunks that sample."""
+    def forward(self, chunks: Sequence[ScheduledChunk], prompt_limits: dict[str, int] | None = None
+                ) -> ForwardResult:
+        """One forward pass over ``chunks``; logits only for the chunks that sample, and for
+        request ids in ``prompt_limits`` also for their positions below the limit (prompt
+        log-probs: position p predicts token p + 1)."""
         t1 = time.perf_counter()
         if not chunks:
             return ForwardResult([], torch.zeros(0, self.model.config.vocab_size), 0.0, 0)
@@ -130,6 +134,14 @@ class ModelRunner:
         hidden = self.model(meta.input_ids, meta.positions, PagedAttention(self.layers, meta, self.backend))
         rows = [i for i, s in enumerate(meta.samples) if s]
         logits = self.model.compute_logits(hidden[meta.sample_indices[rows]])
+        prompt = {}
+        if prompt_limits:
+            off = 0
+            for c in chunks:
+                n = min(c.num_tokens, prompt_limits.get(c.request_id, 0) - c.start)
+                if n > 0:
+                    prompt[c.request_id] = (c.start, self.model.compute_logits(hidden[off:off + n]))
+                off += c.num_tokens
         self._sync()
         return ForwardResult([meta.request_ids[i] for i in rows], logits,
-                             (time.perf_counter() - t1) * 1e3, meta.num_tokens)
+                             (time.perf_counter() - t1) * 1e3, meta.num_tokens, prompt or None)

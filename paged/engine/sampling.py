@@ -21,7 +21,10 @@ class SamplingParams:
     ``n`` samples share the prompt's blocks (fork); ``use_beam_search`` keeps ``n`` beams
     (``beam_width`` = n) scored by summed log-probabilities, with copy-on-write of shared
     blocks. ``stop_token_ids`` end a sequence (EOS too unless ``ignore_eos``); the stop
-    token is kept in ``token_ids``.
+    token is kept in ``token_ids``. ``logprobs``/``prompt_logprobs`` follow vLLM: a
+    ``{token_id: logprob}`` per position holding the chosen (or prompt) token plus the top-k,
+    from the raw model distribution; ``prompt_logprobs[0]`` is None (the first token has no
+    context). Prompt log-probs bypass the prefix cache (each such request gets its own salt).
     """
 
     n: int = 1
@@ -35,6 +38,8 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     skip_special_tokens: bool = True
+    logprobs: int | None = None         # top log-probs per generated token (+ the sampled one)
+    prompt_logprobs: int | None = None  # per prompt token; 0 = only the prompt token's own
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the bad field and its valid range."""
@@ -55,6 +60,12 @@ class SamplingParams:
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable) \
                 or any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad(f"stop_token_ids must be a sequence of non-negative integers, got {self.stop_token_ids!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+                raise bad(f"{name} must be None or an integer >= 0 (0 = only the chosen token's), got {k!r}")
+        if self.logprobs is not None and (self.n > 1 or self.use_beam_search):
+            raise bad("logprobs is supported for n=1 without beam search; drop logprobs or set n=1")
         if self.use_beam_search and self.temperature != 0.0 and self.temperature != 1.0:
             raise bad("beam search is deterministic; leave temperature at its default")
 
@@ -97,6 +108,20 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     x = filter_logits(logits, params.temperature, params.top_k, params.top_p)
     probs = torch.softmax(x, -1).cpu()
     return int(torch.multinomial(probs, 1, generator=generator or fallback))
+
+
+def logprob_dicts(logits: torch.Tensor, tokens: Sequence[int], k: int) -> list[dict[int, float]]:
+    """vLLM's logprobs: per row, ``{token: logprob}`` of the chosen ``tokens[i]`` plus the row's
+    top-``k`` (so up to k + 1 entries), from the raw model distribution (log-softmax, float32)."""
+    lp = torch.log_softmax(logits.float(), -1)
+    own = lp.gather(1, torch.as_tensor(list(tokens), device=lp.device).long()[:, None])[:, 0].tolist()
+    out = [{int(t): float(v)} for t, v in zip(tokens, own)]
+    if k > 0:
+        top = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
+        for d, vals, ids in zip(out, top.values.tolist(), top.indices.tolist()):
+            for t, v in zip(ids, vals):
+                d.setdefault(int(t), float(v))
+    return out
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
