@@ -23,45 +23,48 @@ from typing import Any, Sequence
 
 from paged.errors import PagedError
 
-_SIM_FLAGS = ("model", "gpu", "tensor_parallel", "block_size", "num_blocks", "gpu_memory_utilization", "kv_format",
-              "allocator", "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "preemption_mode",
-              "policy", "watermark", "enable_prefix_caching", "swap_space_gib", "max_model_len", "seed", "mfu", "mbu",
-              "step_overhead_s", "paged_kernel_penalty", "calibration")
+# SimConfig fields the CLI does not expose, and the spelling of the flags that differ from --field-name
+_SIM_HIDDEN = ("hash_fn", "record_events")
+_FLAG_NAMES = {"tensor_parallel": ("--tensor-parallel", "--tp"), "enable_chunked_prefill": ("--chunked-prefill",),
+               "enable_prefix_caching": ("--prefix-caching",),
+               "max_num_batched_tokens": ("--max-num-batched-tokens", "--token-budget")}
+
+
+def _sim_fields() -> list[dataclasses.Field]:
+    from paged.sim.simulator import SimConfig
+
+    return [f for f in dataclasses.fields(SimConfig) if f.name not in _SIM_HIDDEN]
 
 
 def _add_sim_args(p: argparse.ArgumentParser) -> None:
+    """One flag per ``SimConfig`` field (type and default from the dataclass), plus the workload."""
+    import typing
+
+    from paged.sim.simulator import ALLOCATORS, SimConfig
     from paged.sim.specs import GPU_PRESETS, KV_FORMATS, MODEL_PRESETS
-    from paged.sim.simulator import ALLOCATORS
     from paged.sim.workload import WORKLOADS
 
-    g = p.add_argument_group("deployment")
-    g.add_argument("--model", default="llama-2-13b", help=f"preset ({', '.join(MODEL_PRESETS)}) or config.json path")
-    g.add_argument("--gpu", default="a100-80gb", help=f"preset: {', '.join(GPU_PRESETS)}")
-    g.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, default=1)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--num-blocks", type=int, default=None, help="KV blocks per GPU (default: what fits)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--kv-format", default="fp16", choices=sorted(KV_FORMATS))
-    g.add_argument("--allocator", default="paged", choices=ALLOCATORS)
-    g.add_argument("--max-model-len", type=int, default=None)
-    s = p.add_argument_group("scheduler")
-    s.add_argument("--chunked-prefill", dest="enable_chunked_prefill", action=argparse.BooleanOptionalAction,
-                   default=True)
-    s.add_argument("--max-num-batched-tokens", "--token-budget", dest="max_num_batched_tokens", type=int, default=2048)
-    s.add_argument("--max-num-seqs", type=int, default=256)
-    s.add_argument("--preemption-mode", choices=("recompute", "swap"), default="recompute")
-    s.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
-    s.add_argument("--watermark", type=float, default=0.01)
-    s.add_argument("--prefix-caching", dest="enable_prefix_caching", action=argparse.BooleanOptionalAction,
-                   default=True)
-    s.add_argument("--swap-space-gib", type=float, default=4.0)
-    c = p.add_argument_group("cost model")
-    c.add_argument("--mfu", type=float, default=None)
-    c.add_argument("--mbu", type=float, default=None)
-    c.add_argument("--step-overhead-s", type=float, default=None)
-    c.add_argument("--paged-kernel-penalty", action=argparse.BooleanOptionalAction, default=True)
-    c.add_argument("--calibration", default=None, metavar="STEPS.csv",
-                   help="fit the cost model to engine steps saved with paged.sim.cost_model.calibration_frame")
+    extra: dict[str, dict[str, Any]] = {
+        "model": dict(help=f"preset ({', '.join(MODEL_PRESETS)}) or config.json path"),
+        "gpu": dict(help=f"preset: {', '.join(GPU_PRESETS)}"),
+        "num_blocks": dict(help="KV blocks per GPU (default: what fits)"),
+        "kv_format": dict(choices=sorted(KV_FORMATS)), "allocator": dict(choices=ALLOCATORS),
+        "preemption_mode": dict(choices=("recompute", "swap")), "policy": dict(choices=("fcfs", "priority")),
+        "max_num_batched_tokens": dict(help="token budget per step (default: 2048 with chunked prefill, "
+                                            "else max(2048, max_model_len))"),
+        "calibration": dict(metavar="STEPS.csv", help="fit the cost model to engine steps saved with "
+                                                      "paged.sim.cost_model.calibration_frame"),
+    }
+    hints = typing.get_type_hints(SimConfig)
+    g = p.add_argument_group("deployment, scheduler and cost model (SimConfig fields)")
+    for f in _sim_fields():
+        kind = next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],)) if t is not type(None))
+        names = _FLAG_NAMES.get(f.name, ("--" + f.name.replace("_", "-"),))
+        kw: dict[str, Any] = dict(dest=f.name, default=f.default, **extra.get(f.name, {}))
+        if kind is bool:
+            g.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
+        else:
+            g.add_argument(*names, type=kind, **kw)
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="sharegpt", choices=sorted(WORKLOADS))
     w.add_argument("--trace", default=None, help="trace file (CSV paged/vidur/azure or JSONL); overrides --workload")
@@ -73,24 +76,17 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--num-prefixes", type=int, default=0)
     w.add_argument("--prefix-tokens", type=int, default=0)
     w.add_argument("--prefix-fraction", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
 
 
-def _sim_config(args: argparse.Namespace):
-    from paged.sim.simulator import SimConfig
-
-    return SimConfig(**{k: getattr(args, k) for k in _SIM_FLAGS})
+def _sim_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in _sim_fields()}
 
 
-def _trace(args: argparse.Namespace, max_model_len: int):
-    from paged.sim.workload import load_trace, synthetic_trace
-
-    if args.trace:
-        tr = load_trace(args.trace)
-        return tr.iloc[: args.num_requests] if args.num_requests and args.num_requests < len(tr) else tr
-    return synthetic_trace(args.workload, args.num_requests or 1000, rate=args.rate, arrival=args.arrival, cv=args.cv,
-                           seed=args.seed, max_model_len=max_model_len, num_prefixes=args.num_prefixes,
-                           prefix_tokens=args.prefix_tokens, prefix_fraction=args.prefix_fraction)
+def _trace_keys(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload flags as ``paged.sim.studies.trace_for`` keys."""
+    return dict(workload=args.workload, num_requests=args.num_requests, rate=args.rate, arrival=args.arrival,
+                cv=args.cv, num_prefixes=args.num_prefixes, prefix_tokens=args.prefix_tokens,
+                prefix_fraction=args.prefix_fraction, trace=args.trace, trace_seed=args.seed)
 
 
 def _fmt(v: Any) -> str:
@@ -123,10 +119,11 @@ def json_safe(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from paged.sim.simulator import Simulator
+    from paged.sim.simulator import SimConfig, Simulator
+    from paged.sim.studies import trace_for
 
-    sim = Simulator(_sim_config(args))
-    tr = _trace(args, sim.max_model_len)
+    sim = Simulator(SimConfig(**_sim_kwargs(args)))
+    tr = trace_for(_trace_keys(args), sim.max_model_len)
     show_bar = not args.json and not args.no_progress and len(tr) >= 500 and sys.stderr.isatty()
     res = sim.run(tr, progress=show_bar)
     if args.requests_out:
@@ -175,12 +172,10 @@ def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from paged.sim.studies import run_grid
 
-    base = {k: getattr(args, k) for k in _SIM_FLAGS}
+    base = {**_sim_kwargs(args), **_trace_keys(args)}
+    del base["trace_seed"]  # the seed is a SimConfig field: a swept seed reseeds the trace too
     # -n: requests to generate (default 1000), or the first N rows of --trace (default all), as in simulate
-    num_requests = args.num_requests if args.trace else (args.num_requests or 1000)
-    base.update(workload=args.workload, num_requests=num_requests, rate=args.rate, arrival=args.arrival,
-                cv=args.cv, num_prefixes=args.num_prefixes, prefix_tokens=args.prefix_tokens,
-                prefix_fraction=args.prefix_fraction, trace=args.trace)
+    base["num_requests"] = args.num_requests if args.trace else (args.num_requests or 1000)
     grid = parse_grid(args.grid)
     keys = list(grid)
     points = [{**base, **dict(zip(keys, combo))} for combo in itertools.product(*grid.values())]
@@ -210,94 +205,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The embedded model through our paged cache on this machine, then the simulated studies."""
-    from paged.sim.studies import interference_study, memory_story
+    from paged.report import demo_report
 
-    os.makedirs(args.out, exist_ok=True)
-    t0 = time.perf_counter()
-    parts = ["# paged-KV workbench: demo report", ""]
-    if args.engine_requests > 0:
-        parts += _engine_section(args)
-    mem = memory_story(args.num_requests, jobs=args.jobs)
-    intf = interference_study(max(200, args.num_requests // 3), jobs=args.jobs)
-    mem.to_csv(os.path.join(args.out, "memory_story.csv"), index=False)
-    intf.to_csv(os.path.join(args.out, "interference.csv"), index=False)
-    sim_md = render_demo_report(mem, intf, time.perf_counter() - t0)
-    with open(os.path.join(args.out, "simulation.md"), "w", encoding="utf-8") as fh:
-        fh.write(sim_md)
-    parts += ["#" + line if line.startswith("#") else line for line in sim_md.splitlines()]
-    md = "\n".join(parts) + "\n"
-    path = os.path.join(args.out, "demo.md")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(md)
+    md, path = demo_report(args.out, num_requests=args.num_requests, jobs=args.jobs, model=args.model,
+                           engine_requests=args.engine_requests, engine_blocks=args.engine_blocks,
+                           max_tokens=args.max_tokens)
     print(md)
     print(f"wrote {path} and the CSV files beside it")
     return 0
-
-
-def _engine_section(args: argparse.Namespace) -> list[str]:
-    """Run SmolLM2-135M (embedded) through the engine; CSVs plus markdown lines."""
-    import pandas as pd
-
-    from paged.demo import engine_run, kv_format_comparison
-    from paged.models import load_model
-
-    loaded = load_model(args.model)
-    summary, steps, texts = engine_run(loaded, num_requests=args.engine_requests, max_tokens=args.max_tokens,
-                                       num_blocks=args.engine_blocks)
-    steps.to_csv(os.path.join(args.out, "engine_steps.csv"), index=False)
-    texts.to_csv(os.path.join(args.out, "engine_answers.csv"), index=False)
-    formats = kv_format_comparison(loaded, max_tokens=args.max_tokens // 2)
-    formats.to_csv(os.path.join(args.out, "kv_formats.csv"), index=False)
-    cols = ["step", "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_preempted", "kv_cache_usage_perc",
-            "token_usage", "num_running", "num_waiting", "step_time_s"]
-    every = max(1, len(steps) // 12)
-    return [
-        f"## A real model through the paged cache on this machine ({loaded.config.name or args.model})",
-        "",
-        f"{summary['requests']} chat requests sharing one system prompt, greedy, at most {args.max_tokens} new tokens, "
-        f"in a pool of {summary['kv_blocks']} blocks of {summary['block_size']} tokens (too small for all at once). "
-        "SmolLM2-135M-Instruct is stored with 4-bit weights (Q4_1); K/V come from that model.", "",
-        _md_table(pd.DataFrame([summary])), "",
-        "Every step, sampled (full log in `engine_steps.csv`): block usage vs token usage is internal "
-        "fragmentation; rows with both prefill and decode tokens are chunked prefill sharing a step with decodes.",
-        "", _md_table(steps[cols].iloc[::every]), "",
-        "First answers (all in `engine_answers.csv`):", "",
-        *[f"- **{q}** " + " ".join(a.split())[:240] for q, a in texts.head(3).itertuples(index=False)], "",
-        "## KV formats on the same prompts", "",
-        "Greedy tokens equal to the model-dtype cache before the first difference (mean and min over prompts), "
-        "and bytes per token per layer for K and V with their scales.", "",
-        _md_table(formats), "",
-    ]
-
-
-def _md_table(df, floatfmt: str = ".3f") -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):  # keeps each column's type (iterrows upcasts ints)
-        lines.append("| " + " | ".join(format(v, floatfmt) if isinstance(v, float) else str(v) for v in row) + " |")
-    return "\n".join(lines)
-
-
-def render_demo_report(mem, intf, seconds: float) -> str:
-    """Markdown report of the memory story and interference tables."""
-    cm, ci = mem.attrs.get("config", {}), intf.attrs.get("config", {})
-    return "\n".join([
-        "# Simulated: paged vs contiguous KV memory, and prefill/decode interference", "",
-        "Same `Scheduler` and KV-cache manager as the real engine; step times from the roofline cost model "
-        "(`paged.sim.cost_model`).", "",
-        f"## Memory story ({cm.get('model')}, {cm.get('gpu')}, ShareGPT-like, {cm.get('num_requests')} requests "
-        "at t=0, block size 16)", "",
-        "`token_usage`: slots holding tokens / slots reserved by requests (time-weighted); `paper_token_usage`: "
-        "vLLM paper (SOSP'23) Fig. 2, which also counts external fragmentation; `tokens_per_pool`: slots holding "
-        "tokens / whole KV pool; `paged_speedup`: paged throughput / this allocator's, at saturation.", "",
-        _md_table(mem), "",
-        f"## Prefill/decode interference ({ci.get('model')}, {ci.get('gpu')}, {ci.get('workload')}-like, "
-        f"{ci.get('rate')} req/s Poisson, {ci.get('num_requests')} requests)", "",
-        "Sarathi-Serve (OSDI'24): full prefills in a decode batch stall decodes; chunking the prefill under a "
-        "token budget bounds time-between-tokens at some cost in TTFT.", "",
-        _md_table(intf), "",
-        f"_Generated by `python -m paged demo` in {seconds:.1f} s of wall time._", "",
-    ])
 
 
 def build_parser() -> argparse.ArgumentParser:

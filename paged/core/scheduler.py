@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator, Mapping, Sequence
 
 from . import events as ev
@@ -50,9 +50,13 @@ def lowest_priority_first(running: Sequence[Request], start: int) -> int:
     return max(range(start, len(running)), key=lambda i: (running[i]._rank, running[i]._seq))
 
 
+DEFAULT_TOKEN_BUDGET = 2048
+"""Tokens per step when chunked prefill is on and no budget is given (vLLM's default)."""
+
+
 @dataclass
 class SchedulerConfig:
-    max_num_batched_tokens: int = 2048  # token budget per step
+    max_num_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # token budget per step
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"   # or "swap" (falls back to recompute when the CPU pool is full)
@@ -76,6 +80,18 @@ class SchedulerConfig:
             raise ConfigError(f"priority_aging_steps must be an integer >= 1 or None, got {self.priority_aging_steps!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
+
+    @classmethod
+    def of(cls, config: object, max_model_len: int) -> "SchedulerConfig":
+        """The scheduler settings of an executor's config (``EngineConfig``, ``SimConfig``: any
+        object with some of these field names). A ``max_num_batched_tokens`` of None follows
+        vLLM's rule: 2048 with chunked prefill, else ``max(2048, max_model_len)``, so any prompt
+        the model takes fits in one step."""
+        kw = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
+        if kw.get("max_num_batched_tokens") is None:
+            chunked = kw.get("enable_chunked_prefill", True)
+            kw["max_num_batched_tokens"] = DEFAULT_TOKEN_BUDGET if chunked else max(DEFAULT_TOKEN_BUDGET, max_model_len)
+        return cls(**kw)
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ qwen2). Nothing is downloaded.
 from __future__ import annotations
 
 import numbers
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -52,16 +52,11 @@ class LLM:
     where the model lives is a ConfigError (load it with ``load_model(..., dtype, device)``).
     """
 
-    def __init__(self, model: str | LoadedModel | None = "smollm2", *, block_size: int = 16,
-                 num_blocks: int | None = None, kv_cache_memory: int | None = None,
-                 kv_cache_dtype: str = "auto", enable_prefix_caching: bool = True,
-                 max_num_batched_tokens: int | None = None, max_num_seqs: int = 256,
-                 enable_chunked_prefill: bool = True, preemption_mode: str = "recompute",
-                 num_cpu_blocks: int | None = None, max_model_len: int | None = None,
-                 device: str | torch.device | None = None, dtype: str | torch.dtype = "auto",
-                 seed: int = 0, attention_backend: str | None = None, policy: str = "fcfs",
-                 split_prefill_decode: bool = False, record_events: bool = True,
-                 watermark: float = 0.01) -> None:
+    def __init__(self, model: str | LoadedModel | None = "smollm2", *, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype = "auto", **config: Any) -> None:
+        """``config``: any ``EngineConfig`` field (``block_size``, ``num_blocks``, ``kv_cache_dtype``,
+        ``max_num_batched_tokens``, ...) with its default there; an unknown name is a ConfigError."""
+        engine_config = EngineConfig.from_kwargs(config, also=("model", "device", "dtype"))
         if isinstance(model, LoadedModel):
             p = next(model.model.parameters())
             want = None if device is None else _device(device)
@@ -75,14 +70,7 @@ class LLM:
         else:
             dev = _device(device)
             self.loaded = load_model(model, dtype=_dtype(dtype, dev), device=dev)
-        self.engine = LLMEngine(self.loaded, EngineConfig(
-            block_size=block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
-            kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=enable_prefix_caching,
-            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-            enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
-            num_cpu_blocks=num_cpu_blocks, max_model_len=max_model_len, policy=policy,
-            seed=seed, attention_backend=attention_backend, split_prefill_decode=split_prefill_decode,
-            record_events=record_events, watermark=watermark))
+        self.engine = LLMEngine(self.loaded, engine_config)
         self._counter = 0
 
     @property

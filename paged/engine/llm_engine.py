@@ -61,6 +61,16 @@ class EngineConfig:
     record_events: bool = True
     hash_fn: str = "sha256"
 
+    @classmethod
+    def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
+        """``EngineConfig(**kwargs)``, but an unknown name is a ConfigError listing the valid
+        ones (``also``: names the caller takes itself, listed too)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; valid: {', '.join([*also, *names])}")
+        return cls(**kwargs)
+
 
 def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
     from paged._kernels import kernels
@@ -103,9 +113,6 @@ class LLMEngine:
                                   f"{loaded.max_model_len}; lower it")
             max_len = c.max_model_len
         self.max_model_len = max_len
-        budget_tokens = c.max_num_batched_tokens
-        if budget_tokens is None:
-            budget_tokens = 2048 if c.enable_chunked_prefill else max(2048, max_len)
         num_cpu = c.num_cpu_blocks
         if num_cpu is None:
             num_cpu = num_blocks if c.preemption_mode == "swap" else 0
@@ -113,10 +120,7 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, c.block_size, enable_prefix_caching=c.enable_prefix_caching,
                                  hash_fn=c.hash_fn, num_cpu_blocks=num_cpu, max_model_len=max_len,
                                  recorder=self.recorder)
-        self.scheduler = Scheduler(self.kv, SchedulerConfig(
-            max_num_batched_tokens=budget_tokens, max_num_seqs=c.max_num_seqs,
-            enable_chunked_prefill=c.enable_chunked_prefill, preemption_mode=c.preemption_mode,
-            policy=c.policy, watermark=c.watermark))
+        self.scheduler = Scheduler(self.kv, SchedulerConfig.of(c, max_len))
         from paged._kernels import kernels
         try:
             self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,

@@ -58,7 +58,7 @@ class SimConfig:
     kv_format: str = "fp16"
     allocator: str = "paged"
     enable_chunked_prefill: bool = True
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # None: the engine's rule (SchedulerConfig.of)
     max_num_seqs: int = 256
     preemption_mode: str = "recompute"
     policy: str = "fcfs"
@@ -171,10 +171,11 @@ class Simulator:
         cfg = self.config = config or SimConfig()
         self.model = get_model(cfg.model)
         self.max_model_len = cfg.max_model_len or self.model.max_model_len
+        sched_cfg = SchedulerConfig.of(cfg, self.max_model_len)
         self.sizing = kv_cache_sizing(self.model, cfg.gpu, cfg.block_size, kv_format=cfg.kv_format,
                                       tensor_parallel=cfg.tensor_parallel,
                                       gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                      max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                      max_num_batched_tokens=sched_cfg.max_num_batched_tokens,
                                       max_num_seqs=cfg.max_num_seqs)
         self.num_blocks = cfg.num_blocks if cfg.num_blocks is not None else self.sizing.num_blocks
         self.block_bytes = self.sizing.bytes_per_block  # kv_bytes_per_token(fmt, tp, block_size) x block_size
@@ -189,10 +190,7 @@ class Simulator:
             # same memory, counted in token slots
             self.kv = ContiguousKVCacheManager(self.num_blocks * cfg.block_size, cfg.allocator.split("-")[1],
                                                max_model_len=self.max_model_len, recorder=self.recorder)
-        self.scheduler = Scheduler(self.kv, SchedulerConfig(
-            max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
-            enable_chunked_prefill=cfg.enable_chunked_prefill, preemption_mode=cfg.preemption_mode,
-            policy=cfg.policy, watermark=cfg.watermark))
+        self.scheduler = Scheduler(self.kv, sched_cfg)
         self.cost = cost_model or build_cost_model(cfg, self.model)
         self.calibration_report = None
         if cfg.calibration and cost_model is None:
@@ -255,7 +253,13 @@ class Simulator:
         clock, nxt, done, n_steps = 0.0, 0, 0, 0
         while done + len(rejected) < n:
             while nxt < n and arr[nxt] <= clock:
-                req = Request(str(nxt), toks.prompt(int(P[nxt]), int(pid[nxt]), int(ptok[nxt])), int(O[nxt]),
+                p, o = int(P[nxt]), int(O[nxt])
+                if p + o > self.max_model_len:  # checked before synthesising: a 1e11-token row must not allocate
+                    rejected.append((nxt, f"request {nxt}: prompt ({p}) + output ({o}) = {p + o} tokens exceeds "
+                                          f"max_model_len={self.max_model_len}; shorten the row or raise max_model_len"))
+                    nxt += 1
+                    continue
+                req = Request(str(nxt), toks.prompt(p, int(pid[nxt]), int(ptok[nxt])), o,
                               arrival_time=float(arr[nxt]), priority=int(priority[nxt]) if priority is not None else 0,
                               data=stats[nxt])
                 try:

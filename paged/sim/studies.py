@@ -13,31 +13,32 @@ from typing import Any
 import pandas as pd
 
 from paged.sim.simulator import ALLOCATORS, SimConfig, Simulator
-from paged.sim.specs import get_model
 from paged.sim.workload import load_trace, synthetic_trace
 
 TRACE_KEYS = ("workload", "num_requests", "rate", "arrival", "cv", "trace_seed", "num_prefixes", "prefix_tokens",
               "prefix_fraction", "trace")
 
 
-def run_point(point: dict[str, Any]) -> dict[str, Any]:
-    """One grid point: trace keys (``TRACE_KEYS``) + ``SimConfig`` fields -> params and summary."""
-    sim_kw = {k: v for k, v in point.items() if k not in TRACE_KEYS and not k.startswith("_")}
-    cfg = SimConfig(**sim_kw)
-    max_len = cfg.max_model_len or get_model(cfg.model).max_model_len
+def trace_for(point: dict[str, Any], max_model_len: int) -> pd.DataFrame:
+    """The trace of a point's trace keys (``TRACE_KEYS``): the first ``num_requests`` rows of
+    ``trace`` (all when None), else ``num_requests`` (default 1000) synthetic requests of
+    ``workload``, seeded by ``trace_seed`` (default ``seed``)."""
     if point.get("trace"):
         tr = load_trace(point["trace"])
-        limit = point.get("num_requests")  # the first N rows, as `simulate --trace -n N`; None: all
-        if limit and int(limit) < len(tr):
-            tr = tr.iloc[: int(limit)]
-    else:
-        tr = synthetic_trace(point.get("workload", "sharegpt"), int(point.get("num_requests", 1000)),
-                             rate=float(point.get("rate", float("inf"))), arrival=point.get("arrival", "poisson"),
-                             cv=float(point.get("cv", 2.0)), seed=int(point.get("trace_seed", cfg.seed)),
-                             max_model_len=max_len, num_prefixes=int(point.get("num_prefixes", 0)),
-                             prefix_tokens=int(point.get("prefix_tokens", 0)),
-                             prefix_fraction=float(point.get("prefix_fraction", 1.0)))
-    s = Simulator(cfg).run(tr).summary
+        limit = point.get("num_requests")
+        return tr.iloc[: int(limit)] if limit and int(limit) < len(tr) else tr
+    return synthetic_trace(point.get("workload", "sharegpt"), int(point.get("num_requests") or 1000),
+                           rate=float(point.get("rate", float("inf"))), arrival=point.get("arrival", "poisson"),
+                           cv=float(point.get("cv", 2.0)), seed=int(point.get("trace_seed", point.get("seed", 0))),
+                           max_model_len=max_model_len, num_prefixes=int(point.get("num_prefixes", 0)),
+                           prefix_tokens=int(point.get("prefix_tokens", 0)),
+                           prefix_fraction=float(point.get("prefix_fraction", 1.0)))
+
+
+def run_point(point: dict[str, Any]) -> dict[str, Any]:
+    """One grid point: trace keys (``TRACE_KEYS``) + ``SimConfig`` fields -> params and summary."""
+    sim = Simulator(SimConfig(**{k: v for k, v in point.items() if k not in TRACE_KEYS and not k.startswith("_")}))
+    s = sim.run(trace_for(point, sim.max_model_len)).summary
     return {**{k: v for k, v in point.items() if not k.startswith("_")}, **s}
 
 
@@ -135,5 +136,5 @@ def block_size_ablation(workloads: tuple[str, ...] = ("sharegpt", "alpaca"),
                "mean_batch_size", "throughput_req_s", "throughput_tok_s", "num_preemptions"]]
 
 
-__all__ = ["run_point", "run_grid", "memory_story", "interference_study", "block_size_ablation",
+__all__ = ["trace_for", "run_point", "run_grid", "memory_story", "interference_study", "block_size_ablation",
            "PAPER_TOKEN_SHARE", "TRACE_KEYS"]
