@@ -234,16 +234,19 @@ def concat_traces(traces: Iterable[pd.DataFrame]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------------
 
 
+INT64_LIMIT = 2.0 ** 63  # integer columns hold int64: values must stay below this
+
+
 def _numeric(df: pd.DataFrame, col: str, src: str, row_offset: int | np.ndarray, integer: bool, minimum: float,
              names: dict[str, str] | None = None) -> np.ndarray:
     raw = df[col]
     vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(vals) | (vals < minimum)
     if integer:
-        bad |= np.isfinite(vals) & (vals != np.floor(vals))
+        bad |= np.isfinite(vals) & ((vals != np.floor(vals)) | (np.abs(vals) >= INT64_LIMIT))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        need = f"an integer >= {int(minimum)}" if integer else f"a number >= {minimum}"
+        need = f"an integer >= {int(minimum)} and < 2**63" if integer else f"a number >= {minimum}"
         shown = (names or {}).get(col, col)
         raise TraceFormatError(f"{src}: row {_row(i, row_offset)}, column {shown!r}: got {raw.iloc[i]!r}, need {need}")
     return vals
@@ -366,8 +369,8 @@ def _load_jsonl(path: str, src: str) -> pd.DataFrame:
             for key, minimum, integer in cols:
                 v = obj.get(key, 0 if key == "arrival_time_ns" else None)
                 ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= minimum
-                if not ok or (integer and v != int(v)):
-                    need = f"an integer >= {minimum}" if integer else "a number >= 0"
+                if not ok or (integer and (v != int(v) or v >= INT64_LIMIT)):
+                    need = f"an integer >= {minimum} and < 2**63" if integer else "a number >= 0"
                     raise TraceFormatError(f"{src}: row {lineno}, column {key!r}: got {v!r}, need {need}")
                 vals.append(v)
             rows.append((vals[0] * 1e-9, int(vals[1]), int(vals[2])))
