@@ -17,31 +17,11 @@ from typing import Hashable
 
 from . import events as ev
 from paged.errors import BlockStateError, CacheInUseError, ConfigError
+from .block import Block
 from .eviction import EvictionPolicy, make_policy
 
-class Block:
-    """One physical block. `token_ids`/`parent` are kept to verify prefix hits."""
+__all__ = ["Block", "BlockPool"]
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "parent", "parent_gen", "generation",
-                 "prev", "next", "hits", "last_access", "num_filled", "alloc_step")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: Hashable | None = None
-        self.token_ids: tuple[int, ...] | None = None
-        self.parent: Block | None = None      # block holding the previous block of the prefix
-        self.parent_gen = 0                   # the parent's generation when this block was indexed
-        self.generation = 0                   # bumped each time the block loses its hash
-        self.prev: Block | None = None        # links for the LRU policy
-        self.next: Block | None = None
-        self.hits = 0
-        self.last_access = 0
-        self.num_filled = 0                   # slots holding tokens (for token usage)
-        self.alloc_step = 0
-
-    def __repr__(self) -> str:
-        return f"Block({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
 
 class BlockPool:
     def __init__(self, num_blocks: int, *, eviction: str | EvictionPolicy = "lru",
@@ -58,7 +38,7 @@ class BlockPool:
         self.num_filled_slots = 0          # sum of num_filled over used blocks
         self._clock = 0
         self.recorder = recorder if recorder is not None else ev.NullRecorder()
-        self.freed: list[int] | None = None  # ids whose ref count reached 0, when tracked
+        self.freed: set[int] = set()  # ids whose ref count reached 0 since the manager last took them
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -125,8 +105,7 @@ class BlockPool:
             return
         self.num_used -= 1
         self.num_filled_slots -= block.num_filled
-        if self.freed is not None:
-            self.freed.append(block.block_id)
+        self.freed.add(block.block_id)
         self._clock += 1
         block.last_access = self._clock
         if block.block_hash is not None:

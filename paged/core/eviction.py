@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from paged.errors import ConfigError
 
 if TYPE_CHECKING:
-    from .block_pool import Block
+    from .block import Block
 
 
 class EvictionPolicy(Protocol):

@@ -18,7 +18,8 @@ import time
 from typing import Hashable, Sequence
 
 from . import events as ev
-from .block_pool import Block, BlockPool
+from .block import Block
+from .block_pool import BlockPool
 from paged.errors import BlockStateError, ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from .eviction import EvictionPolicy
 from .prefix_cache import BlockHasher, HashFn, find_cached_prefix
@@ -93,19 +94,15 @@ class KVCacheManager:
             raise UnknownRequestError(f"request {request_id!r} is not swapped out")
         return len(self._swapped[request_id])
 
-    def track_freed_blocks(self) -> None:
-        """Start remembering freed block ids for `take_freed_blocks` (a runner's cache
-        format may hold per-block state outside the blocks, e.g. KIVI staging)."""
-        if self.pool.freed is None:
-            self.pool.freed = []
-
     def take_freed_blocks(self) -> list[int]:
-        """Blocks freed since the last call that are still free now (a block freed and
-        reused in between starts a new life through its new owner's write, copy or swap)."""
+        """Blocks freed since the last call that are still free now, sorted (the scheduler puts
+        them in its plan, for a runner whose cache format keeps per-block state outside the
+        blocks, e.g. KIVI staging; a block freed and reused in between starts a new life
+        through its new owner's write, copy or swap)."""
         pool = self.pool
         if not pool.freed:
             return []
-        ids = sorted({b for b in pool.freed if pool.ref_count(b) == 0})
+        ids = sorted(b for b in pool.freed if pool.ref_count(b) == 0)
         pool.freed.clear()
         return ids
 
@@ -145,6 +142,27 @@ class KVCacheManager:
         if num_new_tokens and start % self.block_size and table and table[start // self.block_size].ref_cnt > 1:
             need += 1
         return need
+
+    def num_blocks_to_allocate(self, request: Request, num_new_tokens: int,
+                               cached_blocks: Sequence[Block] = ()) -> int:
+        """Free blocks `allocate_slots(request, num_new_tokens, cached_blocks)` takes: new blocks
+        (including a copy-on-write copy) plus cached-free blocks the prefix hit revives."""
+        revive = sum(1 for b in cached_blocks if b.ref_cnt == 0)
+        return self.blocks_needed(request, num_new_tokens, len(cached_blocks)) + revive
+
+    def can_allocate(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[Block] = (),
+                     *, keep_free: int = 0) -> bool:
+        """Whether `allocate_slots` fits now and leaves at least `keep_free` blocks free (the
+        scheduler's admission watermark)."""
+        return self.pool.num_free - self.num_blocks_to_allocate(request, num_new_tokens, cached_blocks) >= keep_free
+
+    def can_swap_in(self, request: Request, num_new_tokens: int, *, keep_free: int = 0) -> bool:
+        """Whether `swap_in(request)` followed by `allocate_slots(request, num_new_tokens)` fits
+        now and leaves at least `keep_free` blocks free."""
+        blocks = self.num_swapped_blocks(request.request_id)
+        end = request.num_computed_tokens + num_new_tokens
+        need = blocks + max(0, -(-end // self.block_size) - blocks)
+        return self.pool.num_free - need >= keep_free
 
     # ---- prefix cache --------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> list[Block]:
@@ -199,9 +217,7 @@ class KVCacheManager:
         if end > request.num_tokens:
             raise InvalidRequestError(
                 f"request {rid!r} has {request.num_tokens} tokens; cannot compute up to {end}")
-        revive = sum(1 for b in cached_blocks if b.ref_cnt == 0)
-        need = self.blocks_needed(request, num_new_tokens, len(cached_blocks))
-        if need + revive > self.pool.num_free:
+        if self.num_blocks_to_allocate(request, num_new_tokens, cached_blocks) > self.pool.num_free:
             return None
         # ---- commit (nothing below can fail) ----
         pool = self.pool

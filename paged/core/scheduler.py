@@ -119,6 +119,11 @@ class SchedulerOutput:
     swap_out: BlockMapping = field(default_factory=list)   # (gpu block, cpu block)
     swap_in: BlockMapping = field(default_factory=list)    # (cpu block, gpu block)
     preempted: list[tuple[str, str]] = field(default_factory=list)  # (request id, "recompute"|"swap")
+    # GPU blocks freed (and still free) since the previous plan: aborts between steps, then this
+    # plan's preemptions and swaps; a runner drops per-block state for them before the forward pass
+    freed_blocks: list[int] = field(default_factory=list)
+    # filled by `update`: blocks the step's finished (or mid-step aborted) sequences freed
+    finished_freed_blocks: list[int] = field(default_factory=list)
     num_waiting: int = 0
     num_running: int = 0
     num_swapped: int = 0
@@ -342,6 +347,7 @@ class Scheduler:
         out.num_used_blocks, out.num_free_blocks = kv.num_used_blocks, kv.num_free_blocks
         out.num_cached_free_blocks = kv.num_cached_free_blocks
         out.prefix_cache_queries, out.prefix_cache_hits = kv.prefix_cache_queries, kv.prefix_cache_hits
+        out.freed_blocks = kv.take_freed_blocks()
         self.recorder.emit(ev.STEP, None, None, out.num_batched_tokens)
         return out
 
@@ -353,9 +359,7 @@ class Scheduler:
             if n > budget and not cfg.enable_chunked_prefill:
                 break
             n = min(n, budget)
-            blocks = kv.num_swapped_blocks(req.request_id)
-            need = blocks + max(0, -(-(req.num_computed_tokens + n) // kv.block_size) - blocks)
-            if kv.num_free_blocks - need < self._watermark():
+            if not kv.can_swap_in(req, n, keep_free=self._watermark()):
                 break
             mapping = kv.swap_in(req.request_id)
             assert mapping is not None
@@ -380,8 +384,7 @@ class Scheduler:
             if n > budget and not cfg.enable_chunked_prefill:
                 break
             n = min(n, budget)
-            need = kv.blocks_needed(req, n, len(cached)) + sum(1 for b in cached if b.ref_cnt == 0)
-            if kv.num_free_blocks - need < self._watermark():
+            if not kv.can_allocate(req, n, cached, keep_free=self._watermark()):
                 break
             copies = kv.allocate_slots(req, n, cached)
             if copies is None:
@@ -442,6 +445,7 @@ class Scheduler:
             self.running = [r for r in self.running if id(r) not in finished_ids]
             for req, status in done:
                 self._finish(req, status)
+        out.finished_freed_blocks = self.kv.take_freed_blocks()
         return [r for r, _ in done]
 
     def _finish(self, req: Request, status: RequestStatus) -> None:

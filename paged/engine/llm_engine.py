@@ -212,8 +212,7 @@ class LLMEngine:
         for sid in list(group.live):
             req = self.scheduler.abort(sid)
             self._groups.record_done(group, req, "abort")
-        self.scheduler.take_finished()
-        self.runner.release_freed_blocks()
+        self.scheduler.take_finished()  # its freed blocks reach the runner in the next plan
         return self._finish(group)
 
     # ---- one step ----------------------------------------------------------------------
@@ -256,7 +255,7 @@ class LLMEngine:
         for fn in post:
             fn()
         self._stamp(plan, sampled, t0 - self._t0, time.perf_counter() - self._t0)
-        self.runner.release_freed_blocks()
+        self.runner.release_blocks(plan.finished_freed_blocks)
         for req in done:
             self._groups.record_done(req.data.group, req, FINISH_REASON[req.status])
         self.scheduler.take_finished()

@@ -84,8 +84,6 @@ class ModelRunner:
         self.layers = mk(kv.num_blocks, self.device)
         self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks else []
         self.staged = self.layers[0].staging is not None
-        if self.staged:
-            kv.track_freed_blocks()
         if self.cpu_layers and self.layers[0].kv_format.scale == "head":
             for g, c in zip(self.layers, self.cpu_layers):  # swaps need the same per-layer scales
                 c.k_scale, c.v_scale = g.k_scale.cpu(), g.v_scale.cpu()
@@ -107,20 +105,18 @@ class ModelRunner:
         if plan.swap_in:
             kernels.swap_blocks(self.cpu_layers, self.layers, plan.swap_in)
         if self.staged:
-            self.release_freed_blocks()
+            self.release_blocks(plan.freed_blocks)
             for layer in self.cpu_layers:
                 kernels.release_blocks(layer, [cpu for cpu, _ in plan.swap_in])
         self._sync()
         return (time.perf_counter() - t0) * 1e3
 
-    def release_freed_blocks(self) -> None:
+    def release_blocks(self, block_ids: Sequence[int]) -> None:
         """Drop per-block state kept outside the blocks (int4_kivi staging) for blocks the
-        manager freed; call after the step's cache ops and after finishing or aborting."""
-        if self.staged:
-            freed = self.kv.take_freed_blocks()
-            if freed:
-                for layer in self.layers:
-                    kernels.release_blocks(layer, freed)
+        plan says were freed (``SchedulerOutput.freed_blocks``, ``finished_freed_blocks``)."""
+        if self.staged and block_ids:
+            for layer in self.layers:
+                kernels.release_blocks(layer, block_ids)
 
     def forward(self, chunks: Sequence[ScheduledChunk], prompt_limits: dict[str, int] | None = None
                 ) -> ForwardResult:

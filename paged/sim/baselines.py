@@ -26,7 +26,7 @@ import bisect
 from typing import Sequence
 
 from paged.core import events as ev
-from paged.core.block_pool import Block
+from paged.core.block import Block
 from paged.errors import BlockStateError, ConfigError, InvalidRequestError, UnknownRequestError
 from paged.core.kv_manager import BlockMapping, KVCacheManager
 from paged.core.request import Request
@@ -123,6 +123,17 @@ class ContiguousKVCacheManager(KVCacheManager):
 
     def blocks_needed(self, request: Request, num_new_tokens: int, num_cached_blocks: int = 0) -> int:
         return 0 if request.request_id in self._res else self.reservation_for(request)
+
+    def can_allocate(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[Block] = (),
+                     *, keep_free: int = 0) -> bool:
+        # counts free slots only: a reservation may still not fit in one hole (allocate_slots says)
+        return self.num_free_blocks - self.blocks_needed(request, num_new_tokens) >= keep_free
+
+    def can_swap_in(self, request: Request, num_new_tokens: int, *, keep_free: int = 0) -> bool:
+        return False  # never swapped out
+
+    def take_freed_blocks(self) -> list[int]:
+        return []  # no per-block state to release
 
     def find_cached_prefix(self, request: Request) -> list[Block]:
         return []

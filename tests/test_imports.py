@@ -1,0 +1,118 @@
+"""The import graph: no circles in paged/ and kernels/ (module-level imports, type-only ones
+included; imports inside functions are lazy by design), and the core stays light."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("paged", "kernels")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _module_level_imports(tree: ast.Module):
+    """Import nodes executed at import time: the module body, descending into if/try/with
+    blocks (``if TYPE_CHECKING:`` included) but not into functions or classes' methods."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(node, field, []) or [])
+        elif isinstance(node, ast.ExceptHandler):
+            todo.extend(node.body)
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        for node in _module_level_imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                if node.level:
+                    prefix = ".".join(base[:len(base) - node.level + 1])
+                    src = f"{prefix}.{node.module}" if node.module else prefix
+                else:
+                    src = node.module or ""
+                # `from pkg import sub` names a submodule when one exists, else a name in pkg
+                targets = [f"{src}.{a.name}" if f"{src}.{a.name}" in mods else src for a in node.names]
+            for t in targets:
+                while t and t not in mods:  # `import a.b.c` of a module outside ours -> ignore
+                    t = t.rpartition(".")[0]
+                if t and t != mod:
+                    graph[mod].add(t)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _is_package_edge(a: str, b: str) -> bool:
+    """A package importing its own submodules and a submodule importing a name its package
+    re-exports form the usual package/submodule pair, not a design circle."""
+    return a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert "paged.core.block_pool" in graph and "kernels" in graph
+    pruned = {m: {t for t in ts if not _is_package_edge(m, t)} for m, ts in graph.items()}
+    cycles = _cycles(pruned)
+    assert not cycles, f"import circles (module-level imports): {cycles}"
+
+
+def test_core_imports_no_torch_pandas_or_plotly():
+    code = ("import sys, paged.core, paged.telemetry; "
+            "print(','.join(m for m in ('torch', 'pandas', 'plotly', 'numpy') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    loaded = set(filter(None, r.stdout.strip().split(",")))
+    assert not loaded & {"torch", "pandas", "plotly"}, f"import paged.core loaded {sorted(loaded)}"
