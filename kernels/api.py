@@ -2,9 +2,15 @@
 
 Every operation on a :class:`~kernels.cache.KVCacheLayer` lives here (or in :mod:`kernels.blocks`);
 the layer itself is data only.
+
+Value checks (seq_lens in range, every block id a sequence uses inside the cache, slots inside the
+cache) run where they cost no device sync: on CPU tensors always, on GPU tensors only when the
+environment variable ``PAGED_KERNEL_CHECKS=1`` is set (one sync per call; for debugging).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -41,15 +47,33 @@ def _check_q(q: torch.Tensor, layer: KVCacheLayer, what: str) -> None:
         raise ShapeError(f"num_q_heads {q.shape[1]} must be a multiple of num_kv_heads {layer.num_kv_heads}")
 
 
+def _check_values(t: torch.Tensor) -> bool:
+    """Whether value checks run on ``t``: always on CPU, on a device with PAGED_KERNEL_CHECKS=1."""
+    return t.device.type == "cpu" or os.environ.get("PAGED_KERNEL_CHECKS", "0") == "1"
+
+
 def _check_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs: int, layer: KVCacheLayer) -> None:
+    """Shapes always; values (see the module docstring): ``0 <= seq_lens <= width x block_size``, and
+    the first ``ceil(seq_len / block_size)`` ids of each row in ``[0, num_blocks)`` (the rest is padding)."""
     if block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
         raise ShapeError(f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} need one "
                          f"row per sequence ({num_seqs})")
-    if seq_lens.device.type == "cpu" and num_seqs:  # value checks only where they cost no device sync
-        cap = block_tables.shape[1] * layer.block_size
-        if int(seq_lens.min()) < 0 or int(seq_lens.max()) > cap:
-            raise ShapeError(f"seq_lens must lie in [0, {cap}] (block_tables width {block_tables.shape[1]} x "
-                             f"block_size {layer.block_size}); got max {int(seq_lens.max())}")
+    if not num_seqs or not _check_values(seq_lens):
+        return
+    bs, width = layer.block_size, block_tables.shape[1]
+    cap = width * bs
+    lo, hi = int(seq_lens.min()), int(seq_lens.max())
+    if lo < 0 or hi > cap:
+        i = int(seq_lens.argmin()) if lo < 0 else int(seq_lens.argmax())
+        raise ShapeError(f"seq_lens must lie in [0, {cap}] (block_tables width {width} x block_size {bs}); "
+                         f"got seq_lens[{i}] = {lo if lo < 0 else hi}")
+    used = torch.arange(width, device=seq_lens.device)[None, :] < ((seq_lens.long() + bs - 1) // bs)[:, None]
+    bad = used & ((block_tables < 0) | (block_tables >= layer.num_blocks))
+    if bool(bad.any()):
+        row, col = (int(x) for x in bad.nonzero()[0])
+        raise ShapeError(f"block_tables[{row}, {col}] = {int(block_tables[row, col])} is not a block of this cache "
+                         f"(ids 0..{layer.num_blocks - 1}); sequence {row} uses its first "
+                         f"{int(used[row].sum())} entries, which must all be allocated block ids")
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer, v_cache: torch.Tensor | None,
@@ -104,7 +128,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLaye
     _check_tables(bt, sl, n, layer)
     if qsl.shape[0] != n + 1:
         raise ShapeError(f"query_start_loc needs num_seqs + 1 = {n + 1} entries, got {qsl.shape[0]}")
-    if qsl.device.type == "cpu":
+    if _check_values(qsl):
         q_lens = qsl[1:] - qsl[:-1]
         if int(qsl[0]) != 0 or int(qsl[-1]) != q.shape[0] or bool((q_lens < 0).any()):
             raise ShapeError(f"query_start_loc must rise from 0 to total_q_tokens={q.shape[0]}, "
@@ -139,7 +163,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVC
     sm = _int32("slot_mapping", slot_mapping, 1, layer.device)
     if sm.shape[0] != key.shape[0]:
         raise ShapeError(f"slot_mapping has {sm.shape[0]} entries for {key.shape[0]} tokens")
-    if sm.device.type == "cpu" and sm.numel() and int(sm.max()) >= layer.num_blocks * layer.block_size:
+    if sm.numel() and _check_values(sm) and int(sm.max()) >= layer.num_blocks * layer.block_size:
         raise ShapeError(f"slot {int(sm.max())} is past the cache ({layer.num_blocks} blocks x {layer.block_size})")
     if resolve_backend(backend, key.device) == "torch" or layer.kv_format.k_per_channel:
         write_kv_ref(layer, key, value, sm)  # int4_kivi: torch ops on every backend (kernels.kivi_cache)
