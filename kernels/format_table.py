@@ -15,6 +15,11 @@ Invariants:
   layer for K and V together (data plus per-token side tensors; int4_kivi's per-block K scales
   spread over the block, rounded up to whole bytes); fixed per-layer costs (fp8 per-head scales,
   int4_kivi's staging pool, the 4-byte block map) are not per token and are not counted.
+
+Adding a format: a new ``CODE_*`` and ``FMT_*`` pair, a ``FORMATS`` row, its case in
+:func:`bytes_per_token`, then the torch reference (``kernels.quant``/``kernels.reference``) and
+the Triton branches keyed on ``FMT``; ``tests/test_kernels_format_table.py`` checks that the
+allocator, the engine and the simulator agree on its bytes.
 """
 
 from __future__ import annotations
