@@ -84,4 +84,18 @@ def test_notebook_executes(path: Path, tmp_path: Path) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    print(f"{path.name}: executed in {took:.1f} s")
+    print(f"{path.name}: executed in {took:.1f} s; slowest cells: {_slowest(nb)}")
+
+
+def _slowest(nb, n: int = 3) -> str:
+    """The ``n`` slowest code cells as 'index: seconds' (nbclient records start/end stamps)."""
+    from datetime import datetime
+
+    times = []
+    for i, c in enumerate(nb.cells):
+        ex = c.get("metadata", {}).get("execution", {})
+        a, b = ex.get("iopub.execute_input"), ex.get("shell.execute_reply")
+        if a and b:
+            times.append(((datetime.fromisoformat(b.replace("Z", "+00:00"))
+                           - datetime.fromisoformat(a.replace("Z", "+00:00"))).total_seconds(), i))
+    return ", ".join(f"cell {i}: {t:.1f} s" for t, i in sorted(times, reverse=True)[:n])
