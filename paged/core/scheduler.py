@@ -28,13 +28,16 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator, Mapping, Sequence
 
 from . import events as ev
-from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
-from .kv_manager import BlockMapping, KVCacheManager
+from paged.errors import DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
+from .kv_manager import KVCacheManager
+from .plan import DEFAULT_TOKEN_BUDGET, ScheduledChunk, SchedulerConfig, SchedulerOutput, StepCounts
 from .request import Request, RequestStatus
+
+__all__ = ["DEFAULT_TOKEN_BUDGET", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepCounts",
+           "VictimPolicy", "lowest_priority_first", "newest_first"]
 
 VictimPolicy = Callable[[Sequence[Request], int], int]
 """Chooses a preemption victim: an index j >= start into the running list."""
@@ -48,129 +51,6 @@ def newest_first(running: Sequence[Request], start: int) -> int:
 def lowest_priority_first(running: Sequence[Request], start: int) -> int:
     """Priority victim: the worst rank (priority, aged), newest among equals."""
     return max(range(start, len(running)), key=lambda i: (running[i]._rank, running[i]._seq))
-
-
-DEFAULT_TOKEN_BUDGET = 2048
-"""Tokens per step when chunked prefill is on and no budget is given (vLLM's default)."""
-
-
-@dataclass
-class SchedulerConfig:
-    max_num_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # token budget per step
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"   # or "swap" (falls back to recompute when the CPU pool is full)
-    policy: str = "fcfs"                 # or "priority"
-    watermark: float = 0.01              # share of blocks kept free when admitting new requests
-    # priority policy: one priority level is worth this many steps of waiting, so a request
-    # is never starved by later arrivals of better priority (None: strict priority).
-    priority_aging_steps: int | None = 1000
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
-            raise ConfigError(f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}")
-        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-        if self.policy not in ("fcfs", "priority"):
-            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        if self.priority_aging_steps is not None and (
-                not isinstance(self.priority_aging_steps, int) or self.priority_aging_steps < 1):
-            raise ConfigError(f"priority_aging_steps must be an integer >= 1 or None, got {self.priority_aging_steps!r}")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
-
-    @classmethod
-    def of(cls, config: object, max_model_len: int) -> "SchedulerConfig":
-        """The scheduler settings of an executor's config (``EngineConfig``, ``SimConfig``: any
-        object with some of these field names). A ``max_num_batched_tokens`` of None follows
-        vLLM's rule: 2048 with chunked prefill, else ``max(2048, max_model_len)``, so any prompt
-        the model takes fits in one step."""
-        kw = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
-        if kw.get("max_num_batched_tokens") is None:
-            chunked = kw.get("enable_chunked_prefill", True)
-            kw["max_num_batched_tokens"] = DEFAULT_TOKEN_BUDGET if chunked else max(DEFAULT_TOKEN_BUDGET, max_model_len)
-        return cls(**kw)
-
-
-@dataclass(slots=True)
-class ScheduledChunk:
-    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached)."""
-    request: Request
-    start: int
-    num_tokens: int
-    samples: bool  # the chunk reaches the end of the known tokens: sample one
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.samples and self.start >= self.request.num_prompt_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    step: int
-    scheduled: list[ScheduledChunk] = field(default_factory=list)
-    block_copies: BlockMapping = field(default_factory=list)
-    swap_out: BlockMapping = field(default_factory=list)   # (gpu block, cpu block)
-    swap_in: BlockMapping = field(default_factory=list)    # (cpu block, gpu block)
-    preempted: list[tuple[str, str]] = field(default_factory=list)  # (request id, "recompute"|"swap")
-    # GPU blocks freed (and still free) since the previous plan: aborts between steps, then this
-    # plan's preemptions and swaps; a runner drops per-block state for them before the forward pass
-    freed_blocks: list[int] = field(default_factory=list)
-    # filled by `update`: blocks the step's finished (or mid-step aborted) sequences freed
-    finished_freed_blocks: list[int] = field(default_factory=list)
-    num_waiting: int = 0
-    num_running: int = 0
-    num_swapped: int = 0
-    kv_cache_usage_perc: float = 0.0
-    token_usage: float = 0.0
-    # the pool after this plan's allocations (prefix-cache counters are cumulative, in tokens)
-    num_used_blocks: int = 0
-    num_free_blocks: int = 0
-    num_cached_free_blocks: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.scheduled)
-
-    @property
-    def num_preempted(self) -> int:
-        return len(self.preempted)
-
-    @property
-    def num_block_copies(self) -> int:
-        return len(self.block_copies)
-
-    @property
-    def num_swapped_out_blocks(self) -> int:
-        return len(self.swap_out)
-
-    @property
-    def num_swapped_in_blocks(self) -> int:
-        return len(self.swap_in)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.scheduled)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(1 for c in self.scheduled if c.is_decode)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return self.num_batched_tokens - self.num_decode_tokens
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class _WaitingQueue:

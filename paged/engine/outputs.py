@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from paged import telemetry
 from paged.core import events as ev
+from paged.core.scheduler import StepCounts
 
 
 @dataclass
@@ -47,7 +48,7 @@ class ChunkInfo:
 
 
 @dataclass
-class StepOutput:
+class StepOutput(StepCounts):
     """Everything that happened in one ``step()``; ``*_ms`` times in milliseconds.
 
     ``schedule_ms`` + ``cache_ops_ms`` + ``forward_ms`` + ``sample_ms`` ~= ``total_ms``, where
@@ -103,14 +104,6 @@ class StepOutput:
     @property
     def step_time_s(self) -> float:
         return self.total_ms * 1e-3
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.scheduled)
-
-    @property
-    def num_preempted(self) -> int:
-        return len(self.preempted)
 
     @property
     def num_finished(self) -> int:

@@ -1,5 +1,8 @@
 """The modelled executor (numpy): the engine's own scheduler and KV-cache manager against a
-roofline cost model of a model/GPU preset, so a 70B deployment runs without a GPU."""
-from .simulator import SimConfig, Simulator, simulate
+roofline cost model of a model/GPU preset, so a 70B deployment runs without a GPU.
 
-__all__ = ["SimConfig", "Simulator", "simulate"]
+``Simulator`` (steppable: ``iter_steps``/``result``, or ``run``), its ``SimConfig`` and
+``SimResult``; paper studies in ``paged.sim.studies``."""
+from .simulator import SimConfig, SimResult, SimStep, Simulator, simulate
+
+__all__ = ["SimConfig", "SimResult", "SimStep", "Simulator", "simulate"]

@@ -35,6 +35,7 @@ from paged.errors import ConfigError, InvalidRequestError, PagedError
 from paged.sim.baselines import ContiguousKVCacheManager
 from paged.sim.cost_model import CostModel, step_shape
 from paged.sim.specs import GiB, ModelSpec, get_gpu, get_model, kv_cache_sizing
+from paged.sim.summary import summarize
 from paged.sim.workload import normalize_trace
 
 ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
@@ -345,14 +346,16 @@ class Simulator:
         if self._trace is None:
             raise ConfigError("nothing simulated yet; call run(trace) or iterate iter_steps(trace) first")
         self._close_bar()
-        cfg, kv, tr, rejected = self.config, self.kv, self._trace, self._rejected
+        cfg, tr, rejected = self.config, self._trace, self._rejected
         P, O = tr["prompt_tokens"].to_numpy(), tr["output_tokens"].to_numpy()
         arr = tr["arrival_time"].to_numpy(dtype=np.float64)
         request_row = telemetry.request_row
         reqs = telemetry.requests_frame(
             request_row(str(d.index), float(arr[d.index]), int(P[d.index]), int(O[d.index]), d.first_scheduled,
-                        d.first_token, d.last_token, d.finish, int(O[d.index]), d.num_preemptions,
-                        d.num_cached_tokens) for d in self._stats)
+                        d.first_token, d.last_token, d.finish,
+                        # one token per sampling step: a finished request had as many as its trace says
+                        int(O[d.index]) if d.finish is not None else 0, d.num_preemptions, d.num_cached_tokens)
+            for d in self._stats)
         for col in tr.columns:
             reqs[col] = tr[col].to_numpy()
         reqs["rejected"] = False
@@ -360,71 +363,8 @@ class Simulator:
             reqs.loc[i, "rejected"] = True
         st = telemetry.steps_frame(self._rows)
         st["kv_internal_fragmentation"] = np.where(st["kv_cache_usage_perc"] > 0, 1.0 - st["token_usage"], 0.0)
-        return SimResult(cfg, self._summary(reqs, st), reqs, st, self.recorder if cfg.record_events else None)
-
-    def _summary(self, reqs: pd.DataFrame, st: pd.DataFrame) -> dict[str, Any]:
-        cfg, kv, tr, rejected, wall = self.config, self.kv, self._trace, self._rejected, self._wall
-        ok = reqs["finish_s"].notna()
-        fin = reqs[ok]
-        t0 = float(tr["arrival_time"].min()) if len(tr) else 0.0
-        t1 = float(fin["finish_s"].max()) if len(fin) else t0
-        span = max(t1 - t0, 1e-12)
-        out_tok = int(fin["output_tokens"].sum())
-        in_tok = int(fin["prompt_tokens"].sum())
-        busy = st["kv_cache_usage_perc"] > 0
-        w = st["step_time_s"].to_numpy()
-        tbt_a = np.frombuffer(self._tbt, dtype=np.float64) if len(self._tbt) else np.empty(0)
-        nan = float("nan")
-
-        def q(x: Any, p: float) -> float:
-            x = np.asarray(x, dtype=np.float64)
-            x = x[~np.isnan(x)]
-            return float(np.quantile(x, p)) if len(x) else float("nan")
-
-        def wmean(col: str) -> float:
-            m = busy.to_numpy()
-            return float(np.average(st[col].to_numpy()[m], weights=w[m])) if m.any() and w[m].sum() > 0 else 0.0
-
-        tok_use, blk_use = wmean("token_usage"), wmean("kv_cache_usage_perc")
-        summary: dict[str, Any] = {
-            "model": self.model.name, "gpu": cfg.gpu, "tensor_parallel": cfg.tensor_parallel,
-            "allocator": cfg.allocator, "block_size": cfg.block_size, "kv_format": cfg.kv_format,
-            "num_kv_blocks": self.num_blocks, "kv_capacity_tokens": self.capacity_tokens,
-            "requests": len(tr), "requests_finished": int(ok.sum()), "requests_rejected": len(rejected),
-            "duration_s": span,
-            "throughput_tok_s": out_tok / span, "total_throughput_tok_s": (in_tok + out_tok) / span,
-            "throughput_req_s": int(ok.sum()) / span,
-            "ttft_mean_s": float(np.nanmean(fin["ttft_s"])) if len(fin) else nan,
-            "ttft_p50_s": q(fin["ttft_s"], 0.5), "ttft_p99_s": q(fin["ttft_s"], 0.99),
-            # no gaps at all (every output is one token): NaN, not a warning
-            "tbt_mean_s": float(tbt_a.mean()) if len(tbt_a) else nan, "tbt_p50_s": q(tbt_a, 0.5),
-            "tbt_p99_s": q(tbt_a, 0.99), "tbt_max_s": float(tbt_a.max()) if len(tbt_a) else nan,
-            "e2e_p50_s": q(fin["e2e_s"], 0.5), "e2e_p99_s": q(fin["e2e_s"], 0.99),
-            "queueing_p50_s": q(fin["queueing_s"], 0.5), "queueing_p99_s": q(fin["queueing_s"], 0.99),
-            "kv_token_usage_mean": tok_use, "kv_block_usage_mean": blk_use,
-            "kv_internal_fragmentation_mean": 1.0 - tok_use if blk_use else 0.0,
-            "kv_tokens_per_capacity_mean": wmean_product(st, busy.to_numpy(), w),
-            "mean_batch_size": float(np.average(st["num_seqs"], weights=w)) if len(st) else 0.0,
-            "num_preemptions": int(sum(self.scheduler.num_preemptions.values())),
-            "num_preemptions_swap": int(self.scheduler.num_preemptions.get("swap", 0)),
-            "num_swapped_blocks": int(kv.num_swapped_out_blocks + kv.num_swapped_in_blocks),
-            "prefix_cache_hit_rate": kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
-            "num_blocks_in_use_at_end": int(kv.num_used_blocks),
-            "num_steps": len(st), "wall_s": wall, "sim_requests_per_wall_s": int(ok.sum()) / max(wall, 1e-9),
-        }
-        if self.calibration_report is not None:
-            summary["calibration_holdout_mape"] = self.calibration_report.holdout_mape
-        if rejected:
-            summary["first_rejection"] = rejected[0][1]
-        return summary
-
-
-def wmean_product(st: pd.DataFrame, mask: np.ndarray, w: np.ndarray) -> float:
-    """Time-weighted mean of slots holding tokens / all slots of the pool."""
-    if not mask.any() or w[mask].sum() <= 0:
-        return 0.0
-    x = st["token_usage"].to_numpy()[mask] * st["kv_cache_usage_perc"].to_numpy()[mask]
-    return float(np.average(x, weights=w[mask]))
+        summary = summarize(self, reqs, st, self._tbt, rejected, self._wall)
+        return SimResult(cfg, summary, reqs, st, self.recorder if cfg.record_events else None)
 
 
 def simulate(trace: pd.DataFrame, config: SimConfig | None = None, progress: bool = False,

@@ -1,0 +1,147 @@
+"""The scheduler's settings and what it hands an executor each step (its plan).
+
+``SchedulerConfig``: token budget, sequence slots, chunked prefill, preemption mode, policy,
+watermark; ``SchedulerConfig.of`` builds it from an executor's config (engine or simulator).
+``SchedulerOutput``: the chunks to compute, the cache operations to apply first (swap out,
+copy-on-write copies, swap in), preemptions, and the pool right after planning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from paged.errors import ConfigError
+from .kv_manager import BlockMapping
+from .request import Request
+
+__all__ = ["DEFAULT_TOKEN_BUDGET", "SchedulerConfig", "ScheduledChunk", "StepCounts", "SchedulerOutput"]
+
+DEFAULT_TOKEN_BUDGET = 2048
+"""Tokens per step when chunked prefill is on and no budget is given (vLLM's default)."""
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # token budget per step
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"   # or "swap" (falls back to recompute when the CPU pool is full)
+    policy: str = "fcfs"                 # or "priority"
+    watermark: float = 0.01              # share of blocks kept free when admitting new requests
+    # priority policy: one priority level is worth this many steps of waiting, so a request
+    # is never starved by later arrivals of better priority (None: strict priority).
+    priority_aging_steps: int | None = 1000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}")
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.priority_aging_steps is not None and (
+                not isinstance(self.priority_aging_steps, int) or self.priority_aging_steps < 1):
+            raise ConfigError(f"priority_aging_steps must be an integer >= 1 or None, got {self.priority_aging_steps!r}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
+
+    @classmethod
+    def of(cls, config: object, max_model_len: int) -> "SchedulerConfig":
+        """The scheduler settings of an executor's config (``EngineConfig``, ``SimConfig``: any
+        object with some of these field names). A ``max_num_batched_tokens`` of None follows
+        vLLM's rule: 2048 with chunked prefill, else ``max(2048, max_model_len)``, so any prompt
+        the model takes fits in one step."""
+        kw = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
+        if kw.get("max_num_batched_tokens") is None:
+            chunked = kw.get("enable_chunked_prefill", True)
+            kw["max_num_batched_tokens"] = DEFAULT_TOKEN_BUDGET if chunked else max(DEFAULT_TOKEN_BUDGET, max_model_len)
+        return cls(**kw)
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached)."""
+    request: Request
+    start: int
+    num_tokens: int
+    samples: bool  # the chunk reaches the end of the known tokens: sample one
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.samples and self.start >= self.request.num_prompt_tokens
+
+
+class StepCounts:
+    """Counts a step record derives from its lists (``scheduled`` chunks, ``preempted`` ids);
+    shared by the plan and the engine's ``StepOutput``."""
+
+    __slots__ = ()
+    scheduled: list
+    preempted: list
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.preempted)
+
+
+@dataclass
+class SchedulerOutput(StepCounts):
+    step: int
+    scheduled: list[ScheduledChunk] = field(default_factory=list)
+    block_copies: BlockMapping = field(default_factory=list)
+    swap_out: BlockMapping = field(default_factory=list)   # (gpu block, cpu block)
+    swap_in: BlockMapping = field(default_factory=list)    # (cpu block, gpu block)
+    preempted: list[tuple[str, str]] = field(default_factory=list)  # (request id, "recompute"|"swap")
+    # GPU blocks freed (and still free) since the previous plan: aborts between steps, then this
+    # plan's preemptions and swaps; a runner drops per-block state for them before the forward pass
+    freed_blocks: list[int] = field(default_factory=list)
+    # filled by `update`: blocks the step's finished (or mid-step aborted) sequences freed
+    finished_freed_blocks: list[int] = field(default_factory=list)
+    num_waiting: int = 0
+    num_running: int = 0
+    num_swapped: int = 0
+    kv_cache_usage_perc: float = 0.0
+    token_usage: float = 0.0
+    # the pool after this plan's allocations (prefix-cache counters are cumulative, in tokens)
+    num_used_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    @property
+    def num_block_copies(self) -> int:
+        return len(self.block_copies)
+
+    @property
+    def num_swapped_out_blocks(self) -> int:
+        return len(self.swap_out)
+
+    @property
+    def num_swapped_in_blocks(self) -> int:
+        return len(self.swap_in)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.scheduled)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for c in self.scheduled if c.is_decode)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_batched_tokens - self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
