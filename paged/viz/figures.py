@@ -37,10 +37,17 @@ def _legend_traces() -> list[go.Scatter]:
 
 
 def grid_shape(num_blocks: int, cols: int | None = None) -> tuple[int, int]:
-    """(rows, cols) of one page: cols ~ sqrt of the page, at most 64."""
+    """(rows, cols) of one page: about twice as wide as tall, at most 64 x 64."""
     n = min(num_blocks, MAX_CELLS)
-    cols = cols or min(64, max(4, math.ceil(math.sqrt(n))))
+    cols = cols or min(64, max(8, math.ceil(math.sqrt(2 * n))))
     return math.ceil(n / cols), cols
+
+
+def _json_grid(z: np.ndarray) -> list:
+    """A 2-D float array as nested lists with None for NaN (NaN is not valid JSON on the wire)."""
+    out = z.astype(object)
+    out[np.isnan(z)] = None
+    return out.tolist()
 
 
 def _hex(k: int) -> str:
@@ -76,7 +83,7 @@ def grid_data(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokenize
         mine = snap.table(highlight)
         mine = mine[(mine >= lo) & (mine < hi)] - lo
         hl_x, hl_y = (mine % cols).tolist(), (mine // cols).tolist()
-    return dict(z=z.reshape(rows, cols).tolist(), text=np.array(text, object).reshape(rows, cols).tolist(),
+    return dict(z=_json_grid(z.reshape(rows, cols)), text=np.array(text, object).reshape(rows, cols).tolist(),
                 rows=rows, cols=cols, first=lo, last=hi, hl_x=hl_x, hl_y=hl_y,
                 num_pages=math.ceil(snap.num_blocks / per))
 
@@ -123,7 +130,7 @@ def tables_data(snap: KVSnapshot, max_requests: int = 16, highlight: str | None 
                              f"filled {int(snap.filled[b])}/{snap.block_size} · {STATE_NAMES[snap.state[b]]}")
     if not labels:
         labels = ["(no request holds blocks)"]
-    return dict(z=z.tolist(), text=text, hover=hover, y=labels, x=list(range(width)))
+    return dict(z=_json_grid(z), text=text, hover=hover, y=labels, x=list(range(width)))
 
 
 def block_tables(snap: KVSnapshot, max_requests: int = 16, highlight: str | None = None) -> go.Figure:
@@ -147,7 +154,7 @@ def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int |
     rows, cols = grid_shape(len(cells), cols)
     z = np.full(rows * cols, NAN)
     z[:len(cells)] = cells
-    fig = go.Figure(go.Heatmap(z=z.reshape(rows, cols).tolist(), zmin=-0.5, zmax=len(STATE_COLORS) - 0.5,
+    fig = go.Figure(go.Heatmap(z=_json_grid(z.reshape(rows, cols)), zmin=-0.5, zmax=len(STATE_COLORS) - 0.5,
                                colorscale=state_colorscale(), showscale=False, xgap=1, ygap=1,
                                hovertemplate="cell %{x},%{y}: %{z}<extra></extra>"))
     for t in _legend_traces():

@@ -110,7 +110,9 @@ class Dashboard:
                 out[v] = F.block_grid(snap, self.cols, self.page, run.tokenizer, self.selected)
             elif v == "tables":
                 out[v] = F.block_tables(snap, self.max_requests, self.selected)
+                # a fixed frame: rows keep their height as requests come and go
                 out[v].update_layout(height=26 * self.max_requests + 100)
+                out[v].update_yaxes(autorange=False, range=[self.max_requests - 0.5, -0.5])
             elif v == "usage":
                 out[v] = F.usage_over_time(steps)
             elif v == "timeline":
@@ -316,6 +318,61 @@ class Dashboard:
             return
         display(self.panel.widget)
         for f in self.figures.values():  # one by one: a FigureWidget inside a Box renders broken (plotly #4998)
+            display(f)
+
+
+class ReplayView:
+    """Scrub through the snapshots a run kept (`run.keep_snapshots`) or a `paged.replay.Recording`:
+    a slider and an `ipywidgets.Play` (it ticks in the browser, so it animates after the notebook
+    has finished running, e.g. in Voila). Deterministic: step k always shows snapshot k."""
+
+    def __init__(self, run, views: Sequence[str] = ("grid", "tables"), *, interval_ms: int = 250,
+                 autoplay: bool = True, cols: int | None = None, max_requests: int = 12) -> None:
+        from paged.errors import ConfigError
+        if not run.snapshots:
+            raise ConfigError("no snapshots to replay; call run.keep_snapshots(1) before stepping the run")
+        self.run, self.views, self.cols, self.max_requests = run, tuple(views), cols, max_requests
+        self.steps = sorted(run.snapshots)
+        first = run.snapshots[self.steps[0]]
+        self.figures = {"grid": F.block_grid(first, cols), "tables": F.block_tables(first, max_requests)}
+        self.figures = {k: v for k, v in self.figures.items() if k in self.views}
+        self.no_widgets = widgets_available()
+        if self.no_widgets is None:
+            import ipywidgets as W
+            self.figures = {k: go.FigureWidget(v) for k, v in self.figures.items()}
+            if "tables" in self.figures:
+                self.figures["tables"].update_layout(height=26 * max_requests + 100)
+                self.figures["tables"].update_yaxes(autorange=False, range=[max_requests - 0.5, -0.5])
+            self.slider = W.SelectionSlider(options=self.steps, value=self.steps[0], description="step",
+                                            continuous_update=True, layout=W.Layout(width="600px"))
+            self.play = W.Play(min=0, max=len(self.steps) - 1, interval=interval_ms, repeat=True,
+                               description="replay")
+            self.play.observe(lambda ch: setattr(self.slider, "value", self.steps[ch["new"]]), "value")
+            self.slider.observe(lambda ch: self.show_step(ch["new"]), "value")
+            if autoplay:
+                self.play.playing = True
+        self.show_step(self.steps[-1] if not autoplay else self.steps[0])
+
+    def show_step(self, step: int) -> None:
+        snap = self.run.snapshots[step]
+        if "grid" in self.figures:
+            g = F.grid_data(snap, self.cols, 0, None, None)
+            with self.figures["grid"].batch_update():
+                self.figures["grid"].data[0].z, self.figures["grid"].data[0].text = g["z"], g["text"]
+                self.figures["grid"].layout.title.text = f"replay: block pool at step {snap.step} · {_counts(snap)}"
+        if "tables" in self.figures:
+            t = F.tables_data(snap, self.max_requests)
+            with self.figures["tables"].batch_update():
+                tr = self.figures["tables"].data[0]
+                tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
+                self.figures["tables"].layout.title.text = f"replay: block tables at step {snap.step}"
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+        if self.no_widgets is None:
+            import ipywidgets as W
+            display(W.HBox([self.play, self.slider]))
+        for f in self.figures.values():
             display(f)
 
 

@@ -1,0 +1,128 @@
+"""Cost of the live views: snapshot + frame build per pool size, and the engine's throughput with
+the live dashboard at its frame cap vs without it, on the same workload.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/viz.py [--quick]
+
+Part 1 fills a pool of 1k / 16k / 128k blocks to ~75% with requests of 16 blocks and times
+`KVCacheManager.snapshot()`, the grid page and block-table arrays a frame assigns, and one whole
+frame into FigureWidgets (inside `batch_update`). Part 2 runs SmolLM2 over one chat workload
+as a bare `EngineRun` and under a `Dashboard(fps=15)` (grid, tables, usage, timeline), alternating,
+best of `--repeats`; it prints tokens/s and the ratio (aim: overhead <= 10%). Outside a kernel the
+widgets' messages go nowhere, so part 2 measures the kernel-side cost (snapshot, arrays, widget
+state); the browser's rendering runs in another process.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _filled_manager(num_blocks: int, block_size: int = 16):
+    from paged.core import KVCacheManager, Request, RequestStatus
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False, hash_fn="builtin")
+    reqs = {}
+    per = 16 * block_size
+    for i in range(int(0.75 * num_blocks) // 16):
+        r = Request(f"r{i}", list(range(i, i + per)), 8)
+        r.status = RequestStatus.RUNNING
+        kv.allocate_slots(r, per)
+        r.num_computed_tokens = per
+        reqs[r.request_id] = r
+    return kv, reqs
+
+
+def snapshot_table(sizes=(1 << 10, 1 << 14, 1 << 17), repeats: int = 5):
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from paged.viz import figures as F
+    rows = []
+    for n in sizes:
+        kv, reqs = _filled_manager(n)
+        snap = kv.snapshot(reqs)
+        t_snap = _best(lambda: kv.snapshot(reqs), repeats)
+        t_grid = _best(lambda: F.grid_data(snap), repeats)
+        t_tab = _best(lambda: F.tables_data(snap, 12), repeats)
+        grid = go.FigureWidget(F.block_grid(snap))
+        tabs = go.FigureWidget(F.block_tables(snap, 12))
+
+        def frame():
+            s = kv.snapshot(reqs)
+            g, t = F.grid_data(s), F.tables_data(s, 12)
+            with grid.batch_update():
+                grid.data[0].z, grid.data[0].text = g["z"], g["text"]
+            with tabs.batch_update():
+                tabs.data[0].z, tabs.data[0].text, tabs.data[0].customdata = t["z"], t["text"], t["hover"]
+        t_frame = _best(frame, repeats)
+        rows.append(dict(blocks=n, requests=len(reqs), snapshot_ms=1e3 * t_snap, grid_page_ms=1e3 * t_grid,
+                         tables_ms=1e3 * t_tab, whole_frame_ms=1e3 * t_frame,
+                         max_fps=1.0 / t_frame))
+    return pd.DataFrame(rows).set_index("blocks").round(2)
+
+
+def throughput_table(num_requests: int = 8, max_tokens: int = 32, repeats: int = 2, fps: float = 15.0):
+    import pandas as pd
+
+    import paged
+    from paged import runs
+    from paged.viz import live
+    llm = paged.LLM(num_blocks=96)
+    wl = runs.chat_workload(llm.tokenizer, num_requests, n=2, max_tokens=max_tokens, arrive_every=1)
+    base = runs.EngineRun(llm, wl)
+    results = {"bare EngineRun": [], f"Dashboard at {fps:g} fps": []}
+    tokens = {}
+    for _ in range(repeats):  # alternate, so drift in the machine's load hits both
+        run = base.fresh()
+        t = time.perf_counter()
+        run.run_to_completion()
+        results["bare EngineRun"].append(time.perf_counter() - t)
+        tokens["bare EngineRun"] = sum(r["num_decode_tokens"] + r["num_prefill_tokens"] for r in run.rows)
+        run = base.fresh()
+        dash = live.Dashboard(run, views=("grid", "tables", "usage", "timeline"), fps=fps)
+        t = time.perf_counter()
+        dash.run_to_completion()
+        key = f"Dashboard at {fps:g} fps"
+        results[key].append(time.perf_counter() - t)
+        tokens[key] = sum(r["num_decode_tokens"] + r["num_prefill_tokens"] for r in run.rows)
+        frames = dash.frames
+    rows = []
+    for k, times in results.items():
+        best = min(times)
+        rows.append(dict(config=k, wall_s=best, tokens=tokens[k], tokens_per_s=tokens[k] / best))
+    df = pd.DataFrame(rows).set_index("config")
+    df["ratio_vs_bare"] = df["tokens_per_s"] / df.loc["bare EngineRun", "tokens_per_s"]
+    df["frames"] = [0, frames]
+    return df.round(3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (for the smoke test)")
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+    import pandas as pd
+    pd.set_option("display.width", 140)
+    sizes = (1 << 10, 1 << 14) if a.quick else (1 << 10, 1 << 14, 1 << 17)
+    print("snapshot + frame build (ms; best of 5)")
+    print(snapshot_table(sizes, 2 if a.quick else 5).to_string())
+    print()
+    print("SmolLM2 throughput with and without the live dashboard (same workload; best of "
+          f"{a.repeats}, alternating)")
+    kw = dict(num_requests=3, max_tokens=8) if a.quick else {}
+    print(throughput_table(repeats=a.repeats, **kw).to_string())
+    np.random.seed(0)
+
+
+if __name__ == "__main__":
+    main()
