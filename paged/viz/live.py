@@ -4,8 +4,9 @@
     dash                       # panel + figures; press play (a background asyncio task)
     dash.run_to_completion()   # or step it to the end from the cell (headless execution)
 
-Invariants: at most `fps` frames per second are drawn whatever the step rate (a frame is due
-when 1/fps has passed since the last; the last step is always drawn); every frame is one
+Invariants: at most `fps` frames per second are drawn whatever the step rate, and drawing takes
+at most about `draw_share` of the wall time (a frame is due when both 1/fps and
+(1/draw_share - 1) x the last frame's cost have passed since it; the last step is always drawn); every frame is one
 `batch_update()` per figure; time series come from fixed-size ring buffers whose arrays are
 assigned whole (never appended to). Counting never depends on drawing: the run records every
 step whether or not a frame is drawn. FigureWidgets are displayed one by one, never inside a
@@ -76,7 +77,8 @@ class Dashboard:
     def __init__(self, run, views: Sequence[str] = ("grid", "tables", "usage", "timeline"), *, fps: float = 15.0,
                  steps_per_second: float | None = None, history: int = 512, cols: int | None = None,
                  max_requests: int = 12, settings: dict[str, Any] | None = None,
-                 workload: tuple[Callable, dict] | None = None, title: str | None = None) -> None:
+                 workload: tuple[Callable, dict] | None = None, title: str | None = None,
+                 draw_share: float = 0.1) -> None:
         bad = [v for v in views if v not in VIEWS]
         if bad:
             from paged.errors import ConfigError
@@ -89,6 +91,8 @@ class Dashboard:
         self.selected: str | None = None
         self.page = 0
         self._last_draw = 0.0
+        self._draw_cost = 0.0
+        self.draw_share = draw_share
         self._task: asyncio.Task | None = None
         self._playing = False
         self._workload = workload
@@ -151,7 +155,18 @@ class Dashboard:
     def draw(self) -> None:
         """Draw one frame now (each figure in one batch_update)."""
         self.frames += 1
-        self._last_draw = time.perf_counter()
+        t0 = time.perf_counter()
+        try:
+            self._draw()
+        finally:
+            self._last_draw = time.perf_counter()
+            self._draw_cost = self._last_draw - t0
+
+    def _due(self) -> bool:
+        gap = max(1.0 / self.fps, self._draw_cost * (1.0 / self.draw_share - 1.0))
+        return time.perf_counter() - self._last_draw >= gap
+
+    def _draw(self) -> None:
         if self.no_widgets is not None:
             return
         run, figs = self.run, self.figures
@@ -228,7 +243,7 @@ class Dashboard:
         row = self.run.step()
         if row is not None:
             self.buffer.push(row)
-        if draw or self.run.done or time.perf_counter() - self._last_draw >= 1.0 / self.fps:
+        if draw or self.run.done or self._due():
             self.draw()
         return row
 
