@@ -33,7 +33,7 @@ def test_block_grid_is_one_heatmap_with_fixed_range_and_hover():
     fig = F.block_grid(snap, highlight="a")
     hm = [t for t in fig.data if t.type == "heatmap"]
     assert len(hm) == 1 and hm[0].zmin == -0.5 and hm[0].zmax == len(F.STATE_COLORS) - 0.5
-    z = np.array(hm[0].z, float)
+    z = np.array([[np.nan if v is None else v for v in row] for row in hm[0].z], float)
     assert np.nansum(z == S.STATE_SHARED) == 3 and np.isnan(z).sum() == z.size - 40
     assert "owner a" in hm[0].text[0][0] and "ref 2" in hm[0].text[0][0]
     assert len(fig.data[1].x) == 3  # highlighted blocks of request a
