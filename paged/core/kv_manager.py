@@ -196,7 +196,7 @@ class KVCacheManager:
             table = self._tables.get(rid)
             start = request.num_computed_tokens
             offset = start % self.block_size
-            if table and offset and start < request.num_tokens:
+            if table and offset and start < len(request.token_ids):
                 block = table[start // self.block_size]
                 if block.ref_cnt == 1:
                     self.pool.fill(block, offset + 1)

@@ -296,7 +296,7 @@ def step_shape(chunks: Sequence[Any], num_swapped_blocks: int = 0, num_copied_bl
     both build shapes here."""
     return StepShape(np.array([c.num_tokens for c in chunks], dtype=np.float64),
                      np.array([c.start for c in chunks], dtype=np.float64),
-                     sum(1 for c in chunks if c.samples), num_swapped_blocks * block_bytes,
+                     [c.samples for c in chunks].count(True), num_swapped_blocks * block_bytes,
                      num_copied_blocks * block_bytes)
 
 

@@ -288,11 +288,12 @@ class Simulator:
             sampled: dict[str, int] = {}
             num_decode = 0
             for c in chunks:
-                d = c.request.data
+                r = c.request
+                d = r.data
                 if d.first_scheduled is None:
                     d.first_scheduled = clock
                 if c.samples:
-                    sampled[c.request.request_id] = DUMMY_TOKEN
+                    sampled[r.request_id] = DUMMY_TOKEN
                     sampling.append(d)
                     if c.is_decode:
                         num_decode += 1
