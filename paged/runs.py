@@ -212,10 +212,11 @@ class EngineRun(_Run):
         self._after_step()
         return row
 
-    def snapshot(self, with_tokens: bool = True):
-        """KVSnapshot now; blocks written by the last step are marked WRITING."""
+    def snapshot(self, with_tokens: bool = True, block_range: tuple[int, int] | None = None):
+        """KVSnapshot now; blocks written by the last step are marked WRITING (`block_range`:
+        see `paged.core.snapshot.take_snapshot`)."""
         return self.kv.snapshot(self.scheduler.requests, step=len(self.rows), writing=self._written,
-                                last_use=self._last_use, with_tokens=with_tokens)
+                                last_use=self._last_use, with_tokens=with_tokens, block_range=block_range)
 
     def request_rows(self) -> list[dict]:
         """REQUEST_COLUMNS rows of the requests that finished so far."""
@@ -313,9 +314,9 @@ class SimRun(_Run):
             self.done = True
         return row
 
-    def snapshot(self, with_tokens: bool = False):
+    def snapshot(self, with_tokens: bool = False, block_range: tuple[int, int] | None = None):
         return self.kv.snapshot(self.scheduler.requests, step=len(self.rows), writing=self._written,
-                                last_use=self._last_use, with_tokens=with_tokens)
+                                last_use=self._last_use, with_tokens=with_tokens, block_range=block_range)
 
     def request_rows(self) -> list[dict]:
         """REQUEST_COLUMNS rows once the run is done (the simulator reports them at the end)."""
@@ -325,6 +326,11 @@ class SimRun(_Run):
         return rq[[c for c in REQUEST_COLUMNS if c in rq.columns]].to_dict("records")
 
     def tbt_samples(self) -> np.ndarray:
+        """Every simulated gap between two tokens of a request (seconds); per-request means when
+        the simulator keeps no per-token gaps."""
+        gaps = getattr(self.sim, "_tbt", None)  # the simulator's per-token gaps (no public accessor yet)
+        if gaps is not None and len(gaps):
+            return np.frombuffer(gaps, dtype=np.float64).copy()
         rq = self.request_rows()
         return np.array([r["tbt_mean_s"] for r in rq if r.get("tbt_mean_s") == r.get("tbt_mean_s")], float)
 

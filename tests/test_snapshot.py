@@ -93,3 +93,13 @@ def test_contiguous_snapshot_cells():
     assert snap.num_reserved == 16 and snap.num_filled == 5
     cells = snap.cell_states(4)
     assert list(cells[:5]) == [S.STATE_USED, S.STATE_USED, S.STATE_RESERVED, S.STATE_RESERVED, S.STATE_FREE]
+
+
+def test_block_range_reads_only_that_page():
+    kv = KVCacheManager(64, 4)
+    a = _req("a", list(range(40)))
+    kv.allocate_slots(a, 40)
+    full = kv.snapshot({"a": a})
+    part = kv.snapshot({"a": a}, block_range=(4, 8))
+    assert np.array_equal(part.state[4:8], full.state[4:8]) and (part.ref_count[:4] == 0).all()
+    assert np.array_equal(part.owner, full.owner) and np.array_equal(part.table_blocks, full.table_blocks)

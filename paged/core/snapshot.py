@@ -105,13 +105,16 @@ class KVSnapshot:
 
 def take_snapshot(kv: "KVCacheManager", requests: Mapping | None = None, *, step: int | None = None,
                   writing: Iterable[int] = (), last_use: np.ndarray | None = None,
-                  with_tokens: bool = False) -> KVSnapshot:
+                  with_tokens: bool = False, block_range: tuple[int, int] | None = None) -> KVSnapshot:
     """Build a `KVSnapshot` of `kv`. `requests`: id -> Request (e.g. `scheduler.requests`) for
     status, progress and tokens; `writing`: blocks written by the step just planned;
-    `last_use`: a per-block step array kept by the caller (else allocation steps)."""
+    `last_use`: a per-block step array kept by the caller (else allocation steps);
+    `block_range=(lo, hi)`: read per-block state only there (a view drawing one page of a
+    large pool); blocks outside it read as free. Tables, owners and requests are always whole."""
     pool = kv.pool
     n = pool.num_blocks
-    live = pool.blocks[:pool._next_fresh]  # created blocks; the rest were never used
+    lo, hi = (0, n) if block_range is None else (max(0, block_range[0]), min(n, block_range[1]))
+    live = pool.blocks[lo:max(lo, min(hi, pool._next_fresh))]  # created blocks; the rest were never used
     m = len(live)
     ref = np.zeros(n, np.int32)
     filled = np.zeros(n, np.int32)
@@ -119,13 +122,13 @@ def take_snapshot(kv: "KVCacheManager", requests: Mapping | None = None, *, step
     hkey = np.zeros(n, np.uint32)
     used_at = np.full(n, -1, np.int32)
     if m:
-        ref[:m] = np.fromiter(map(attrgetter("ref_cnt"), live), np.int32, m)
-        filled[:m] = np.fromiter(map(attrgetter("num_filled"), live), np.int32, m)
+        ref[lo:lo + m] = np.fromiter(map(attrgetter("ref_cnt"), live), np.int32, m)
+        filled[lo:lo + m] = np.fromiter(map(attrgetter("num_filled"), live), np.int32, m)
         hashes = list(map(attrgetter("block_hash"), live))
-        hashed[:m] = np.fromiter((h is not None for h in hashes), bool, m)
-        for i in np.flatnonzero(hashed[:m]):
-            hkey[i] = hash_key(hashes[i])
-        used_at[:m] = np.fromiter(map(attrgetter("alloc_step"), live), np.int32, m)
+        hashed[lo:lo + m] = np.fromiter((h is not None for h in hashes), bool, m)
+        for i in np.flatnonzero(hashed[lo:lo + m]):
+            hkey[lo + i] = hash_key(hashes[i])
+        used_at[lo:lo + m] = np.fromiter(map(attrgetter("alloc_step"), live), np.int32, m)
     filled[(ref == 0) & ~hashed] = 0
     state = np.full(n, STATE_FREE, np.int8)
     state[(ref == 0) & hashed] = STATE_CACHED
@@ -179,8 +182,8 @@ def take_snapshot(kv: "KVCacheManager", requests: Mapping | None = None, *, step
         tl = np.fromiter((len(t) for t in toks), np.int64, len(toks))
         snap.token_indptr = np.concatenate([[0], np.cumsum(tl)]).astype(np.int64)
         snap.token_ids = np.fromiter((t for ts in toks for t in ts), np.int32, int(tl.sum()))
-        for i in np.flatnonzero(state == STATE_CACHED):
-            snap.cached_tokens[int(i)] = tuple(live[i].token_ids or ())
+        for i in np.flatnonzero(state[lo:lo + m] == STATE_CACHED):
+            snap.cached_tokens[lo + int(i)] = tuple(live[i].token_ids or ())
     return snap
 
 

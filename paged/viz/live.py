@@ -170,7 +170,12 @@ class Dashboard:
         if self.no_widgets is not None:
             return
         run, figs = self.run, self.figures
-        snap = run.snapshot() if ("grid" in figs or "tables" in figs) else None
+        snap = None
+        if "tables" in figs:
+            snap = run.snapshot()
+        elif "grid" in figs:  # only the page drawn is read (cheap frames for pools of 100k+ blocks)
+            rows, cols = F.grid_shape(run.kv.num_blocks, self.cols)
+            snap = run.snapshot(block_range=(self.page * rows * cols, (self.page + 1) * rows * cols))
         d = self.buffer.frame()
         if "grid" in figs:
             g = F.grid_data(snap, self.cols, self.page, run.tokenizer, self.selected)
