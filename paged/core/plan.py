@@ -13,7 +13,8 @@ from paged.errors import ConfigError
 from .kv_manager import BlockMapping
 from .request import Request
 
-__all__ = ["DEFAULT_TOKEN_BUDGET", "SchedulerConfig", "ScheduledChunk", "StepCounts", "SchedulerOutput"]
+__all__ = ["DEFAULT_TOKEN_BUDGET", "PoolCounts", "SchedulerConfig", "ScheduledChunk", "StepCounts",
+           "SchedulerOutput"]
 
 DEFAULT_TOKEN_BUDGET = 2048
 """Tokens per step when chunked prefill is on and no budget is given (vLLM's default)."""
@@ -93,8 +94,27 @@ class StepCounts:
         return len(self.preempted)
 
 
+@dataclass(kw_only=True)
+class PoolCounts:
+    """Queue lengths and the pool right after a plan was made (prefix-cache counters are
+    cumulative, in tokens); shared by the plan and the engine's ``StepOutput``."""
+    num_waiting: int = 0
+    num_running: int = 0
+    num_swapped: int = 0
+    kv_cache_usage_perc: float = 0.0
+    token_usage: float = 0.0
+    num_used_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    def pool_counts(self) -> dict[str, int | float]:
+        return {f.name: getattr(self, f.name) for f in fields(PoolCounts)}
+
+
 @dataclass
-class SchedulerOutput(StepCounts):
+class SchedulerOutput(StepCounts, PoolCounts):
     step: int
     scheduled: list[ScheduledChunk] = field(default_factory=list)
     block_copies: BlockMapping = field(default_factory=list)
@@ -106,17 +126,6 @@ class SchedulerOutput(StepCounts):
     freed_blocks: list[int] = field(default_factory=list)
     # filled by `update`: blocks the step's finished (or mid-step aborted) sequences freed
     finished_freed_blocks: list[int] = field(default_factory=list)
-    num_waiting: int = 0
-    num_running: int = 0
-    num_swapped: int = 0
-    kv_cache_usage_perc: float = 0.0
-    token_usage: float = 0.0
-    # the pool after this plan's allocations (prefix-cache counters are cumulative, in tokens)
-    num_used_blocks: int = 0
-    num_free_blocks: int = 0
-    num_cached_free_blocks: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
 
     @property
     def num_block_copies(self) -> int:

@@ -271,12 +271,8 @@ class LLMEngine:
             num_swapped_in_blocks=len(plan.swap_in),
             schedule_ms=(t1 - t0) * 1e3, cache_ops_ms=cache_ms, forward_ms=forward_ms,
             prefill_ms=prefill_ms, decode_ms=decode_ms, sample_ms=(t3 - t2) * 1e3,
-            total_ms=(t3 - t0) * 1e3, kv_cache_usage_perc=plan.kv_cache_usage_perc,
-            token_usage=plan.token_usage, num_waiting=plan.num_waiting, num_running=plan.num_running,
-            num_swapped=plan.num_swapped, time_s=t0 - self._t0, num_used_blocks=plan.num_used_blocks,
-            num_free_blocks=plan.num_free_blocks, num_cached_free_blocks=plan.num_cached_free_blocks,
-            prefix_cache_queries=plan.prefix_cache_queries, prefix_cache_hits=plan.prefix_cache_hits,
-            events=self.recorder.since(mark))
+            total_ms=(t3 - t0) * 1e3, time_s=t0 - self._t0, events=self.recorder.since(mark),
+            **plan.pool_counts())
 
     def _forward(self, chunks, limits: dict[str, int]):
         # prompt_limits only when asked: callers may wrap runner.forward(chunks)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from paged import telemetry
 from paged.core import events as ev
-from paged.core.scheduler import StepCounts
+from paged.core.plan import PoolCounts, StepCounts
 
 
 @dataclass
@@ -48,7 +48,7 @@ class ChunkInfo:
 
 
 @dataclass
-class StepOutput(StepCounts):
+class StepOutput(StepCounts, PoolCounts):
     """Everything that happened in one ``step()``; ``*_ms`` times in milliseconds.
 
     ``schedule_ms`` + ``cache_ops_ms`` + ``forward_ms`` + ``sample_ms`` ~= ``total_ms``, where
@@ -62,8 +62,8 @@ class StepOutput(StepCounts):
     is timed, in the prefill pass).
     ``new_tokens`` maps scheduler sequence ids (``"<id>"``, ``"<id>#k"`` for sample k of n>1,
     ``"<id>#b<j>"`` for beams) to the token sampled for them this step.
-    ``time_s`` is the step's start in seconds since the engine was built; usage and pool
-    counts are read right after the step's plan was made (see ``paged.telemetry``).
+    ``time_s`` is the step's start in seconds since the engine was built; queue lengths, usage
+    and pool counts (``PoolCounts``) are the plan's, read right after it was made.
     """
     step: int
     scheduled: list[ChunkInfo]
@@ -82,17 +82,7 @@ class StepOutput(StepCounts):
     decode_ms: float | None
     sample_ms: float
     total_ms: float
-    kv_cache_usage_perc: float
-    token_usage: float
-    num_waiting: int
-    num_running: int
-    num_swapped: int
     time_s: float = 0.0
-    num_used_blocks: int = 0
-    num_free_blocks: int = 0
-    num_cached_free_blocks: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
     events: list[ev.Event] = field(default_factory=list)
 
     @property
