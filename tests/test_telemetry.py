@@ -83,4 +83,6 @@ def test_simulator_is_steppable():
     assert res.summary["requests_finished"] == 30 and sim.kv.num_used_blocks == 0
     assert rows == res.steps[list(telemetry.STEP_COLUMNS)].to_dict("records")
     assert max(used) > 0 and res.recorder is sim.recorder
+    gaps = sim.tbt_samples()
+    assert len(gaps) and res.summary["tbt_max_s"] == gaps.max()
     assert math.isclose(rows[-1]["time_s"] + rows[-1]["step_time_s"], res.requests["finish_s"].max())

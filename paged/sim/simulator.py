@@ -342,6 +342,10 @@ class Simulator:
             self._bar = None
 
     # ---- results -------------------------------------------------------------------
+    def tbt_samples(self) -> np.ndarray:
+        """Every simulated gap between two consecutive tokens of a request so far (seconds)."""
+        return np.frombuffer(self._tbt, dtype=np.float64).copy() if len(self._tbt) else np.empty(0)
+
     def result(self) -> SimResult:
         """What ran so far (all of the trace after a full ``iter_steps``/``run``)."""
         if self._trace is None:
