@@ -24,47 +24,11 @@ import plotly.graph_objects as go
 
 from paged.runs import STEP_COLUMNS
 from . import figures as F
+from .buffers import CachedDecoder, RingBuffer, counts_text as _counts, widgets_available
+
+__all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "widgets_available"]
 
 VIEWS = ("grid", "tables", "usage", "timeline", "latency", "prefix")
-_SERIES = ("step", "step_time_s", "num_prefill_tokens", "num_decode_tokens", "num_preempted",
-           "num_swapped_out_blocks", "num_swapped_in_blocks", "kv_cache_usage_perc", "token_usage",
-           "prefix_cache_queries", "prefix_cache_hits", "num_cached_free_blocks")
-
-
-def widgets_available() -> str | None:
-    """None if FigureWidget and ipywidgets work here, else the reason they do not."""
-    try:
-        import anywidget  # noqa: F401  plotly >= 6 builds FigureWidget on it
-        import ipywidgets  # noqa: F401
-        go.FigureWidget()
-    except Exception as e:  # noqa: BLE001 - any failure means: fall back to static figures
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-class RingBuffer:
-    """The last `capacity` step rows, one numpy array per column; `frame()` is chronological."""
-
-    def __init__(self, capacity: int = 512, columns: Sequence[str] = _SERIES) -> None:
-        self.capacity = capacity
-        self.data = {c: np.zeros(capacity) for c in columns}
-        self.n = 0
-
-    def push(self, row: dict) -> None:
-        i = self.n % self.capacity
-        for c, a in self.data.items():
-            a[i] = row[c]
-        self.n += 1
-
-    def frame(self) -> dict[str, np.ndarray]:
-        """Copies, oldest first (at most `capacity` rows)."""
-        if self.n <= self.capacity:
-            return {c: a[:self.n].copy() for c, a in self.data.items()}
-        i = self.n % self.capacity
-        return {c: np.concatenate([a[i:], a[:i]]) for c, a in self.data.items()}
-
-    def clear(self) -> None:
-        self.n = 0
 
 
 class Dashboard:
@@ -97,6 +61,7 @@ class Dashboard:
         self._playing = False
         self._workload = workload
         self.no_widgets = widgets_available()
+        self._decoder = CachedDecoder(run.tokenizer) if run.tokenizer is not None else None
         self.panel = None
         if self.no_widgets is None:
             from .panels import ControlPanel
@@ -111,7 +76,7 @@ class Dashboard:
         out: dict[str, go.Figure] = {}
         for v in self.views:
             if v == "grid":
-                out[v] = F.block_grid(snap, self.cols, self.page, run.tokenizer, self.selected)
+                out[v] = F.block_grid(snap, self.cols, self.page, self._decoder, self.selected)
             elif v == "tables":
                 out[v] = F.block_tables(snap, self.max_requests, self.selected)
                 # a fixed frame: rows keep their height as requests come and go
@@ -178,7 +143,7 @@ class Dashboard:
             snap = run.snapshot(block_range=(self.page * rows * cols, (self.page + 1) * rows * cols))
         d = self.buffer.frame()
         if "grid" in figs:
-            g = F.grid_data(snap, self.cols, self.page, run.tokenizer, self.selected)
+            g = F.grid_data(snap, self.cols, self.page, self._decoder, self.selected)
             with figs["grid"].batch_update():
                 figs["grid"].data[0].z, figs["grid"].data[0].text = g["z"], g["text"]
                 figs["grid"].data[1].x, figs["grid"].data[1].y = g["hl_x"], g["hl_y"]
@@ -322,6 +287,7 @@ class Dashboard:
             self._workload = (builder, {**base, **workload})
             kw["workload" if hasattr(self.run, "engine") else "trace"] = builder(self.run.tokenizer, **self._workload[1])
         self.run = self.run.fresh(**kw, **settings)
+        self._decoder = CachedDecoder(self.run.tokenizer) if self.run.tokenizer is not None else None
         self.buffer.clear()
         self.selected = None
         self.draw()
@@ -394,8 +360,3 @@ class ReplayView:
             display(W.HBox([self.play, self.slider]))
         for f in self.figures.values():
             display(f)
-
-
-def _counts(snap) -> str:
-    c = np.bincount(snap.state, minlength=len(F.STATE_NAMES))
-    return " · ".join(f"{n} {int(c[i])}" for i, n in enumerate(F.STATE_NAMES) if c[i] and i < 5)

@@ -1,0 +1,72 @@
+"""Small pieces the live views share: a ring buffer of step rows, a memoized decoder, checks."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from paged.core.snapshot import STATE_NAMES
+
+SERIES = ("step", "step_time_s", "num_prefill_tokens", "num_decode_tokens", "num_preempted",
+          "num_swapped_out_blocks", "num_swapped_in_blocks", "kv_cache_usage_perc", "token_usage",
+          "prefix_cache_queries", "prefix_cache_hits", "num_cached_free_blocks")
+
+
+def widgets_available() -> str | None:
+    """None if FigureWidget and ipywidgets work here, else the reason they do not."""
+    try:
+        import anywidget  # noqa: F401  plotly >= 6 builds FigureWidget on it
+        import ipywidgets  # noqa: F401
+        go.FigureWidget()
+    except Exception as e:  # noqa: BLE001 - any failure means: fall back to static figures
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+class RingBuffer:
+    """The last `capacity` step rows, one numpy array per column; `frame()` is chronological."""
+
+    def __init__(self, capacity: int = 512, columns: Sequence[str] = SERIES) -> None:
+        self.capacity = capacity
+        self.data = {c: np.zeros(capacity) for c in columns}
+        self.n = 0
+
+    def push(self, row: dict) -> None:
+        i = self.n % self.capacity
+        for c, a in self.data.items():
+            a[i] = row[c]
+        self.n += 1
+
+    def frame(self) -> dict[str, np.ndarray]:
+        """Copies, oldest first (at most `capacity` rows)."""
+        if self.n <= self.capacity:
+            return {c: a[:self.n].copy() for c, a in self.data.items()}
+        i = self.n % self.capacity
+        return {c: np.concatenate([a[i:], a[:i]]) for c, a in self.data.items()}
+
+    def clear(self) -> None:
+        self.n = 0
+
+
+class CachedDecoder:
+    """`tokenizer.decode` memoized on the token tuple: a frame decodes every block it shows, and
+    most blocks hold the same tokens as one frame earlier."""
+
+    def __init__(self, tokenizer, capacity: int = 8192) -> None:
+        self.tokenizer, self.capacity, self.cache = tokenizer, capacity, {}
+
+    def decode(self, ids) -> str:
+        key = tuple(ids)
+        text = self.cache.get(key)
+        if text is None:
+            if len(self.cache) >= self.capacity:
+                self.cache.clear()
+            text = self.cache[key] = self.tokenizer.decode(list(key))
+        return text
+
+
+def counts_text(snap) -> str:
+    """'free 13 · in use 4 · ...' for a title (states present only)."""
+    c = np.bincount(snap.state, minlength=len(STATE_NAMES))
+    return " · ".join(f"{n} {int(c[i])}" for i, n in enumerate(STATE_NAMES) if c[i] and i < 5)
