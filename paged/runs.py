@@ -10,7 +10,7 @@
 
 Both kinds keep `rows` (step rows), `events` (paged.core.events.Event tuples), `request_rows()`
 (REQUEST_COLUMNS), `tbt_samples()` (seconds between a request's tokens), `backend` and `label`.
-EngineRun times are seconds since the run started (wall clock); SimRun times are simulated.
+EngineRun times are seconds on the engine's clock (since it was built); SimRun times are simulated.
 Invariant: `step()` on a done run raises (a SimRun's last call returns None: the simulator
 knows its trace is over only when asked for one more step); every request of the workload is added exactly once,
 at the first step whose index reaches its `arrival_step`.
@@ -141,7 +141,8 @@ class EngineRun(_Run):
         if len({w.request_id for w in self.workload}) != len(self.workload):
             raise ConfigError("workload request ids must be unique")
         self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
-        self._t0 = time.perf_counter()
+        # the engine's clock (seconds since it was built), so our request rows and its step rows agree
+        self._t0 = getattr(engine, "_t0", time.perf_counter())
         self._req: dict[str, dict] = {}
         self.last_output = None
         self.backend = backend_label(engine.device, engine.runner.backend)
@@ -196,6 +197,12 @@ class EngineRun(_Run):
                          for b in kv.block_table(c.request_id)[c.start // kv.block_size:
                                                                (c.start + c.num_tokens - 1) // kv.block_size + 1]
                          if c.num_tokens]
+        row = out.to_row() if hasattr(out, "to_row") else {}
+        if all(c in row for c in STEP_COLUMNS):  # the engine speaks the one schema: take its row
+            self.rows.append({c: row[c] for c in STEP_COLUMNS})
+            self.done = not self._pending and not self.engine.has_unfinished_requests()
+            self._after_step()
+            return self.rows[-1]
         row = dict(step=len(self.rows) + 1, time_s=start, step_time_s=out.total_ms / 1e3,
                    num_seqs=len(out.scheduled), num_prefill_tokens=out.num_prefill_tokens,
                    num_decode_tokens=out.num_decode_tokens,
@@ -328,9 +335,8 @@ class SimRun(_Run):
     def tbt_samples(self) -> np.ndarray:
         """Every simulated gap between two tokens of a request (seconds); per-request means when
         the simulator keeps no per-token gaps."""
-        gaps = getattr(self.sim, "_tbt", None)  # the simulator's per-token gaps (no public accessor yet)
-        if gaps is not None and len(gaps):
-            return np.frombuffer(gaps, dtype=np.float64).copy()
+        if hasattr(self.sim, "tbt_samples"):
+            return self.sim.tbt_samples()
         rq = self.request_rows()
         return np.array([r["tbt_mean_s"] for r in rq if r.get("tbt_mean_s") == r.get("tbt_mean_s")], float)
 
