@@ -75,7 +75,7 @@ def _progress(total: int, enabled: bool):
 
 
 def study(model=None, formats: str | Sequence[str] | None = None, texts: Mapping[str, str] | None = None,
-          context_lengths: Sequence[int] = (512, 2048), *, max_chunks: int | None = 4,
+          context_lengths: Sequence[int] = (512, 2048), *, max_chunks: int | None = 2,
           divergence_tokens: int = 32, calib_tokens: int = 512, bos: bool | None = None,
           progress: bool = True) -> pd.DataFrame:
     """Measure every scheme in ``formats`` (None = :data:`DEFAULT_SCHEMES`) against the fp32 base.
