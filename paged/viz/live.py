@@ -56,6 +56,7 @@ class Dashboard:
         self.page = 0
         self._last_draw = 0.0
         self._draw_cost = 0.0
+        self.draw_seconds = 0.0  # total time spent drawing frames
         self.draw_share = draw_share
         self._task: asyncio.Task | None = None
         self._playing = False
@@ -126,6 +127,7 @@ class Dashboard:
         finally:
             self._last_draw = time.perf_counter()
             self._draw_cost = self._last_draw - t0
+            self.draw_seconds += self._draw_cost
 
     def _due(self) -> bool:
         gap = max(1.0 / self.fps, self._draw_cost * (1.0 / self.draw_share - 1.0))
