@@ -31,9 +31,14 @@ Three layers (each usable alone):
        dash.play()               # background asyncio task: controls respond while it runs
        dash.run_to_completion()  # blocking; draws frames at <= fps (for headless execution)
        dash.frames, dash.figures # frames drawn so far; {name: FigureWidget}
+       dash.select_block(b)      # what a click on block b does (highlight its table, show tokens)
+       live.ReplayView(run)      # slider + Play over run.keep_snapshots(1) snapshots (ticks in the browser)
 
-   Frames are coalesced to at most `fps` per second whatever the step rate, each inside
-   `fig.batch_update()`; series come from ring buffers (arrays replaced, never appended).
+   Views: "grid", "tables", "usage", "timeline", "latency", "prefix". Frames are coalesced to at
+   most `fps` per second whatever the step rate, and drawing is held to ~`draw_share` (10%) of the
+   wall time; each frame is one `fig.batch_update()`; series come from ring buffers (arrays
+   replaced, never appended). A grid-only dashboard reads just the page it draws
+   (`snapshot(block_range=...)`), so pools of 100k+ blocks stay cheap.
    Clicking a block in the grid highlights its request's table and shows its tokens.
    Without ipywidgets/anywidget, `Dashboard` shows static figures and says so.
 
