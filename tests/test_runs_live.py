@@ -78,3 +78,25 @@ def test_ring_buffer_wraps():
     for i in range(6):
         rb.push({"step": i})
     assert rb.frame()["step"].tolist() == [2, 3, 4, 5]
+
+
+def test_dashboard_falls_back_to_static_figures(monkeypatch):
+    from paged.viz import live
+    monkeypatch.setattr(live, "widgets_available", lambda: "ImportError: no anywidget")
+    run = runs.SimRun(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 4, rate=4.0, seed=0))
+    dash = live.Dashboard(run, views=("grid", "usage"))
+    assert dash.panel is None and all(type(f).__name__ == "Figure" for f in dash.figures.values())
+    dash.run_to_completion()
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda x: shown.append(x))
+    dash._ipython_display_()
+    assert "no anywidget" in shown[0].data and len(shown) == 3
+
+
+def test_replay_view_steps_through_snapshots(llm):
+    from paged.viz import live
+    run = runs.EngineRun(llm, _workload()).keep_snapshots(1).run_to_completion()
+    view = live.ReplayView(run, autoplay=False)
+    first = str(view.figures["grid"].data[0].z)
+    view.show_step(view.steps[len(view.steps) // 2])
+    assert str(view.figures["grid"].data[0].z) != first and view.play.max == len(run.rows) - 1
