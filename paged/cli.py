@@ -242,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--engine-blocks", type=int, default=24)
     demo.add_argument("--max-tokens", type=int, default=48)
     demo.set_defaults(func=cmd_demo)
+    from paged.quant.cli import add_parser as add_quant_parser  # KV quantization study (issue 10)
+    add_quant_parser(sub)
     return p
 
 
