@@ -18,6 +18,7 @@ import torch
 
 from paged._kernels import kernels
 from .batch import BatchMetadata, build_batch
+from . import torch_attention
 from paged.core.kv_manager import KVCacheManager
 from paged.models.llama import LlamaForCausalLM
 from paged.core.scheduler import ScheduledChunk, SchedulerOutput
@@ -68,7 +69,7 @@ class ModelRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.backend = attention_backend if attention_backend is not None else default_backend(self.device)
-        kernels.resolve_backend(self.backend, self.device)  # a bad backend fails here, not mid-step
+        resolved = kernels.resolve_backend(self.backend, self.device)  # a bad backend fails here, not mid-step
         cfg = model.config
         self.kv_cache_dtype = kv_cache_dtype
         # int4_kivi keeps unfilled blocks in a staging pool: about one per running (or swapped)
@@ -84,6 +85,7 @@ class ModelRunner:
         self.layers = mk(kv.num_blocks, self.device)
         self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks else []
         self.staged = self.layers[0].staging is not None
+        self.planned = torch_attention.supports(self.layers, resolved)  # plan once per step, run per layer
         if self.cpu_layers and self.layers[0].kv_format.scale == "head":
             for g, c in zip(self.layers, self.cpu_layers):  # swaps need the same per-layer scales
                 c.k_scale, c.v_scale = g.k_scale.cpu(), g.v_scale.cpu()
@@ -127,7 +129,9 @@ class ModelRunner:
         if not chunks:
             return ForwardResult([], torch.zeros(0, self.model.config.vocab_size), 0.0, 0)
         meta = build_batch(chunks, self.kv).to(self.device)
-        hidden = self.model(meta.input_ids, meta.positions, PagedAttention(self.layers, meta, self.backend))
+        attn = (torch_attention.TorchAttentionPlan(self.layers, meta) if self.planned
+                else PagedAttention(self.layers, meta, self.backend))
+        hidden = self.model(meta.input_ids, meta.positions, attn)
         rows = [i for i, s in enumerate(meta.samples) if s]
         logits = self.model.compute_logits(hidden[meta.sample_indices[rows]])
         prompt = {}

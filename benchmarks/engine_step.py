@@ -1,0 +1,143 @@
+"""One decode step at equal batch: our engine vs transformers, same model, no padding.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--batch 16] [--prompt 128] [--rounds 6]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py --profile   # top ops of our step
+
+``--batch`` prompts of ``--prompt`` random token ids each (seeded, equal length: no padding on
+either side). Ours: ``LLMEngine.step()`` after the prefill step (scheduling, batch building,
+forward, sampling and bookkeeping all counted). transformers: ``model(next_ids,
+past_key_values=cache)`` plus a greedy argmax, the same work. The two run in interleaved rounds
+of ``--steps`` decode steps each, so a busy neighbour on this shared machine slows both alike;
+the table gives the median per-step ratio over rounds and its range (the noise). Times are this
+thread's CPU time (OMP_NUM_THREADS=1 keeps the work on it); wall time is shown beside.
+"Same tokens" compares every greedy token of every decode step.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from paged.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from paged.engine.sampling import SamplingParams  # noqa: E402
+from paged.models import load_model  # noqa: E402
+
+
+def _clock() -> tuple[float, float]:
+    return time.thread_time(), time.perf_counter()
+
+
+class Ours:
+    def __init__(self, loaded, prompts: list[list[int]], max_tokens: int) -> None:
+        n = len(prompts)
+        cfg = EngineConfig(max_num_batched_tokens=max(2048, n * len(prompts[0])), record_events=False,
+                           max_num_seqs=max(256, n))
+        self.engine = LLMEngine(loaded, cfg)
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.ids = [f"r{i}" for i in range(n)]
+        for rid, p in zip(self.ids, prompts):
+            self.engine.add_request(rid, p, sp)
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self._take(self.engine.step())  # the prefill step
+
+    def _take(self, out) -> None:
+        for i, rid in enumerate(self.ids):
+            if rid in out.new_tokens:
+                self.tokens[i].append(out.new_tokens[rid])
+
+    def steps(self, k: int) -> tuple[float, float]:
+        c0, w0 = _clock()
+        for _ in range(k):
+            self._take(self.engine.step())
+        c1, w1 = _clock()
+        return c1 - c0, w1 - w0
+
+
+class HF:
+    def __init__(self, hf, prompts: list[list[int]]) -> None:
+        self.hf = hf
+        with torch.inference_mode():
+            out = hf(input_ids=torch.tensor(prompts), use_cache=True)
+        self.cache = out.past_key_values
+        self.next = out.logits[:, -1].argmax(-1)
+        self.tokens = [[int(t)] for t in self.next]
+
+    def steps(self, k: int) -> tuple[float, float]:
+        c0, w0 = _clock()
+        with torch.inference_mode():
+            for _ in range(k):
+                out = self.hf(input_ids=self.next[:, None], past_key_values=self.cache, use_cache=True)
+                self.next = out.logits[:, -1].float().argmax(-1)
+                for row, t in zip(self.tokens, self.next.tolist()):
+                    row.append(t)
+        c1, w1 = _clock()
+        return c1 - c0, w1 - w0
+
+
+def load_hf():
+    import transformers
+    from paged.models import embedded_gguf_path
+    p = embedded_gguf_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(p), gguf_file=os.path.basename(p), dtype=torch.float32).eval()
+
+
+def profile(ours: Ours, k: int) -> None:
+    from torch.profiler import ProfilerActivity, profile as prof
+    ours.steps(2)
+    with prof(activities=[ProfilerActivity.CPU]) as p:
+        ours.steps(k)
+    print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    n = sum(e.count for e in p.key_averages())
+    print(f"aten/python ops recorded per step: {n / k:.0f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=4, help="decode steps per round and system")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", action="store_true", help="profile our decode steps and stop")
+    a = ap.parse_args(argv)
+    g = torch.Generator().manual_seed(a.seed)
+    prompts = torch.randint(100, 10000, (a.batch, a.prompt), generator=g).tolist()
+    loaded = load_model("smollm2")
+    total = a.rounds * a.steps + 4
+    ours = Ours(loaded, prompts, total + 8)
+    if a.profile:
+        profile(ours, a.steps)
+        return 0
+    hf = HF(load_hf(), prompts)
+    ours.steps(1), hf.steps(1)  # warm-up
+    rows = []
+    for r in range(a.rounds):
+        pair = (ours, hf) if r % 2 == 0 else (hf, ours)
+        got = {id(s): s.steps(a.steps) for s in pair}
+        rows.append((got[id(ours)], got[id(hf)]))
+    ratio = [o[0] / h[0] for o, h in rows]
+    wall = [o[1] / h[1] for o, h in rows]
+    same = sum(x == y for x, y in zip(ours.tokens, hf.tokens))
+    ms = lambda xs: 1e3 * statistics.median(xs) / a.steps  # noqa: E731
+    print(f"decode step, batch {a.batch}, context {a.prompt}..{a.prompt + total}, SmolLM2 fp32, "
+          f"torch threads {torch.get_num_threads()}, {a.rounds} interleaved rounds x {a.steps} steps")
+    print(f"{'system':<34} {'cpu ms/step':>11} {'wall ms/step':>12}")
+    print(f"{'ours (LLMEngine.step)':<34} {ms([o[0] for o, _ in rows]):11.1f} {ms([o[1] for o, _ in rows]):12.1f}")
+    print(f"{'transformers forward + argmax':<34} {ms([h[0] for _, h in rows]):11.1f} "
+          f"{ms([h[1] for _, h in rows]):12.1f}")
+    print(f"ours / transformers per step (cpu): median {statistics.median(ratio):.3f}, "
+          f"range {min(ratio):.3f}-{max(ratio):.3f} over rounds; wall median {statistics.median(wall):.3f}")
+    n = min(len(ours.tokens[0]), len(hf.tokens[0]))
+    print(f"same greedy tokens: {same}/{a.batch} sequences over {n} tokens each")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
