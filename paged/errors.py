@@ -35,3 +35,14 @@ class CacheInUseError(PagedError, RuntimeError):
 
 class ModelLoadError(ConfigError):
     """A model name, path or checkpoint cannot be loaded; the message says what is supported."""
+
+
+class StepFailedError(PagedError, RuntimeError):
+    """An engine step could not complete. ``request_ids``: the requests it aborted (blocks freed)
+    or whose output it could not build; ``step_output``: what the step still produced, or None
+    when the forward pass or sampling failed (then nothing of the step was applied)."""
+
+    def __init__(self, message: str, request_ids=(), step_output=None) -> None:
+        super().__init__(message)
+        self.request_ids = list(request_ids)
+        self.step_output = step_output

@@ -271,6 +271,16 @@ class KVCacheManager:
                                table[i - 1] if i else None, rid)
         self._num_indexed[rid] = last
 
+    def uncache_written(self, request_id: str, start: int, num_tokens: int) -> int:
+        """Drop the prefix-cache entries of the request's blocks holding tokens [start, start +
+        num_tokens): a failed step never wrote their K/V. Returns how many were dropped."""
+        bs, dropped = self.block_size, 0
+        for block in self._tables.get(request_id, [])[start // bs:-(-(start + num_tokens) // bs)]:
+            if block.block_hash is not None and self.pool.index.get(block.block_hash) is block:
+                self.pool._drop_hash(block)
+                dropped += 1
+        return dropped
+
     # ---- release -------------------------------------------------------------------
     def free(self, request_id: str) -> None:
         """Release every block (tail first) or swapped CPU block of a request."""

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from .llm_engine import EngineConfig, LLMEngine, RequestOutput, StepOutput
-from paged.errors import ConfigError, PagedError, UnknownRequestError
+from paged.errors import ConfigError, InvalidRequestError, PagedError, StepFailedError, UnknownRequestError
 from paged.models.loader import LoadedModel, load_model
 from .sampling import SamplingParams
 
@@ -95,13 +95,23 @@ class LLM:
         requests (their blocks are freed). ``on_step(StepOutput)`` is called after every step
         (for recording).
         """
+        if prompts is None or isinstance(prompts, (bytes, bytearray, dict, numbers.Number)) \
+                or not hasattr(prompts, "__len__"):
+            raise InvalidRequestError(f"prompts must be a string, a list of token ids or a list of those, got "
+                                      f"{type(prompts).__name__} {str(prompts)[:60]}")
         if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]  # type: ignore[list-item]
         plist = list(prompts)  # type: ignore[arg-type]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(plist)
         else:
+            if isinstance(sampling_params, (str, bytes, dict)) or not hasattr(sampling_params, "__iter__"):
+                sampling_params = [sampling_params]  # type: ignore[list-item]
             params = list(sampling_params)
+            bad = next((sp for sp in params if not isinstance(sp, SamplingParams)), None)
+            if bad is not None:
+                raise InvalidRequestError(f"sampling_params must be a SamplingParams or a list of them (one per "
+                                          f"prompt), got {type(bad).__name__} {str(bad)[:60]}")
             if len(params) != len(plist):
                 raise ConfigError(f"{len(params)} sampling params for {len(plist)} prompts")
         ids = []
@@ -115,10 +125,17 @@ class LLM:
                 self.engine.abort(rid)
             raise
         results: dict[str, RequestOutput] = {}
+        failed: list[StepFailedError] = []  # outputs that could not be built; the others go on
         idle = 0
         try:
-            while any(r not in results for r in ids):
-                out: StepOutput = self.engine.step()
+            while any(r not in results and not self._lost(r, failed) for r in ids):
+                try:
+                    out: StepOutput = self.engine.step()
+                except StepFailedError as e:
+                    if e.step_output is None:
+                        raise
+                    failed.append(e)
+                    out = e.step_output
                 for ro in out.finished:
                     results[ro.request_id] = ro
                 idle = 0 if (out.scheduled or out.finished) else idle + 1
@@ -140,4 +157,14 @@ class LLM:
                     except UnknownRequestError:
                         pass  # on_step aborted it already
             raise
+        if failed:
+            lost = [r for r in ids if r not in results]
+            err = StepFailedError(f"the outputs of request(s) {lost} could not be built ({failed[0]}); the "
+                                  "others are in .outputs (None for the lost ones)", lost)
+            err.outputs = [results.get(r) for r in ids]  # type: ignore[attr-defined]
+            raise err from failed[0]
         return [results[r] for r in ids]
+
+    @staticmethod
+    def _lost(rid: str, failed: list[StepFailedError]) -> bool:
+        return any(rid in e.request_ids for e in failed)

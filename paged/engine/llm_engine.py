@@ -18,14 +18,18 @@ from typing import Sequence
 import torch
 
 from paged import telemetry
+from paged.checks import is_int
 from paged.core import events as ev
 from paged.core.kv_manager import KVCacheManager
 from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
-from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
+from paged.errors import (ConfigError, DuplicateRequestError, InvalidRequestError, StepFailedError,
+                          UnknownRequestError)
 from paged.models.loader import LoadedModel
 from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
 from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
 from .runner import ModelRunner
+from .recovery import abort_failed_step
+from .validate import check_engine_config
 from .sampling import SamplingParams, logprob_dicts
 
 __all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SEQ_ID_SEP",
@@ -69,7 +73,9 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
             raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; valid: {', '.join([*also, *names])}")
-        return cls(**kwargs)
+        config = cls(**kwargs)
+        check_engine_config(config)  # types and ranges, before anything is loaded
+        return config
 
 
 def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
@@ -86,6 +92,7 @@ class LLMEngine:
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.config = c = config or EngineConfig()
+        check_engine_config(c)
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -117,17 +124,24 @@ class LLMEngine:
         if num_cpu is None:
             num_cpu = num_blocks if c.preemption_mode == "swap" else 0
         self.recorder = ev.Recorder() if c.record_events else ev.NullRecorder()
-        self.kv = KVCacheManager(num_blocks, c.block_size, enable_prefix_caching=c.enable_prefix_caching,
-                                 hash_fn=c.hash_fn, num_cpu_blocks=num_cpu, max_model_len=max_len,
-                                 recorder=self.recorder)
-        self.scheduler = Scheduler(self.kv, SchedulerConfig.of(c, max_len))
         from paged._kernels import kernels
         try:
+            self.kv = KVCacheManager(num_blocks, c.block_size, enable_prefix_caching=c.enable_prefix_caching,
+                                     hash_fn=c.hash_fn, num_cpu_blocks=num_cpu, max_model_len=max_len,
+                                     recorder=self.recorder)
+            self.scheduler = Scheduler(self.kv, SchedulerConfig.of(c, max_len))
             self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
                                       num_cpu_blocks=num_cpu, attention_backend=c.attention_backend,
                                       max_num_seqs=c.max_num_seqs)
         except kernels.KernelError as e:
             raise ConfigError(f"cannot set up the KV cache and attention backend: {e}") from e
+        except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            if not isinstance(e, MemoryError) and "memory" not in str(e).lower() and "alloc" not in str(e).lower():
+                raise
+            need = (num_blocks + num_cpu) * block_bytes
+            raise ConfigError(f"num_blocks={num_blocks} (+ num_cpu_blocks={num_cpu}) of {block_bytes:,} bytes need "
+                              f"{need / 2**30:,.1f} GiB for the KV cache, which could not be allocated on "
+                              f"{self.device}; lower num_blocks or give kv_cache_memory in bytes") from None
         self._groups = Groups(self.scheduler, c.seed, self._text)
         self._request_rows: list[dict] = []
         self._t0 = time.perf_counter()  # the engine clock of step and request records
@@ -163,6 +177,8 @@ class LLMEngine:
                 raise InvalidRequestError("this model has no tokenizer; pass prompts as lists of token ids")
             return prompt, self.tokenizer.encode(prompt)
         try:
+            if isinstance(prompt, (bytes, bytearray, dict)) or any(isinstance(t, bool) for t in prompt):
+                raise TypeError(prompt)  # bytes are not token ids; a dict iterates its keys
             ids = [operator.index(t) for t in prompt]  # ints only: no silent 1.7 -> 1 or "5" -> 5
         except TypeError:
             raise InvalidRequestError(
@@ -177,6 +193,9 @@ class LLMEngine:
         nothing when the request cannot be served."""
         # a private copy: a caller reusing (and changing) its SamplingParams must not change
         # a request already in flight
+        if params is not None and not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"request {request_id!r}: params must be a SamplingParams, got "
+                                      f"{type(params).__name__} {str(params)[:60]}")
         params = dataclasses.replace(params) if params is not None else SamplingParams()
         params.validate()
         params.stop_token_ids = tuple(params.stop_token_ids)
@@ -184,8 +203,9 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"request id {request_id!r} contains {SEQ_ID_SEP!r}, which the engine reserves for the "
                 f"sequences it forks ('<id>{SEQ_ID_SEP}k'); pick an id without it")
-        if not isinstance(priority, int):  # the priority queue compares it with others'
+        if not is_int(priority):  # the priority queue compares it with others'
             raise InvalidRequestError(f"request {request_id!r}: priority must be an integer, got {priority!r}")
+        priority = int(priority)
         if request_id in self._groups:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use; pick a new id")
         text, ids = self._to_ids(prompt)
@@ -222,33 +242,43 @@ class LLMEngine:
         mark = len(self.recorder)
         plan = self.scheduler.schedule()
         t1 = time.perf_counter()
-        cache_ms = self.runner.apply_cache_ops(plan)
-        prefill_ms = decode_ms = None
-        decodes = [c for c in plan.scheduled if c.is_decode]
-        prefills = [c for c in plan.scheduled if not c.is_decode]
-        first, second = (self._split_passes(decodes, prefills)
-                         if self.config.split_prefill_decode and decodes and prefills else ([], []))
-        limits = {c.request_id: len(g.prompt_token_ids) - 1 for c in plan.scheduled
-                  if (g := c.request.data.group).prompt_logprobs is not None}
-        prompt_parts = []
-        if first and second:
-            rd, rp = self._forward(first, limits), self._forward(second, limits)
-            prompt_parts = [rd.prompt_logits, rp.prompt_logits]
-            decode_ms, prefill_ms = rd.forward_ms, rp.forward_ms
-            sample_ids = rd.sample_ids + rp.sample_ids
-            logits = torch.cat([rd.logits, rp.logits])
-            forward_ms = decode_ms + prefill_ms
-        else:
-            r = self._forward(plan.scheduled, limits)
-            sample_ids, logits, forward_ms = r.sample_ids, r.logits, r.forward_ms
-            prompt_parts = [r.prompt_logits]
-            if not prefills:
-                decode_ms, prefill_ms = forward_ms, 0.0
-            elif not decodes:
-                decode_ms, prefill_ms = 0.0, forward_ms
-        t2 = time.perf_counter()
-        sampled, post = self._groups.sample(sample_ids, logits)
-        self._record_logprobs(sample_ids, logits, sampled, prompt_parts)
+        cache_ms = None
+        try:  # all-or-nothing for the caller: a failure aborts exactly this step's requests
+            cache_ms = self.runner.apply_cache_ops(plan)
+            prefill_ms = decode_ms = None
+            decodes = [c for c in plan.scheduled if c.is_decode]
+            prefills = [c for c in plan.scheduled if not c.is_decode]
+            first, second = (self._split_passes(decodes, prefills)
+                             if self.config.split_prefill_decode and decodes and prefills else ([], []))
+            limits = {c.request_id: len(g.prompt_token_ids) - 1 for c in plan.scheduled
+                      if (g := c.request.data.group).prompt_logprobs is not None}
+            prompt_parts = []
+            if first and second:
+                rd, rp = self._forward(first, limits), self._forward(second, limits)
+                prompt_parts = [rd.prompt_logits, rp.prompt_logits]
+                decode_ms, prefill_ms = rd.forward_ms, rp.forward_ms
+                sample_ids = rd.sample_ids + rp.sample_ids
+                logits = torch.cat([rd.logits, rp.logits])
+                forward_ms = decode_ms + prefill_ms
+            else:
+                r = self._forward(plan.scheduled, limits)
+                sample_ids, logits, forward_ms = r.sample_ids, r.logits, r.forward_ms
+                prompt_parts = [r.prompt_logits]
+                if not prefills:
+                    decode_ms, prefill_ms = forward_ms, 0.0
+                elif not decodes:
+                    decode_ms, prefill_ms = 0.0, forward_ms
+            t2 = time.perf_counter()
+            sampled, post = self._groups.sample(sample_ids, logits)
+            self._record_logprobs(sample_ids, logits, sampled, prompt_parts)
+        except BaseException as e:
+            err = abort_failed_step(self, plan, e, cache_ms is not None)
+            if isinstance(e, Exception):
+                raise err from e
+            try:  # KeyboardInterrupt & co. propagate as themselves, with the error as their context
+                raise err
+            except StepFailedError:
+                raise e
         for rid, _ in plan.preempted:
             self.scheduler.requests[rid].data.group.num_preemptions += 1
         done = self.scheduler.update(plan, sampled)
@@ -259,9 +289,14 @@ class LLMEngine:
         for req in done:
             self._groups.record_done(req.data.group, req, FINISH_REASON[req.status])
         self.scheduler.take_finished()
-        finished = [self._finish(g) for g in self._groups.completed(plan)]
+        finished, failed = [], []
+        for g in self._groups.completed(plan):
+            try:  # one request's output failing must not lose the others'
+                finished.append(self._finish(g))
+            except Exception as e:  # noqa: BLE001 - reported below with the step's output
+                failed.append((g.request_id, e))
         t3 = time.perf_counter()
-        return StepOutput(
+        out = StepOutput(
             step=plan.step,
             scheduled=[ChunkInfo(c.request_id, c.start, c.num_tokens, not c.is_decode, c.samples)
                        for c in plan.scheduled],
@@ -273,6 +308,13 @@ class LLMEngine:
             prefill_ms=prefill_ms, decode_ms=decode_ms, sample_ms=(t3 - t2) * 1e3,
             total_ms=(t3 - t0) * 1e3, time_s=t0 - self._t0, events=self.recorder.since(mark),
             **plan.pool_counts())
+        if failed:
+            ids = [rid for rid, _ in failed]
+            raise StepFailedError(
+                f"step {plan.step}: building the output of request(s) {ids} failed "
+                f"({type(failed[0][1]).__name__}: {failed[0][1]}); they are finished and their blocks freed; "
+                "the step's other outputs are in .step_output", ids, step_output=out) from failed[0][1]
+        return out
 
     def _forward(self, chunks, limits: dict[str, int]):
         # prompt_limits only when asked: callers may wrap runner.forward(chunks)

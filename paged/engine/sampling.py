@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from paged.checks import is_int, need_flag, need_int, need_real
 from paged.errors import InvalidRequestError
 
 
@@ -42,28 +43,26 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # per prompt token; 0 = only the prompt token's own
 
     def validate(self) -> None:
-        """Raise InvalidRequestError naming the bad field and its valid range."""
+        """Raise InvalidRequestError naming the bad field and its valid range; integer fields
+        given as numpy integers become ints (one rule: ``paged.checks``)."""
         def bad(msg: str) -> InvalidRequestError:
             return InvalidRequestError(f"SamplingParams: {msg}")
-        if not isinstance(self.n, int) or self.n < 1:
-            raise bad(f"n must be an integer >= 1, got {self.n!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0.0):
-            raise bad(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise bad(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad(f"seed must be an integer or None, got {self.seed!r}")
+        self.n = need_int("n", self.n, bad, minimum=1)
+        self.max_tokens = need_int("max_tokens", self.max_tokens, bad, minimum=1)
+        self.temperature = need_real("temperature", self.temperature, bad, minimum=0.0, hint="0 = greedy")
+        self.top_p = need_real("top_p", self.top_p, bad, minimum=0.0, maximum=1.0, open_min=True)
+        self.top_k = need_int("top_k", self.top_k, bad, minimum=-1, hint="-1 or 0 disable it")
+        self.seed = need_int("seed", self.seed, bad, optional=True)
+        for name in ("ignore_eos", "use_beam_search", "skip_special_tokens"):
+            need_flag(name, getattr(self, name), bad)
+        self.length_penalty = need_real("length_penalty", self.length_penalty, bad)
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Iterable) \
-                or any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+                or any(not is_int(t) or t < 0 for t in self.stop_token_ids):
             raise bad(f"stop_token_ids must be a sequence of non-negative integers, got {self.stop_token_ids!r}")
+        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         for name in ("logprobs", "prompt_logprobs"):
-            k = getattr(self, name)
-            if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-                raise bad(f"{name} must be None or an integer >= 0 (0 = only the chosen token's), got {k!r}")
+            setattr(self, name, need_int(name, getattr(self, name), bad, minimum=0, optional=True,
+                                         hint="0 = only the chosen token's"))
         if self.logprobs is not None and (self.n > 1 or self.use_beam_search):
             raise bad("logprobs is supported for n=1 without beam search; drop logprobs or set n=1")
         if self.use_beam_search and self.temperature != 0.0 and self.temperature != 1.0:

@@ -7,6 +7,8 @@ a path to a local llama-architecture ``.gguf`` file, or a local Hugging Face dir
 """
 from __future__ import annotations
 
+import contextlib
+
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -77,6 +79,18 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
     raise _unknown(os.fspath(model))
 
 
+@contextlib.contextmanager
+def _reading(path: str, kind: str):
+    """Turn a reader library's error on a corrupt or truncated file into a ModelLoadError naming it."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as e:  # the libraries raise ValueError, struct/OS errors, their own types
+        raise ModelLoadError(f"cannot read {path} as a {kind} checkpoint ({type(e).__name__}: {str(e)[:200]}); "
+                             "is the file complete and in that format?") from e
+
+
 def load_model(model: str | os.PathLike[str] | None = "smollm2", dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> LoadedModel:
     """Load weights, config and tokenizer. Raises ModelLoadError with what is supported."""
@@ -84,17 +98,21 @@ def load_model(model: str | os.PathLike[str] | None = "smollm2", dtype: torch.dt
     path = resolve_model_path(model)
     if os.path.isdir(path):
         cfg, max_len = hf_config(path)
-        weights = hf_weights(path)
+        with _reading(path, "safetensors"):
+            weights = hf_weights(path)
         dtypes = sorted({str(w.dtype).removeprefix("torch.") for w in weights.values()})
         m = LlamaForCausalLM.from_weights(cfg, weights, dtype=dtype, device=device)
         return LoadedModel(m, cfg, tokenizer_from_hf_dir(path), max_len, path,
                            "safetensors:" + ",".join(dtypes))
     if not path.endswith(".gguf"):
         raise _unknown(path)
-    reader = open_gguf(path)
-    cfg = gguf_config(reader)
+    with _reading(path, "GGUF"):
+        reader = open_gguf(path)
+        cfg = gguf_config(reader)
     qtypes = sorted({t.tensor_type.name for t in reader.tensors})
-    m = LlamaForCausalLM.from_weights(cfg, gguf_weights(reader, cfg), dtype=dtype, device=device)
+    with _reading(path, "GGUF"):
+        weights = gguf_weights(reader, cfg)
+    m = LlamaForCausalLM.from_weights(cfg, weights, dtype=dtype, device=device)
     try:
         tok: Tokenizer | None = tokenizer_from_gguf(reader)
     except ModelLoadError:

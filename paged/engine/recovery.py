@@ -1,0 +1,44 @@
+"""What the engine does when a step fails half-way (OOM, a kernel error, Ctrl-C in the model).
+
+The scheduler has already committed the plan (blocks allocated, tokens counted as scheduled,
+requests swapped), but the forward pass never wrote the K/V of the scheduled tokens. The
+engine therefore aborts exactly the groups of that step (and, when the cache operations did
+not finish, the requests swapped out by it, whose host copy may be incomplete), after dropping
+the prefix-cache entries of the blocks the step was computing, so no later request gets a hit
+on K/V that was never written. Everything else is untouched and keeps running.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from paged.core.scheduler import SchedulerOutput
+from paged.errors import StepFailedError, UnknownRequestError
+
+
+def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
+                      cache_ops_done: bool) -> StepFailedError:
+    """Abort the requests of ``plan`` on ``engine`` (an ``LLMEngine``; see the module docstring)
+    and return the error to raise."""
+    kv = engine.kv
+    for c in plan.scheduled:
+        kv.uncache_written(c.request_id, c.start, c.num_tokens)
+    seqs = [c.request_id for c in plan.scheduled]
+    if not cache_ops_done:
+        seqs += [rid for rid, _ in plan.preempted if kv.is_swapped(rid)]
+    groups: list[str] = []
+    for sid in seqs:
+        req = engine.scheduler.requests.get(sid)
+        if req is not None and req.data.group.request_id not in groups:
+            groups.append(req.data.group.request_id)
+    for gid in groups:
+        try:
+            engine.abort(gid)
+        except UnknownRequestError:
+            pass
+    try:  # staging of blocks freed before the failure (int4_kivi), if the cache ops did not get to it
+        engine.runner.release_blocks(plan.freed_blocks)
+    except Exception:  # noqa: BLE001 - best effort; the next plan carries the blocks freed by the aborts
+        pass
+    return StepFailedError(
+        f"step {plan.step} failed ({type(exc).__name__}: {exc}); its requests {groups} were aborted and "
+        "their blocks freed, the others are untouched and the engine can keep stepping", groups)
