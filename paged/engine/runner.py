@@ -63,7 +63,8 @@ class ModelRunner:
     """Holds ``num_layers`` device cache layers and (for swap) as many host layers."""
 
     def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, *, kv_cache_dtype: str = "auto",
-                 num_cpu_blocks: int = 0, attention_backend: str | None = None, max_num_seqs: int = 256) -> None:
+                 num_cpu_blocks: int = 0, attention_backend: str | None = None, max_num_seqs: int = 256,
+                 num_staging_blocks: int | None = None) -> None:
         self.model = model
         self.kv = kv
         p = next(model.parameters())
@@ -75,12 +76,17 @@ class ModelRunner:
         # int4_kivi keeps unfilled blocks in a staging pool: about one per running (or swapped)
         # sequence once freed blocks are released. Start from max_num_seqs and let it grow
         # (forks for n > 1 and beams are not bounded by max_num_seqs; at most one slot per block).
+        # ``num_staging_blocks`` (the engine's, when it sized the cache from a memory budget) is
+        # a fixed device pool counted in that budget: it does not grow.
         staged = kernels.get_format(kv_cache_dtype, self.dtype).k_per_channel
-        staging = lambda n: ({"num_staging_blocks": min(n, max_num_seqs + 16), "grow_staging": True}  # noqa: E731
-                             if staged else {})
+        fixed = num_staging_blocks
+        staging = lambda n, dev: ({} if not staged else  # noqa: E731
+                                  {"num_staging_blocks": fixed, "grow_staging": False}
+                                  if fixed is not None and dev == self.device else
+                                  {"num_staging_blocks": min(n, max_num_seqs + 16), "grow_staging": True})
         mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
             n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
-            group_size=min(32, cfg.head_dim), **staging(n))
+            group_size=min(32, cfg.head_dim), **staging(n, dev))
             for _ in range(cfg.num_layers)]
         self.layers = mk(kv.num_blocks, self.device)
         self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks else []
