@@ -237,10 +237,11 @@ def latency_distributions(runs: Mapping[str, tuple], unit: str = "ms") -> go.Fig
     for i, (label, (req, tbt)) in enumerate(runs.items()):
         c = palette[i % len(palette)]
         ttft = k * np.asarray(req["ttft_s"], float) if len(req) else np.zeros(0)
+        # one bin group per panel: overlaid runs share their bins, so their heights compare
         fig.add_trace(go.Histogram(x=ttft, name=f"{label} TTFT", marker_color=c, opacity=0.6, nbinsx=30,
-                                   legendgroup=label), row=1, col=1)
+                                   legendgroup=label, bingroup="ttft"), row=1, col=1)
         fig.add_trace(go.Histogram(x=k * np.asarray(tbt, float), name=f"{label} TBT", marker_color=c, opacity=0.6,
-                                   nbinsx=40, legendgroup=label), row=1, col=2)
+                                   nbinsx=40, legendgroup=label, bingroup="tbt"), row=1, col=2)
     fig.update_layout(barmode="overlay", height=320, margin=dict(l=50, r=10, t=50, b=40))
     fig.update_xaxes(title_text=unit)
     fig.update_yaxes(title_text="count", col=1)
