@@ -22,7 +22,7 @@ from .block import Block
 from .block_pool import BlockPool
 from paged.errors import BlockStateError, ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from .eviction import EvictionPolicy
-from .prefix_cache import BlockHasher, HashFn, find_cached_prefix
+from .prefix_cache import DEFAULT_HASH_FN, BlockHasher, HashFn, find_cached_prefix
 from .request import Request
 
 BlockMapping = list[tuple[int, int]]
@@ -30,7 +30,7 @@ BlockMapping = list[tuple[int, int]]
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, *, enable_prefix_caching: bool = True,
-                 hash_fn: str | HashFn = "sha256", eviction: str | EvictionPolicy = "lru",
+                 hash_fn: str | HashFn = DEFAULT_HASH_FN, eviction: str | EvictionPolicy = "lru",
                  num_cpu_blocks: int = 0, max_model_len: int | None = None,
                  recorder: ev.Recorder | None = None) -> None:
         if not isinstance(block_size, int) or block_size < 1 or block_size & (block_size - 1):

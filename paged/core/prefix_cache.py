@@ -8,26 +8,58 @@ A hit is *verified*: the indexed block must hold exactly the same token ids, and
 recorded parent must be the block matched for the previous position, still holding
 the same content (same generation). A colliding hash function can therefore cost hits
 but never return wrong KV.
+
+That is why the default hash is xxh3-128 (the ``xxhash`` package), not a cryptographic
+one: a collision (two blocks with one hash) only means the second block is not indexed
+or found, i.e. a lost hit, and a forged collision can do no more than that. ``"sha256"``
+stays selectable (``hash_fn="sha256"``), e.g. for hashes compared across processes with
+untrusted peers; ``"builtin"`` (Python's tuple hash, salted per process) is fastest. All
+three take the parent hash, the block's token ids as native int64 bytes, and extra keys.
 """
 from __future__ import annotations
 
 import hashlib
-from array import array
+import struct
 from typing import Callable, Hashable, Sequence
 
 from .block_pool import Block, BlockPool
 from paged.errors import ConfigError
 
+try:
+    import xxhash
+except ImportError:  # a dependency (pyproject); an old environment falls back to sha256
+    xxhash = None
+
 HashFn = Callable[[Hashable, tuple[int, ...], tuple], Hashable]
 
 
+_PACKERS: dict[int, struct.Struct] = {}
+
+
+def _token_bytes(token_ids: tuple[int, ...]) -> bytes:
+    """Token ids as native-order int64 bytes (what ``array("q", ids).tobytes()`` gives, ~3x faster)."""
+    p = _PACKERS.get(len(token_ids))
+    if p is None:
+        p = _PACKERS[len(token_ids)] = struct.Struct(f"={len(token_ids)}q")
+    return p.pack(*token_ids)
+
+
 def sha256_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple) -> bytes:
-    """Default: collision resistant, stable across processes."""
+    """Collision resistant, stable across processes (32-byte digest)."""
     h = hashlib.sha256(parent if isinstance(parent, bytes) else repr(parent).encode())
-    h.update(array("q", token_ids).tobytes())
+    h.update(_token_bytes(token_ids))
     if extra_keys:
         h.update(repr(extra_keys).encode())
     return h.digest()
+
+
+def xxh3_128_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple) -> bytes:
+    """Default: xxh3-128 (16-byte digest), stable across processes; fast, not collision
+    resistant, which verified hits make harmless (see the module docstring)."""
+    data = (parent if isinstance(parent, bytes) else repr(parent).encode()) + _token_bytes(token_ids)
+    if extra_keys:
+        data += repr(extra_keys).encode()
+    return xxhash.xxh3_128_digest(data)
 
 
 def builtin_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple) -> int:
@@ -35,7 +67,8 @@ def builtin_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple
     return hash((parent, token_ids, extra_keys))
 
 
-HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256_hash, "builtin": builtin_hash}
+HASH_FUNCTIONS: dict[str, HashFn] = {"xxh3_128": xxh3_128_hash, "sha256": sha256_hash, "builtin": builtin_hash}
+DEFAULT_HASH_FN = "xxh3_128" if xxhash is not None else "sha256"
 
 
 def resolve_hash_fn(hash_fn: str | HashFn) -> HashFn:
@@ -43,6 +76,9 @@ def resolve_hash_fn(hash_fn: str | HashFn) -> HashFn:
         return hash_fn
     if hash_fn not in HASH_FUNCTIONS:
         raise ConfigError(f"unknown hash function {hash_fn!r}; use one of {sorted(HASH_FUNCTIONS)} or a callable")
+    if hash_fn == "xxh3_128" and xxhash is None:
+        raise ConfigError("hash_fn='xxh3_128' needs the xxhash package (pip install xxhash); "
+                          "or pass hash_fn='sha256'")
     return HASH_FUNCTIONS[hash_fn]
 
 
@@ -51,7 +87,7 @@ class BlockHasher:
 
     __slots__ = ("hash_fn", "block_size")
 
-    def __init__(self, block_size: int, hash_fn: str | HashFn = "sha256") -> None:
+    def __init__(self, block_size: int, hash_fn: str | HashFn = DEFAULT_HASH_FN) -> None:
         self.block_size = block_size
         self.hash_fn = resolve_hash_fn(hash_fn)
 

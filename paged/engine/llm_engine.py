@@ -63,7 +63,7 @@ class EngineConfig:
     attention_backend: str | None = None
     split_prefill_decode: bool = False
     record_events: bool = True
-    hash_fn: str = "sha256"
+    hash_fn: str = "xxh3_128"  # prefix hits are verified on tokens and parent: collisions cost only hits
 
     @classmethod
     def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":

@@ -1,0 +1,47 @@
+"""Block hashes: xxh3-128 is the default, sha256 stays selectable with unchanged digests, and a
+hash that collides everywhere costs hits but never returns another prefix's blocks."""
+import hashlib
+from array import array
+
+import pytest
+
+from paged import KVCacheManager, Request
+from paged.core import prefix_cache as pc
+from paged.errors import ConfigError
+
+
+def test_default_is_xxh3_and_engine_agrees():
+    from paged.engine.llm_engine import EngineConfig
+    assert pc.DEFAULT_HASH_FN == "xxh3_128" and EngineConfig().hash_fn == "xxh3_128"
+    assert KVCacheManager(4, 2).hasher.hash_fn is pc.xxh3_128_hash
+
+
+def test_sha256_digest_unchanged_by_the_faster_packing():
+    toks = (1, 2, 70000, 2**40)
+    old = hashlib.sha256(b"p")
+    old.update(array("q", toks).tobytes())
+    assert pc.sha256_hash(b"p", toks, ()) == old.digest()
+
+
+def test_xxh3_chains_parent_and_extra_keys():
+    h = pc.xxh3_128_hash
+    assert len(h(b"", (1, 2), ())) == 16
+    assert h(b"a", (1, 2), ()) != h(b"b", (1, 2), ()) != h(b"b", (1, 2), ("salt",))
+
+
+def test_unknown_hash_is_a_config_error():
+    with pytest.raises(ConfigError, match="xxh3_128"):
+        KVCacheManager(4, 2, hash_fn="md5")
+
+
+@pytest.mark.parametrize("hash_fn", ["xxh3_128", "sha256", lambda parent, tokens, extra: b"same"])
+def test_hits_need_equal_tokens(hash_fn):
+    kv = KVCacheManager(16, 2, enable_prefix_caching=True, hash_fn=hash_fn)
+    a = Request("a", [1, 2, 3, 4, 5], max_tokens=1)
+    kv.allocate_slots(a, a.num_tokens)
+    kv.free("a")
+    same, other = Request("s", [1, 2, 3, 4, 9], max_tokens=1), Request("o", [7, 8, 3, 4, 5], max_tokens=1)
+    found = kv.find_cached_prefix(same)
+    assert [b.token_ids for b in found] == [(1, 2), (3, 4)][:len(found)]
+    assert len(found) == (1 if callable(hash_fn) else 2)  # a collision costs the second hit
+    assert kv.find_cached_prefix(other) == []
