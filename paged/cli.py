@@ -166,7 +166,28 @@ def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
         if key not in fields:
             raise PagedError(f"--grid {spec!r}: unknown key {key!r}; use one of {sorted(fields)}")
         grid[key] = [_parse_value(v.strip()) for v in vals.split(",")]
+        kind = _GRID_KINDS.get(key) or _sim_kinds().get(key)
+        for v in grid[key]:
+            ok = kind is None or (kind is float and isinstance(v, (int, float)) and not isinstance(v, bool)) \
+                or (kind is int and isinstance(v, int) and not isinstance(v, bool)) or isinstance(v, kind) \
+                or v is None
+            if not ok:
+                raise PagedError(f"--grid {spec!r}: {key} takes {kind.__name__} values, got {v!r}")
     return grid
+
+
+_GRID_KINDS = {"num_requests": int, "rate": float, "cv": float, "trace_seed": int, "num_prefixes": int,
+               "prefix_tokens": int, "prefix_fraction": float, "workload": str, "arrival": str, "trace": str}
+
+
+def _sim_kinds() -> dict[str, type]:
+    import typing
+
+    from paged.sim.simulator import SimConfig
+
+    hints = typing.get_type_hints(SimConfig)
+    return {f.name: next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],)) if t is not type(None))
+            for f in dataclasses.fields(SimConfig)}
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -247,9 +268,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """What argparse cannot check, before anything runs (one-line errors naming the flag)."""
+    n = getattr(args, "num_requests", None)
+    if n is not None and n < 1:
+        raise PagedError(f"--num-requests (-n) must be >= 1, got {n}")
+    rate = getattr(args, "rate", None)
+    if rate is not None and not (rate > 0):  # nan fails too
+        raise PagedError(f"--rate must be > 0 requests/s (inf: all at t=0), got {rate}")
+    for flag in ("requests_out", "steps_out"):
+        path = getattr(args, flag, None)
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                raise PagedError(f"--{flag.replace('_', '-')} {path}: folder {folder} does not exist; create it first")
+    if args.command == "demo" and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise PagedError(f"--out {args.out} is a file; give a folder for the report (it is created if missing)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_args(args)
         return args.func(args)
     except PagedError as exc:
         print(f"error: {exc}", file=sys.stderr)

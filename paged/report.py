@@ -48,9 +48,15 @@ def engine_section(out: str, model: str, *, engine_requests: int, engine_blocks:
     from paged.demo import engine_run, kv_format_comparison
     from paged.models import load_model
 
+    from paged.errors import InvalidRequestError, PagedError
+
     loaded = load_model(model)
-    summary, steps, texts = engine_run(loaded, num_requests=engine_requests, max_tokens=max_tokens,
-                                       num_blocks=engine_blocks)
+    try:
+        summary, steps, texts = engine_run(loaded, num_requests=engine_requests, max_tokens=max_tokens,
+                                           num_blocks=engine_blocks)
+    except InvalidRequestError as e:
+        raise PagedError(f"the real-engine part does not fit --engine-blocks {engine_blocks} with --max-tokens "
+                         f"{max_tokens}: raise --engine-blocks or lower --max-tokens ({e})") from None
     steps.to_csv(os.path.join(out, "engine_steps.csv"), index=False)
     texts.to_csv(os.path.join(out, "engine_answers.csv"), index=False)
     formats = kv_format_comparison(loaded, max_tokens=max_tokens // 2)

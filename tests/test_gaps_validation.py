@@ -196,3 +196,12 @@ def test_generate_keeps_the_others_when_one_output_cannot_be_built(llm, monkeypa
     outs = e.value.outputs
     assert outs[1] is None and [len(outs[i].outputs[0].token_ids) for i in (0, 2)] == [2, 4]
     _clean(llm)
+
+
+def test_a_request_larger_than_the_pool_names_the_pool(path):
+    """LLM(num_blocks=8, block_size=4) said 'raise max_model_len' when the pool was the limit."""
+    small = LLM(path, num_blocks=8, block_size=4)
+    with pytest.raises(InvalidRequestError, match="num_blocks") as e:
+        small.generate([list(range(1, 30))], GREEDY)
+    assert "max_model_len" not in str(e.value)
+    _clean(small)

@@ -136,6 +136,7 @@ class LLMEngine:
                                   f"{loaded.max_model_len}; lower it")
             max_len = c.max_model_len
         self.max_model_len = max_len
+        self._pool_limits_len = c.max_model_len is None and max_len < loaded.max_model_len
         num_cpu = c.num_cpu_blocks
         if num_cpu is None:
             num_cpu = num_blocks if c.preemption_mode == "swap" else 0
@@ -227,6 +228,11 @@ class LLMEngine:
         text, ids = self._to_ids(prompt)
         if not ids:
             raise InvalidRequestError(f"request {request_id!r} has an empty prompt; give at least one token")
+        if self._pool_limits_len and len(ids) + params.max_tokens > self.max_model_len:  # the pool is the limit
+            raise InvalidRequestError(
+                f"request {request_id!r}: prompt ({len(ids)}) + max_tokens ({params.max_tokens}) tokens exceed the "
+                f"KV cache of {self.kv.num_blocks} blocks x {self.kv.block_size} = {self.max_model_len} tokens; "
+                "raise num_blocks (or kv_cache_memory) or lower max_tokens")
         vocab = self.loaded.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise InvalidRequestError(f"request {request_id!r}: token ids must lie in [0, {vocab})")

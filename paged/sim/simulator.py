@@ -18,6 +18,7 @@ assert it is 0) rather than raising, so a leak shows up in the numbers a study k
 
 from __future__ import annotations
 
+import os
 import time
 from array import array
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from paged import telemetry
+from paged.checks import is_int
 from paged.core.events import Event, NullRecorder, Recorder
 from paged.core.kv_manager import KVCacheManager
 from paged.core.request import Request
@@ -79,6 +81,12 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.allocator not in ALLOCATORS:
             raise ConfigError(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
+        if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 1):
+            raise ConfigError(f"max_model_len must be a positive integer (None: the model's), got {self.max_model_len!r}")
+        for name in ("swap_space_gib", "step_overhead_s"):
+            v = getattr(self, name)
+            if v is not None and not (v >= 0 and v < float("inf")):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,6 +168,20 @@ def build_cost_model(cfg: SimConfig, model: ModelSpec) -> CostModel:
                      kv_block_size=bs, **kw)
 
 
+def _read_calibration(path: str) -> pd.DataFrame:
+    """The calibration CSV, or a ConfigError naming the file."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"calibration file {path!r} does not exist; save one with "
+                          "paged.sim.cost_model.calibration_frame(...).to_csv(path)")
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ConfigError(f"calibration file {path!r} is empty or not a CSV ({e})") from None
+    if df.empty:
+        raise ConfigError(f"calibration file {path!r} has no steps")
+    return df
+
+
 class Simulator:
     """One simulated deployment (build a new one per run: the scheduler keeps state).
 
@@ -171,6 +193,9 @@ class Simulator:
     def __init__(self, config: SimConfig | None = None, cost_model: CostModel | None = None) -> None:
         cfg = self.config = config or SimConfig()
         self.model = get_model(cfg.model)
+        if cfg.max_model_len is not None and cfg.max_model_len > self.model.max_model_len:
+            raise ConfigError(f"max_model_len={cfg.max_model_len} exceeds {self.model.name}'s context of "
+                              f"{self.model.max_model_len} tokens; lower max_model_len (or leave it unset)")
         self.max_model_len = cfg.max_model_len or self.model.max_model_len
         sched_cfg = SchedulerConfig.of(cfg, self.max_model_len)
         self.sizing = kv_cache_sizing(self.model, cfg.gpu, cfg.block_size, kv_format=cfg.kv_format,
@@ -197,7 +222,7 @@ class Simulator:
         if cfg.calibration and cost_model is None:
             from paged.sim.cost_model import shapes_from_frame
 
-            shapes, secs = shapes_from_frame(pd.read_csv(cfg.calibration))
+            shapes, secs = shapes_from_frame(_read_calibration(cfg.calibration))
             self.calibration_report = self.cost.fit(shapes, secs, seed=cfg.seed)
             self.cost = self.calibration_report.model
         self._ran = False

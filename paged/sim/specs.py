@@ -324,6 +324,10 @@ def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int 
         if activation_bytes is None else activation_bytes
     kv = budget - weights - act
     per_block = model.kv_bytes_per_token(kv_format, tensor_parallel, block_size) * block_size
+    if 0 < kv < per_block:
+        raise SizingError(
+            f"one KV block of {block_size} tokens needs {per_block / GiB:.2f} GiB on each GPU but only "
+            f"{kv / GiB:.2f} GiB of GPU memory is left for the KV cache; lower block_size")
     if kv < per_block:
         raise SizingError(
             f"{model.name} needs {weights / GiB:.1f} GiB of weights + {act / GiB:.1f} GiB activations per GPU "

@@ -235,6 +235,7 @@ def concat_traces(traces: Iterable[pd.DataFrame]) -> pd.DataFrame:
 
 
 INT64_LIMIT = 2.0 ** 63  # integer columns hold int64: values must stay below this
+MAX_ARRIVAL_S = 2.0 ** 33  # ~272 years; beyond it float64 cannot resolve microsecond step times
 
 
 def _numeric(df: pd.DataFrame, col: str, src: str, row_offset: int | np.ndarray, integer: bool, minimum: float,
@@ -267,8 +268,16 @@ def normalize_trace(df: pd.DataFrame, src: str = "trace", row_offset: int | np.n
     for col in ("arrival_time", "prompt_tokens", "output_tokens"):
         if col not in df.columns:
             raise TraceFormatError(f"{src}: missing column {col!r}; have {list(df.columns)}")
+    arrival = _numeric(df, "arrival_time", src, row_offset, False, 0.0, names)
+    big = arrival >= MAX_ARRIVAL_S
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        raise TraceFormatError(
+            f"{src}: row {_row(i, row_offset)}, column {(names or {}).get('arrival_time', 'arrival_time')!r}: "
+            f"got {df['arrival_time'].iloc[i]!r}; arrival times are seconds and must stay below 2**33 (float "
+            "resolution for step times): divide nanoseconds by 1e9, or rebase times to the first request")
     out = pd.DataFrame({
-        "arrival_time": _numeric(df, "arrival_time", src, row_offset, False, 0.0, names),
+        "arrival_time": arrival,
         "prompt_tokens": _numeric(df, "prompt_tokens", src, row_offset, True, 1, names).astype(np.int64),
         "output_tokens": _numeric(df, "output_tokens", src, row_offset, True, 1, names).astype(np.int64),
     })
@@ -312,12 +321,18 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> pd.DataFrame:
     src = os.path.basename(path)
     if not os.path.exists(path):
         raise TraceFormatError(f"trace file {path!r} does not exist")
+    if os.path.isdir(path):
+        raise TraceFormatError(f"trace {path!r} is a directory; give a trace file (CSV or JSONL)")
     if fmt == "jsonl" or (fmt == "auto" and path.endswith((".jsonl", ".json"))):
         return _load_jsonl(path, src)
     try:
         raw = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise TraceFormatError(f"{src}: the file is empty; a trace needs a header and at least one request") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise TraceFormatError(f"{src}: not a readable CSV: {exc}") from exc
+    if raw.empty:
+        raise TraceFormatError(f"{src}: no requests (only a header)")
     if fmt == "auto":
         fmt = next((k for k, cols in _CSV_FORMATS.items() if set(cols) <= set(raw.columns)), "")
         if not fmt:
