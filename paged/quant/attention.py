@@ -63,7 +63,7 @@ class QuantKVAttention:
         """Empty the cache (llama-perplexity clears it per chunk)."""
         self.k: list[torch.Tensor | None] = [None] * self.num_layers
         self.v: list[torch.Tensor | None] = [None] * self.num_layers
-        self.kivi = [KiviKeyStore() for _ in range(self.num_layers)]
+        self.kivi = [KiviKeyStore(self.scheme.k.group) for _ in range(self.num_layers)]
 
     def truncate(self, n: int) -> None:
         """Forget every token from position ``n`` on (a prefill of ``n`` tokens would store the

@@ -54,7 +54,8 @@ class KiviKeyStore:
     """KIVI keys of one layer of one sequence: full 16-token blocks int4 per channel, the
     newest unfilled block kept as written (the engine's staging pool)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group: int = KIVI_BLOCK) -> None:
+        self.group = group
         self.done: list[torch.Tensor] = []   # dequantized full blocks
         self.tail: torch.Tensor | None = None
         self.raw: list[torch.Tensor] = []    # keys as written (for truncate)
@@ -62,7 +63,7 @@ class KiviKeyStore:
     def truncate(self, n: int) -> torch.Tensor:
         """Keep the first ``n`` tokens, as if only they had been written; return the stored keys."""
         raw = torch.cat(self.raw)[:n]
-        full = (n // KIVI_BLOCK) * KIVI_BLOCK
+        full = (n // self.group) * self.group
         self.done = [torch.cat(self.done)[:full]] if self.done else []
         self.tail, self.raw = raw[full:], [raw]
         return torch.cat([*self.done, self.tail])
@@ -72,9 +73,9 @@ class KiviKeyStore:
         from kernels.kivi import dequantize_keys_per_channel, quantize_keys_per_channel
         self.raw.append(k)
         tail = k if self.tail is None else torch.cat([self.tail, k])
-        full = (tail.shape[0] // KIVI_BLOCK) * KIVI_BLOCK
+        full = (tail.shape[0] // self.group) * self.group
         if full:
-            q = quantize_keys_per_channel(tail[:full], group_size=KIVI_BLOCK)
+            q = quantize_keys_per_channel(tail[:full], group_size=self.group)
             self.done.append(dequantize_keys_per_channel(q))
         self.tail = tail[full:]
         return torch.cat([*self.done, self.tail])

@@ -8,8 +8,9 @@ caching; attention scores are unchanged because ``(qH)(kH)^T = q k^T`` for ortho
           | fp8_e4m3 | fp8_e5m2 [_cal]              fp8, per-head scale 1.0, or calibrated (_cal)
           | int8                                     symmetric, fp16 scale per token-head
           | int4 [_gN]                               asymmetric, fp16 scale + zero per N values (32)
-          | kivi                                     keys only: int4 per channel over a 16-token
-                                                     block, the unfilled block kept unquantized
+          | kivi [_gN]                               keys only: int4 per channel over N tokens
+                                                     (16 = the engine's block), the unfilled group
+                                                     kept unquantized
 
 ``int4_kivi`` is the engine's name for ``kivi/int4``. Every side maps to a format of
 :mod:`kernels.formats` and is quantized with the kernels' own reference codecs, so a scheme whose
@@ -39,7 +40,7 @@ DEFAULT_SCHEMES = (
     "fp8_e4m3", "fp8_e4m3_cal", "fp8_e5m2", "fp8_e5m2_cal",
     "int8", "int8+rot", "int8/fp16", "fp16/int8",
     "int8/int4", "int8/int4_g64",
-    "int4_kivi", "int4", "int4+rot", "int4_g64", "int4_g64+rot",
+    "int4_kivi", "kivi_g32/int4", "kivi_g32/int4_g64", "int4", "int4+rot", "int4_g64", "int4_g64+rot",
 )
 
 
@@ -58,7 +59,8 @@ class Side:
     @property
     def name(self) -> str:
         s = self.kind + ("_cal" if self.calibrated else "")
-        return s + (f"_g{self.group}" if self.kind == "int4" and self.group != 32 else "")
+        default = KIVI_BLOCK if self.kind == "kivi" else 32
+        return s + (f"_g{self.group}" if self.kind in ("int4", "kivi") and self.group != default else "")
 
     def bits(self, head_dim: int) -> float:
         """Exact stored bits per value, side tensors included (per-head fp8 scales: 0 per token)."""
@@ -72,9 +74,11 @@ class Side:
             return 8.0 + 16.0 / head_dim
         if self.kind == "int4":
             return 4.0 + 32.0 / self.group
-        return 4.0 + 32.0 / KIVI_BLOCK  # kivi: fp16 scale + zero per channel per block
+        return 4.0 + 32.0 / self.group  # kivi: fp16 scale + zero per channel per group of tokens
 
     def check(self, head_dim: int) -> None:
+        if self.kind == "kivi" and self.group < 2:
+            raise ConfigError(f"kivi key group {self.group} must be >= 2 tokens (the engine uses its block size, 16)")
         if self.kind == "int4" and (self.group < 2 or self.group % 2 or head_dim % self.group):
             raise ConfigError(f"int4 group {self.group} must be even and divide head_dim {head_dim}; "
                               f"use one of {[g for g in (8, 16, 32, 64, 128) if head_dim % g == 0]}")
@@ -90,7 +94,7 @@ class Scheme:
 
     @property
     def name(self) -> str:
-        if self.k.kind == "kivi" and self.v == Side("int4") and not self.rotate:
+        if self.k == Side("kivi", KIVI_BLOCK) and self.v == Side("int4") and not self.rotate:
             return "int4_kivi"
         body = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
         return body + ("+rot" if self.rotate else "")
@@ -104,7 +108,7 @@ class Scheme:
         """The ``kv_cache_dtype`` the engine serves this scheme with, or None if it has none."""
         if self.rotate or self.k.calibrated or self.v.calibrated:
             return None
-        if self.k.kind == "kivi" and self.v == Side("int4"):
+        if self.k == Side("kivi", KIVI_BLOCK) and self.v == Side("int4"):
             return "int4_kivi"
         if self.k == self.v and self.k.kind != "kivi" and self.k.group == 32:
             return self.k.kernel_format
@@ -118,8 +122,8 @@ class Scheme:
         return num_layers * num_kv_heads * head_dim * 2 * self.bits_per_value(head_dim) / 8
 
     def staging_bytes(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
-        """Per-sequence bytes of unquantized KIVI key staging (one fp16 block), else 0."""
-        return num_layers * num_kv_heads * head_dim * KIVI_BLOCK * 2 if self.k.kind == "kivi" else 0
+        """Per-sequence bytes of unquantized KIVI key staging (one fp16 group), else 0."""
+        return num_layers * num_kv_heads * head_dim * self.k.group * 2 if self.k.kind == "kivi" else 0
 
     def tokens_per_gib(self, num_layers: int, num_kv_heads: int, head_dim: int, context: int) -> float:
         """Tokens a GiB of cache holds for sequences of ``context`` tokens (staging amortised)."""
@@ -141,9 +145,9 @@ def _side(text: str, whole: str, what: str) -> Side:
     kind, cal, group = m.group(1), bool(m.group(2)), m.group(3)
     if cal and kind not in _FP8:
         raise ConfigError(f"{whole!r}: only fp8 formats take '_cal' (calibrated per-head scales)")
-    if group is not None and kind != "int4":
-        raise ConfigError(f"{whole!r}: only int4 takes a group suffix '_gN'")
-    return Side(kind, int(group) if group else 32, cal)
+    if group is not None and kind not in ("int4", "kivi"):
+        raise ConfigError(f"{whole!r}: only int4 (values per group) and kivi (tokens per key group) take '_gN'")
+    return Side(kind, int(group) if group else (KIVI_BLOCK if kind == "kivi" else 32), cal)
 
 
 def parse_scheme(name: "str | Scheme") -> Scheme:
