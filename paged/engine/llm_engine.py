@@ -29,7 +29,7 @@ from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
 from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
 from .runner import ModelRunner
 from .recovery import abort_failed_step
-from .validate import check_engine_config
+from .validate import check_engine_config, fit_budget
 from .sampling import SamplingParams, logprob_dicts
 
 __all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SEQ_ID_SEP",
@@ -87,22 +87,6 @@ def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: {e}") from e
 
 
-def _fit_budget(budget: int, block_bytes: int, mcfg, c, dtype: torch.dtype) -> tuple[int, int | None]:
-    """Blocks (and int4_kivi staging slots) that fit ``budget`` bytes together. The staging pool
-    (K of unfilled blocks in ``dtype``, one slot per running sequence + 16, at most one per block,
-    plus a 4-byte block map) is counted inside the budget and does not grow."""
-    from paged._kernels import kernels
-    if not kernels.get_format(c.kv_cache_dtype, dtype).k_per_channel:
-        return int(budget // block_bytes), None
-    slot = mcfg.num_layers * c.block_size * mcfg.num_kv_heads * mcfg.head_dim * dtype.itemsize
-    per_block = block_bytes + 4 * mcfg.num_layers
-    cap = c.max_num_seqs + 16
-    n = int(budget // (per_block + slot))     # few blocks: one staging slot each
-    if n > cap:
-        n = int(max(0, budget - cap * slot) // per_block)
-    return n, min(n, cap)
-
-
 class LLMEngine:
     """Step-level engine over one loaded model."""
 
@@ -125,7 +109,7 @@ class LLMEngine:
                     budget = int(0.4 * free)
                 else:
                     budget = 512 << 20
-            num_blocks, num_staging = _fit_budget(budget, block_bytes, mcfg, c, self.dtype)
+            num_blocks, num_staging = fit_budget(budget, block_bytes, mcfg, c, self.dtype)
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ConfigError(f"the KV cache holds {num_blocks} blocks of {block_bytes} bytes; give "
                               "num_blocks >= 1 or a larger kv_cache_memory")

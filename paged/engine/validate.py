@@ -1,4 +1,5 @@
-"""Type and range checks of ``EngineConfig`` (before any model is loaded).
+"""Type and range checks of ``EngineConfig`` (before any model is loaded), and the split of a
+KV memory budget into blocks (and int4_kivi staging slots).
 
 One rule (``paged.checks``): integers are ``numbers.Integral`` but not ``bool``, flags are
 ``bool``, real numbers finite. Integer fields given as numpy integers become ints.
@@ -6,6 +7,8 @@ One rule (``paged.checks``): integers are ``numbers.Integral`` but not ``bool``,
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from paged.checks import need_flag, need_int, need_real
 from paged.errors import ConfigError
@@ -39,3 +42,19 @@ def check_engine_config(c: Any) -> None:
         raise bad(f"kv_cache_dtype must be a format name such as 'auto', 'int8' or 'int4', got {c.kv_cache_dtype!r}")
     if c.attention_backend is not None and not isinstance(c.attention_backend, str):
         raise bad(f"attention_backend must be None or a backend name, got {c.attention_backend!r}")
+
+
+def fit_budget(budget: int, block_bytes: int, mcfg, c, dtype: torch.dtype) -> tuple[int, int | None]:
+    """Blocks (and int4_kivi staging slots) that fit ``budget`` bytes together. The staging pool
+    (K of unfilled blocks in ``dtype``, one slot per running sequence + 16, at most one per block,
+    plus a 4-byte block map) is counted inside the budget and does not grow."""
+    from paged._kernels import kernels
+    if not kernels.get_format(c.kv_cache_dtype, dtype).k_per_channel:
+        return int(budget // block_bytes), None
+    slot = mcfg.num_layers * c.block_size * mcfg.num_kv_heads * mcfg.head_dim * dtype.itemsize
+    per_block = block_bytes + 4 * mcfg.num_layers
+    cap = c.max_num_seqs + 16
+    n = int(budget // (per_block + slot))     # few blocks: one staging slot each
+    if n > cap:
+        n = int(max(0, budget - cap * slot) // per_block)
+    return n, min(n, cap)
