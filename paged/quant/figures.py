@@ -1,0 +1,147 @@
+"""Plotly figures of the KV quantization study, and the engine generating under two formats.
+
+Every figure function takes the DataFrames of :func:`paged.quant.study` /
+:mod:`paged.quant.diagnostics` and returns a ``plotly.graph_objects.Figure``; nothing is computed here.
+"""
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .metrics import survival
+
+__all__ = ["pareto", "error_vs_context", "survival_curves", "layer_heatmap", "key_outlier_heatmap",
+           "side_by_side", "render", "live_side_by_side"]
+
+
+def _all(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df.source == "all"] if "source" in df and (df.source == "all").any() else df
+
+
+def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "kld_mean") -> go.Figure:
+    """KLD (log) vs bits per value per format; the memory/error Pareto front as a line."""
+    d = _all(df)
+    ctx = context_length or int(d.context_length.max())
+    d = d[(d.context_length == ctx) & (d[metric] > 0)].sort_values("bits_per_value")
+    front, best = [], np.inf
+    for _, r in d.iterrows():
+        if r[metric] < best:
+            front.append(r)
+            best = r[metric]
+    fig = go.Figure(go.Scatter(x=d.bits_per_value, y=d[metric], mode="markers+text", text=d.format,
+                               textposition="top center", name="formats",
+                               customdata=np.stack([d.tokens_per_gib, d.same_top1_pct], -1),
+                               hovertemplate="%{text}<br>%{x:.3g} bits/value<br>KLD %{y:.3g}<br>"
+                                             "%{customdata[0]:,.0f} tokens/GiB<br>same top-1 %{customdata[1]:.1f}%"))
+    if front:
+        f = pd.DataFrame(front)
+        fig.add_scatter(x=f.bits_per_value, y=f[metric], mode="lines", name="Pareto front", line=dict(dash="dot"))
+    fig.update_layout(title=f"Error vs memory (ctx {ctx}, {metric})", xaxis_title="bits per value (K and V mean)",
+                      yaxis_title=metric, yaxis_type="log", height=450)
+    return fig
+
+
+def error_vs_context(df: pd.DataFrame, metric: str = "kld_mean", formats: Sequence[str] | None = None) -> go.Figure:
+    """``metric`` against context length, one line per format (base excluded)."""
+    d = _all(df)
+    d = d[d.role != "base"]
+    fig = go.Figure()
+    for fmt, g in d.groupby("format", sort=False):
+        if formats is None or fmt in formats:
+            g = g.sort_values("context_length")
+            fig.add_scatter(x=g.context_length, y=g[metric], mode="lines+markers", name=fmt)
+    fig.update_layout(title=f"{metric} vs context length", xaxis_title="context length (tokens)",
+                      yaxis_title=metric, yaxis_type="log", xaxis_type="log", height=420)
+    return fig
+
+
+def survival_curves(df: pd.DataFrame, context_length: int | None = None) -> go.Figure:
+    """Fraction of prompts whose greedy continuation still equals the base run's after t tokens."""
+    d = _all(df)
+    ctx = context_length or int(d.context_length.max())
+    fig = go.Figure()
+    for _, r in d[(d.context_length == ctx) & (d.role != "base")].iterrows():
+        first = r.first_div if isinstance(r.first_div, list) else [int(x) for x in str(r.first_div).strip("[]").split(",") if x.strip()]
+        t, alive = survival(np.asarray(first), int(r.divergence_tokens))
+        fig.add_scatter(x=t, y=alive, mode="lines", line_shape="hv", name=r.format)
+    fig.update_layout(title=f"Greedy agreement with the fp32 cache (ctx {ctx} prompts)",
+                      xaxis_title="generated tokens", yaxis_title="prompts still identical", height=420)
+    return fig
+
+
+def layer_heatmap(errors: pd.DataFrame, metric: str = "out_rel_err_kv") -> go.Figure:
+    """Formats x layers heatmap of a :func:`~paged.quant.diagnostics.layer_errors` (or
+    sensitivity) column."""
+    z = errors.pivot(index="format", columns="layer", values=metric)
+    fig = go.Figure(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="Viridis", colorbar_title=metric))
+    fig.update_layout(title=f"{metric} per layer", xaxis_title="layer", height=120 + 28 * len(z))
+    return fig
+
+
+def key_outlier_heatmap(channels: pd.DataFrame) -> go.Figure:
+    """Per-channel key absmax (max over KV heads), layers x head_dim channels."""
+    z = channels.groupby(["layer", "channel"]).absmax.max().unstack()
+    fig = go.Figure(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="Magma", colorbar_title="|K| max"))
+    fig.update_layout(title="Key outlier channels (absmax per channel)", xaxis_title="channel",
+                      yaxis_title="layer", height=520)
+    return fig
+
+
+def side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), max_tokens: int = 40, *,
+                 model=None, on_token=None) -> pd.DataFrame:
+    """Generate ``prompt`` greedily with the real engine under each engine format
+    (``paged.LLM(kv_cache_dtype=...)``), stepping the engines in lockstep; ``on_token(texts)``
+    is called after every step with the texts so far (for a live view, see :func:`render`)."""
+    from paged.engine.llm import LLM
+    from paged.engine.sampling import SamplingParams
+    from .runs import load
+    lm = load(model)
+    engines = [LLM(lm, kv_cache_dtype=f, num_blocks=64, block_size=16).engine for f in formats]
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    for e in engines:
+        e.add_request("same-prompt", prompt, sp)
+    toks: list[list[int]] = [[] for _ in engines]
+    while any(e.has_unfinished_requests() for e in engines):
+        for i, e in enumerate(engines):
+            if e.has_unfinished_requests():
+                out = e.step()
+                toks[i] += [t for sid, t in out.new_tokens.items() if sid == "same-prompt"]
+        if on_token is not None:
+            on_token(formats, [lm.tokenizer.decode(t) for t in toks], toks)
+    first = next((j for j, ab in enumerate(zip(*toks)) if len(set(ab)) > 1), min(map(len, toks)))
+    return pd.DataFrame({"format": list(formats), "text": [lm.tokenizer.decode(t) for t in toks],
+                         "num_tokens": [len(t) for t in toks], "first_divergence": first})
+
+
+def render(formats: Sequence[str], texts: Sequence[str], toks: Sequence[Sequence[int]], tokenizer=None) -> str:
+    """HTML: one column per format; tokens after the first disagreement are highlighted."""
+    first = next((j for j, ab in enumerate(zip(*toks)) if len(set(ab)) > 1), None)
+    cols = []
+    for f, text, t in zip(formats, texts, toks):
+        if first is not None and tokenizer is not None:
+            same, rest = tokenizer.decode(list(t[:first])), tokenizer.decode(list(t[first:]))
+            body = html.escape(same) + f"<span style='background:#fde2a7'>{html.escape(rest)}</span>"
+        else:
+            body = html.escape(text)
+        cols.append(f"<div style='flex:1;padding:6px;border:1px solid #ccc'><b>{html.escape(f)}</b><br>"
+                    f"<span style='white-space:pre-wrap;font-family:monospace'>{body}</span></div>")
+    note = "identical so far" if first is None else f"first difference at token {first}"
+    return f"<div style='display:flex;gap:8px'>{''.join(cols)}</div><small>{note}</small>"
+
+
+def live_side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), max_tokens: int = 40, *,
+                      model=None) -> pd.DataFrame:
+    """:func:`side_by_side` with a notebook view updated after every engine step."""
+    from IPython.display import HTML, display
+    from .runs import load
+    lm = load(model)
+    handle = display(HTML("<i>starting the engines...</i>"), display_id=True)
+
+    def update(fmts, texts, toks) -> None:
+        if handle is not None:
+            handle.update(HTML(render(fmts, texts, toks, lm.tokenizer)))
+    return side_by_side(prompt, formats, max_tokens, model=lm, on_token=update)
