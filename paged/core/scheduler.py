@@ -221,14 +221,14 @@ class Scheduler:
         if not out.preempted:
             budget = self._resume_swapped(out, budget)
             if not self.swapped:
-                self._admit_waiting(out, budget)
+                budget = self._admit_waiting(out, budget)
         out.num_waiting, out.num_running, out.num_swapped = len(self.waiting), len(running), len(self.swapped)
         out.kv_cache_usage_perc, out.token_usage = kv.kv_cache_usage_perc, kv.token_usage
         out.num_used_blocks, out.num_free_blocks = kv.num_used_blocks, kv.num_free_blocks
         out.num_cached_free_blocks = kv.num_cached_free_blocks
         out.prefix_cache_queries, out.prefix_cache_hits = kv.prefix_cache_queries, kv.prefix_cache_hits
         out.freed_blocks = kv.take_freed_blocks()
-        self.recorder.emit(ev.STEP, None, None, out.num_batched_tokens)
+        self.recorder.emit(ev.STEP, None, None, cfg.max_num_batched_tokens - budget)  # = out.num_batched_tokens
         return out
 
     def _resume_swapped(self, out: SchedulerOutput, budget: int) -> int:
@@ -254,7 +254,7 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
         kv, cfg = self.kv, self.config
         while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting.peek()
@@ -277,6 +277,7 @@ class Scheduler:
             out.block_copies.extend(copies)
             out.scheduled.append(ScheduledChunk(req, start, n, start + n == req.num_tokens))
             budget -= n
+        return budget
 
     def _watermark(self) -> int:
         """Blocks to keep free when admitting; waived when nothing runs, so a request
@@ -305,12 +306,12 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
         """Advance every scheduled request; append sampled tokens; free finished ones."""
-        for chunk in out.scheduled:
-            if chunk.samples and chunk.request.status is RequestStatus.RUNNING and chunk.request_id not in sampled:
+        running_status = RequestStatus.RUNNING
+        for chunk in out.scheduled:  # cheapest test first: the id is almost always there
+            if chunk.samples and chunk.request.request_id not in sampled and chunk.request.status is running_status:
                 raise PagedError(f"executor returned no token for request {chunk.request_id!r}; "
                                  "every chunk with samples=True needs one")
         done: list[tuple[Request, RequestStatus]] = []
-        running_status = RequestStatus.RUNNING
         for chunk in out.scheduled:
             req = chunk.request
             if req.status is not running_status:  # aborted or preempted since scheduling

