@@ -8,3 +8,14 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/paged-triton-cache")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M, loaded once per test session (dequantizing its GGUF is the
+    slowest setup of the suite); tests only read it."""
+    from paged.models import load_model
+    return load_model("smollm2")

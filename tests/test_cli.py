@@ -77,7 +77,10 @@ def test_sweep_parquet_needs_an_engine(tmp_path, capsys):
     assert "pyarrow" in capsys.readouterr().err
 
 
-def test_demo_runs_the_embedded_model(tmp_path):
+def test_demo_runs_the_embedded_model(tmp_path, monkeypatch, smollm2):
+    import paged.models
+    loads = []
+    monkeypatch.setattr(paged.models, "load_model", lambda model: loads.append(model) or smollm2)  # one load per session
     args = ["demo", "--out", str(tmp_path), "-n", "40", "-j", "1",
             "--engine-requests", "4", "--engine-blocks", "10", "--max-tokens", "8"]
     assert main(args) == 0
@@ -88,6 +91,7 @@ def test_demo_runs_the_embedded_model(tmp_path):
     formats = pd.read_csv(tmp_path / "kv_formats.csv")
     assert formats.loc[formats["kv_format"] == "auto", "outputs_identical"].item()
     assert (formats.set_index("kv_format").loc["int4", "capacity_vs_model_dtype"] > 4)
+    assert loads == ["smollm2"]  # the demo ran the embedded model
 
 
 def test_simulate_json_is_strict_json_when_a_metric_is_undefined(tmp_path, capsys):

@@ -24,8 +24,8 @@ PROMPTS = SMOLLM2_PROMPTS
 
 
 @pytest.fixture(scope="module")
-def smol():
-    return load_model("smollm2")
+def smol(smollm2):
+    return smollm2  # loaded once per session (conftest)
 
 
 def test_config_and_perplexity(smol):
@@ -40,6 +40,10 @@ def test_config_and_perplexity(smol):
 
 
 def test_matches_transformers_on_same_gguf(smol):
+    """Our paged engine's greedy tokens are transformers' greedy tokens on the same GGUF, and
+    our dense logits match its logits. Greedy decoding picks the argmax of the logits of its
+    own output, so one teacher-forced transformers pass over prompt + our tokens checks
+    token-for-token equality with ``hf.generate`` (which cost 32 incremental steps per prompt)."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # transformers needs it to read GGUF files
     from paged.engine.llm import LLM
@@ -50,16 +54,14 @@ def test_matches_transformers_on_same_gguf(smol):
     engine = LLM(smol, num_blocks=32, block_size=16, max_num_batched_tokens=8)  # chunked prefill
     paged_out = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
     for prompt, got in zip(PROMPTS, paged_out):
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
-                              pad_token_id=2, eos_token_id=None)[0].tolist()
-        ref_new = out[len(prompt):]
-        assert len(ref_new) == 32
-        assert got.outputs[0].token_ids == ref_new  # our paged engine, token for token
-        # teacher-forced: our argmax at every position must equal HF's greedy token
-        ours = dense_logits(smol.model, [out])[0]
-        assert ours[len(prompt) - 1:-1].argmax(-1).tolist() == ref_new
+        new = got.outputs[0].token_ids
+        assert len(new) == 32
+        out = prompt + new
         with torch.no_grad():
             ref = hf(torch.tensor([out])).logits[0].float()
+        assert ref[len(prompt) - 1:-1].argmax(-1).tolist() == new  # transformers' greedy, token for token
+        # teacher-forced: our argmax at every position must equal transformers' greedy token
+        ours = dense_logits(smol.model, [out])[0]
+        assert ours[len(prompt) - 1:-1].argmax(-1).tolist() == new
         err = (ours - ref).abs().max().item()
         assert err < 1e-3, err  # measured ~6e-5 (float32, logits up to ~35)
