@@ -1,0 +1,48 @@
+"""Figures and markdown of the quant study from a synthetic table (no model needed)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from paged.quant import figures
+from paged.quant.report import markdown_table
+
+
+def _table() -> pd.DataFrame:
+    rows = []
+    for ctx in (64, 128):
+        for fmt, bits, kld, role in (("fp32", 32, 0.0, "base"), ("fp16", 16, 1e-6, "noise_floor"),
+                                     ("int8", 8.25, 1e-3, "quantized"), ("int4", 5, 5e-2, "quantized"),
+                                     ("int4_kivi", 5.5, 1e-2, "quantized")):
+            rows.append({"context_length": ctx, "source": "all", "format": fmt, "bits_per_value": bits,
+                         "tokens_per_gib": 2 ** 30 / (bits * 100), "kld_mean": kld * ctx / 64, "kld_p99": 10 * kld,
+                         "delta_nll": kld, "same_top1_pct": 100 - 100 * kld, "first_div_median": 4.0, "role": role,
+                         "divergence_tokens": 8, "first_div": [8, 3, 0] if role != "base" else [8, 8, 8]})
+    return pd.DataFrame(rows)
+
+
+def test_figures_build():
+    df = _table()
+    fig = figures.pareto(df)
+    assert list(fig.data[0].text) == ["int4", "int4_kivi", "int8", "fp16"]  # by bits; the base (KLD 0) left out
+    assert list(fig.data[1].x) == [5, 5.5, 8.25, 16]                        # each one a Pareto point here
+    assert len(figures.error_vs_context(df).data) == 4
+    surv = figures.survival_curves(df).data[0]
+    assert list(surv.y[:2]) == [1.0, 2 / 3] and surv.y[-1] == 1 / 3
+    errs = pd.DataFrame({"format": ["int4", "int4", "int8", "int8"], "layer": [0, 1, 0, 1], "out_rel_err_kv": [.2, .1, .02, .01]})
+    assert figures.layer_heatmap(errs).data[0].z.shape == (2, 2)
+    ch = pd.DataFrame({"layer": [0, 0, 1, 1], "kv_head": [0, 1, 0, 1], "channel": [0, 0, 0, 0], "absmax": [1., 3., 2., 1.]})
+    assert figures.key_outlier_heatmap(ch).data[0].z.tolist() == [[3.0], [2.0]]
+
+
+def test_render_marks_the_divergence():
+    class Tok:
+        def decode(self, ids):
+            return "".join(chr(97 + i) for i in ids)
+    html = figures.render(["a", "b"], ["abc", "abd"], [[0, 1, 2], [0, 1, 3]], Tok())
+    assert "first difference at token 2" in html and "background" in html
+
+
+def test_markdown_table_order():
+    md = markdown_table(_table(), 64)
+    lines = md.splitlines()
+    assert lines[2].startswith("| fp32 ") and lines[3].startswith("| fp16 ") and lines[4].startswith("| int8 ")
