@@ -17,6 +17,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
+
+# `python benchmarks/quant_vs_llamacpp.py` puts benchmarks/ first on sys.path, where
+# benchmarks/kernels.py would shadow the `kernels` package
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import numpy as np
 import pandas as pd
