@@ -36,3 +36,16 @@ def test_cache_with_staging_fits_the_budget(model, block_size, budget):
     assert [o.outputs[0].token_ids for o in fixed.generate([[1, 2, 3, 4, 5], list(range(7, 30))],
                                                            SamplingParams(temperature=0.0, max_tokens=6))] == \
         [o.outputs[0].token_ids for o in out]
+
+
+def test_forks_beyond_the_fixed_staging_pool_are_a_clear_error(model):
+    """A budget-sized pool does not grow: more forks than staging slots abort that step's
+    requests with advice naming the knobs (the engine stays consistent and usable)."""
+    from paged.errors import PagedError
+
+    llm = LLM(model=model, kv_cache_dtype="int4_kivi", block_size=4, kv_cache_memory=1 << 20, max_num_seqs=2)
+    assert llm.engine.runner.layers[0].staging.num_slots == 18
+    with pytest.raises(PagedError, match="max_num_seqs"):
+        llm.generate([[1, 2, 3, 4, 5, 6]], SamplingParams(n=30, temperature=1.0, seed=0, max_tokens=7))
+    assert llm.kv_manager.num_used_blocks == 0
+    assert len(llm.generate([[1, 2, 3]], SamplingParams(n=4, temperature=1.0, seed=0, max_tokens=5))[0].outputs) == 4

@@ -39,6 +39,10 @@ def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
         engine.runner.release_blocks(plan.freed_blocks)
     except Exception:  # noqa: BLE001 - best effort; the next plan carries the blocks freed by the aborts
         pass
+    hint = ""
+    if type(exc).__name__ == "StagingExhaustedError":  # int4_kivi sized from kv_cache_memory: a fixed pool
+        hint = ("; int4_kivi keeps one staging slot per unfilled block, max_num_seqs + 16 when the cache is "
+                "sized from kv_cache_memory: raise max_num_seqs, lower n, or give num_blocks (then it grows)")
     return StepFailedError(
         f"step {plan.step} failed ({type(exc).__name__}: {exc}); its requests {groups} were aborted and "
-        "their blocks freed, the others are untouched and the engine can keep stepping", groups)
+        f"their blocks freed, the others are untouched and the engine can keep stepping{hint}", groups)
