@@ -55,6 +55,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/kv_manager.py
 	$(BIN)/python benchmarks/simulator.py
+	$(BIN)/python benchmarks/vs_nanovllm.py
+	$(BIN)/python benchmarks/engine_step.py
 	$(BIN)/python benchmarks/engine.py
 	$(BIN)/python benchmarks/kernels.py
 
