@@ -6,12 +6,12 @@ The core (pure Python): `BlockPool` -> `KVCacheManager` -> `Scheduler`, observed
 from .core import (Block, BlockPool, Event, KVCacheManager, NullRecorder, Recorder, Request, RequestStatus,
                    ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput)
 from .errors import (BlockStateError, CacheInUseError, ConfigError, DuplicateRequestError,
-                     InvalidRequestError, ModelLoadError, PagedError, UnknownRequestError)
+                     InvalidRequestError, ModelLoadError, PagedError, StepFailedError, UnknownRequestError)
 
 __all__ = [
     "Block", "BlockPool", "BlockStateError", "CacheInUseError", "ConfigError", "DuplicateRequestError",
     "Event", "InvalidRequestError", "KVCacheManager", "ModelLoadError", "NullRecorder", "PagedError", "Recorder", "Request",
-    "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "UnknownRequestError",
+    "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepFailedError", "UnknownRequestError",
     "LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Simulator", "SimConfig",
 ]
 

@@ -39,8 +39,9 @@ __all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLMEngine", "Reques
 class EngineConfig:
     """Cache, scheduler and execution settings (names follow vLLM where it has them).
 
-    ``num_blocks`` wins over ``kv_cache_memory`` (bytes for all layers' K and V); with neither,
-    512 MiB on CPU or 40% of the free GPU memory. ``num_cpu_blocks`` (host pool for swap
+    ``num_blocks`` wins over ``kv_cache_memory`` (bytes for all layers' K and V, int4_kivi's
+    fixed staging pool included); with neither, 512 MiB on CPU or 40% of the free GPU memory.
+    Settings are type-checked first (``paged.engine.validate``). ``num_cpu_blocks`` (host pool for swap
     preemption) defaults to ``num_blocks`` when ``preemption_mode == "swap"``, else 0.
     ``split_prefill_decode`` runs decode chunks and prefill chunks as two forward passes so
     each gets its own timing (default: one mixed pass, as vLLM does).
