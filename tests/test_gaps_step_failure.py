@@ -49,8 +49,8 @@ class Boom(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("mode, exc, seed", [("recompute", Boom, 0), ("swap", Boom, 1), ("recompute", KeyboardInterrupt, 2),
-                                             ("swap", torch.cuda.OutOfMemoryError, 3)])
+@pytest.mark.parametrize("mode, exc, seed", [("recompute", Boom, 0), ("swap", Boom, 1),
+                                             ("recompute", KeyboardInterrupt, 2), ("swap", torch.cuda.OutOfMemoryError, 3)])
 def test_a_failing_forward_pass_aborts_exactly_that_steps_requests(model, prompts, reference, mode, exc, seed):
     """Catches a step that raises with its plan scheduled but never applied (blocks leak,
     the next step reschedules tokens that were never computed, and blocks registered in

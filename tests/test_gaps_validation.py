@@ -6,8 +6,6 @@ Engine settings are checked before the model is loaded.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -122,7 +120,8 @@ def test_an_error_finishing_one_request_keeps_the_others(llm, monkeypatch):
     (dict(max_model_len="100"), "max_model_len"), (dict(max_model_len=0), "max_model_len"),
     (dict(seed="x"), "seed"), (dict(seed=1.5), "seed"), (dict(num_blocks="10"), "num_blocks"),
     (dict(num_blocks=2.5), "num_blocks"), (dict(num_blocks=0), "num_blocks"),
-    (dict(enable_prefix_caching="no"), "enable_prefix_caching"), (dict(enable_chunked_prefill=1), "enable_chunked_prefill"),
+    (dict(enable_prefix_caching="no"), "enable_prefix_caching"),
+    (dict(enable_chunked_prefill=1), "enable_chunked_prefill"),
     (dict(max_num_seqs=True), "max_num_seqs"), (dict(max_num_batched_tokens="8"), "max_num_batched_tokens"),
     (dict(num_cpu_blocks=-1), "num_cpu_blocks"), (dict(watermark="0.1"), "watermark"),
     (dict(watermark=float("nan")), "watermark"), (dict(record_events="yes"), "record_events"),

@@ -82,7 +82,8 @@ class SimConfig:
         if self.allocator not in ALLOCATORS:
             raise ConfigError(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
         if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 1):
-            raise ConfigError(f"max_model_len must be a positive integer (None: the model's), got {self.max_model_len!r}")
+            raise ConfigError(f"max_model_len must be a positive integer (None: the model's), "
+                              f"got {self.max_model_len!r}")
         for name in ("swap_space_gib", "step_overhead_s"):
             v = getattr(self, name)
             if v is not None and not (v >= 0 and v < float("inf")):
@@ -282,7 +283,8 @@ class Simulator:
                 p, o = int(P[nxt]), int(O[nxt])
                 if p + o > self.max_model_len:  # checked before synthesising: a 1e11-token row must not allocate
                     rejected.append((nxt, f"request {nxt}: prompt ({p}) + output ({o}) = {p + o} tokens exceeds "
-                                          f"max_model_len={self.max_model_len}; shorten the row or raise max_model_len"))
+                                          f"max_model_len={self.max_model_len}; shorten the row or raise "
+                                          "max_model_len"))
                     nxt += 1
                     continue
                 req = Request(str(nxt), toks.prompt(p, int(pid[nxt]), int(ptok[nxt])), o,
