@@ -333,6 +333,24 @@ def calibration_frame(steps: Iterable[Any], time_field: str = "total_ms") -> "pd
     return pd.DataFrame(rows, columns=["step", "start", "num_tokens", "samples", "seconds"])
 
 
+def read_calibration(path: str) -> "pd.DataFrame":
+    """The calibration CSV (``calibration_frame(...).to_csv``), or a ConfigError naming the file."""
+    import os
+
+    import pandas as pd
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"calibration file {path!r} does not exist; save one with "
+                          "paged.sim.cost_model.calibration_frame(...).to_csv(path)")
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ConfigError(f"calibration file {path!r} is empty or not a CSV ({e})") from None
+    if df.empty:
+        raise ConfigError(f"calibration file {path!r} has no steps")
+    return df
+
+
 def shapes_from_frame(df: "pd.DataFrame") -> tuple[list[StepShape], np.ndarray]:
     """Inverse of ``calibration_frame``: (shapes, seconds) for ``CostModel.fit``."""
     missing = {"step", "start", "num_tokens", "samples", "seconds"} - set(df.columns)
@@ -364,4 +382,4 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency",
-           "step_shape", "shapes_from_steps", "calibration_frame", "shapes_from_frame"]
+           "step_shape", "shapes_from_steps", "calibration_frame", "read_calibration", "shapes_from_frame"]

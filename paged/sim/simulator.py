@@ -18,7 +18,6 @@ assert it is 0) rather than raising, so a leak shows up in the numbers a study k
 
 from __future__ import annotations
 
-import os
 import time
 from array import array
 from dataclasses import asdict, dataclass, field
@@ -169,20 +168,6 @@ def build_cost_model(cfg: SimConfig, model: ModelSpec) -> CostModel:
                      kv_block_size=bs, **kw)
 
 
-def _read_calibration(path: str) -> pd.DataFrame:
-    """The calibration CSV, or a ConfigError naming the file."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"calibration file {path!r} does not exist; save one with "
-                          "paged.sim.cost_model.calibration_frame(...).to_csv(path)")
-    try:
-        df = pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
-        raise ConfigError(f"calibration file {path!r} is empty or not a CSV ({e})") from None
-    if df.empty:
-        raise ConfigError(f"calibration file {path!r} has no steps")
-    return df
-
-
 class Simulator:
     """One simulated deployment (build a new one per run: the scheduler keeps state).
 
@@ -221,9 +206,9 @@ class Simulator:
         self.cost = cost_model or build_cost_model(cfg, self.model)
         self.calibration_report = None
         if cfg.calibration and cost_model is None:
-            from paged.sim.cost_model import shapes_from_frame
+            from paged.sim.cost_model import read_calibration, shapes_from_frame
 
-            shapes, secs = shapes_from_frame(_read_calibration(cfg.calibration))
+            shapes, secs = shapes_from_frame(read_calibration(cfg.calibration))
             self.calibration_report = self.cost.fit(shapes, secs, seed=cfg.seed)
             self.cost = self.calibration_report.model
         self._ran = False

@@ -239,15 +239,17 @@ MAX_ARRIVAL_S = 2.0 ** 33  # ~272 years; beyond it float64 cannot resolve micros
 
 
 def _numeric(df: pd.DataFrame, col: str, src: str, row_offset: int | np.ndarray, integer: bool, minimum: float,
-             names: dict[str, str] | None = None) -> np.ndarray:
+             names: dict[str, str] | None = None, below: float | None = None) -> np.ndarray:
     raw = df[col]
     vals = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(vals) | (vals < minimum)
+    bad = ~np.isfinite(vals) | (vals < minimum) | (vals >= (below or np.inf))
     if integer:
         bad |= np.isfinite(vals) & ((vals != np.floor(vals)) | (np.abs(vals) >= INT64_LIMIT))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         need = f"an integer >= {int(minimum)} and < 2**63" if integer else f"a number >= {minimum}"
+        if below == MAX_ARRIVAL_S:
+            need += " and < 2**33 seconds (divide nanoseconds by 1e9, or rebase times to the first request)"
         shown = (names or {}).get(col, col)
         raise TraceFormatError(f"{src}: row {_row(i, row_offset)}, column {shown!r}: got {raw.iloc[i]!r}, need {need}")
     return vals
@@ -268,14 +270,7 @@ def normalize_trace(df: pd.DataFrame, src: str = "trace", row_offset: int | np.n
     for col in ("arrival_time", "prompt_tokens", "output_tokens"):
         if col not in df.columns:
             raise TraceFormatError(f"{src}: missing column {col!r}; have {list(df.columns)}")
-    arrival = _numeric(df, "arrival_time", src, row_offset, False, 0.0, names)
-    big = arrival >= MAX_ARRIVAL_S
-    if big.any():
-        i = int(np.flatnonzero(big)[0])
-        raise TraceFormatError(
-            f"{src}: row {_row(i, row_offset)}, column {(names or {}).get('arrival_time', 'arrival_time')!r}: "
-            f"got {df['arrival_time'].iloc[i]!r}; arrival times are seconds and must stay below 2**33 (float "
-            "resolution for step times): divide nanoseconds by 1e9, or rebase times to the first request")
+    arrival = _numeric(df, "arrival_time", src, row_offset, False, 0.0, names, below=MAX_ARRIVAL_S)
     out = pd.DataFrame({
         "arrival_time": arrival,
         "prompt_tokens": _numeric(df, "prompt_tokens", src, row_offset, True, 1, names).astype(np.int64),
