@@ -80,7 +80,8 @@ def test_sweep_parquet_needs_an_engine(tmp_path, capsys):
 def test_demo_runs_the_embedded_model(tmp_path, monkeypatch, smollm2):
     import paged.models
     loads = []
-    monkeypatch.setattr(paged.models, "load_model", lambda model: loads.append(model) or smollm2)  # one load per session
+    # one load per session: the demo gets the conftest model
+    monkeypatch.setattr(paged.models, "load_model", lambda model: loads.append(model) or smollm2)
     args = ["demo", "--out", str(tmp_path), "-n", "40", "-j", "1",
             "--engine-requests", "4", "--engine-blocks", "10", "--max-tokens", "8"]
     assert main(args) == 0
