@@ -149,8 +149,8 @@ class Dashboard:
             with figs["grid"].batch_update():
                 figs["grid"].data[0].z, figs["grid"].data[0].text = g["z"], g["text"]
                 figs["grid"].data[1].x, figs["grid"].data[1].y = g["hl_x"], g["hl_y"]
-                figs["grid"].layout.title.text = (f"block pool at step {snap.step}: {snap.num_blocks} blocks of "
-                                                  f"{snap.block_size} tokens · {_counts(snap)}")
+                figs["grid"].layout.title.text = (f"pool at step {snap.step} ({snap.num_blocks}×{snap.block_size}"
+                                                  f" tokens): {_counts(snap)}")
         if "tables" in figs:
             t = F.tables_data(snap, self.max_requests, self.selected)
             with figs["tables"].batch_update():
