@@ -28,9 +28,11 @@ def test_figures_build():
     assert len(figures.error_vs_context(df).data) == 4
     surv = figures.survival_curves(df).data[0]
     assert list(surv.y[:2]) == [1.0, 2 / 3] and surv.y[-1] == 1 / 3
-    errs = pd.DataFrame({"format": ["int4", "int4", "int8", "int8"], "layer": [0, 1, 0, 1], "out_rel_err_kv": [.2, .1, .02, .01]})
+    errs = pd.DataFrame({"format": ["int4", "int4", "int8", "int8"], "layer": [0, 1, 0, 1],
+                         "out_rel_err_kv": [.2, .1, .02, .01]})
     assert figures.layer_heatmap(errs).data[0].z.shape == (2, 2)
-    ch = pd.DataFrame({"layer": [0, 0, 1, 1], "kv_head": [0, 1, 0, 1], "channel": [0, 0, 0, 0], "absmax": [1., 3., 2., 1.]})
+    ch = pd.DataFrame({"layer": [0, 0, 1, 1], "kv_head": [0, 1, 0, 1], "channel": [0, 0, 0, 0],
+                       "absmax": [1., 3., 2., 1.]})
     assert figures.key_outlier_heatmap(ch).data[0].z.tolist() == [[3.0], [2.0]]
 
 

@@ -65,7 +65,8 @@ def survival_curves(df: pd.DataFrame, context_length: int | None = None) -> go.F
     ctx = context_length or int(d.context_length.max())
     fig = go.Figure()
     for _, r in d[(d.context_length == ctx) & (d.role != "base")].iterrows():
-        first = r.first_div if isinstance(r.first_div, list) else [int(x) for x in str(r.first_div).strip("[]").split(",") if x.strip()]
+        first = r.first_div if isinstance(r.first_div, list) else \
+            [int(x) for x in str(r.first_div).strip("[]").split(",") if x.strip()]  # read back from CSV
         t, alive = survival(np.asarray(first), int(r.divergence_tokens))
         fig.add_scatter(x=t, y=alive, mode="lines", line_shape="hv", name=r.format)
     fig.update_layout(title=f"Greedy agreement with the fp32 cache (ctx {ctx} prompts)",

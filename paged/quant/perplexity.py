@@ -44,7 +44,8 @@ def perplexity(llm, texts: Mapping[str, str | Sequence[int]] | None = None, cont
                          max_model_len=llm.engine.max_model_len, bos=bos)
     nll = chunk_nll(llm, chunks)
     rows = []
-    groups = {src: [n for c, n in zip(chunks, nll) if c.source == src] for src in dict.fromkeys(c.source for c in chunks)}
+    groups = {src: [n for c, n in zip(chunks, nll) if c.source == src]
+              for src in dict.fromkeys(c.source for c in chunks)}
     groups["all"] = nll
     for src, parts in groups.items():
         x = np.concatenate(parts)

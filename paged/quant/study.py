@@ -51,7 +51,8 @@ def _role(s: Scheme) -> str:
     return "noise_floor" if s.name in NOISE_FLOOR else "quantized"
 
 
-def describe_formats(formats: str | Sequence[str] | None = None, model=None, context_length: int = 2048) -> pd.DataFrame:
+def describe_formats(formats: str | Sequence[str] | None = None, model=None,
+                     context_length: int = 2048) -> pd.DataFrame:
     """Storage of each scheme on the model: bits per value (K, V, mean), bytes per token over all
     layers (scales and zero points included), KIVI staging per sequence, tokens per GiB."""
     cfg = load(model).config if not hasattr(model, "num_layers") else model
