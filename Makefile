@@ -21,6 +21,8 @@ DASHBOARD_PORT ?= 8866
 ifndef LAB_TOKEN
 LAB_TOKEN := $(shell od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
 endif
+# containers often run as root, which JupyterLab refuses without this flag
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: install lab dashboard demo test bench clean
 
@@ -38,7 +40,7 @@ install: $(STAMP)
 lab: $(STAMP)
 	@echo "JupyterLab on notebooks/: http://127.0.0.1:$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=notebooks \
-		--IdentityProvider.token=$(LAB_TOKEN)
+		--IdentityProvider.token=$(LAB_TOKEN) $(ALLOW_ROOT)
 
 # Code-free pages for a projector: each notebook runs in its own kernel, only outputs and widgets show.
 dashboard: $(STAMP)
