@@ -15,10 +15,11 @@ Prints one table (about 20-30 s on 2 shared cores, ~1.2 GB peak), measured side 
    A reference row times a bare dict of the same size (random-key insert + delete).
 2. prefix-hit cost per cached block: `find_cached_prefix` (hashes the prompt, looks
    up and verifies 32 blocks) + `allocate_slots` with those blocks (revives them from
-   the LRU) + `free`, with the sha256 (default) and the builtin hash; the hashing alone
+   the LRU) + `free`, with sha256 and the builtin hash (xxh3-128, the default,
+   is timed beside nano-vllm in benchmarks/vs_nanovllm.py); the hashing alone
    is timed on the same prompts ("of which hashing").
 3. the scheduler's step cost, `schedule()` + `update()`, for 32, 256 and 1024 running
-   decode requests (prefix caching on, sha256: each request fills and hashes a block
+   decode requests (prefix caching on, default xxh3-128: each request fills and hashes a block
    every 16 steps), per step and per request; NullRecorder and a real `Recorder`.
 
 Robustness on a noisy shared machine: times are this thread's CPU time (time the OS
