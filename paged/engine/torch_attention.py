@@ -110,8 +110,8 @@ class TorchAttentionPlan:
         if self.gather is not None:
             out[self.dec_rows] = self._decode(q[self.dec_rows], kc, vc)
         for lo, hi, ctx_slots, mask in self.prefills:
-            if ctx_slots is None:  # fresh prompt: its context is exactly the new K/V
-                kk, vv = k[lo:hi].float(), v[lo:hi].float()
+            if ctx_slots is None:  # fresh prompt: its context is exactly the new K/V, as stored
+                kk, vv = k[lo:hi].to(kc.dtype).float(), v[lo:hi].to(vc.dtype).float()
             else:
                 kk, vv = kc.index_select(0, ctx_slots).float(), vc.index_select(0, ctx_slots).float()
             o = F.scaled_dot_product_attention(q[lo:hi].float().transpose(0, 1)[None], kk.transpose(0, 1)[None],
