@@ -45,3 +45,17 @@ def test_hits_need_equal_tokens(hash_fn):
     assert [b.token_ids for b in found] == [(1, 2), (3, 4)][:len(found)]
     assert len(found) == (1 if callable(hash_fn) else 2)  # a collision costs the second hit
     assert kv.find_cached_prefix(other) == []
+
+
+def test_engine_default_follows_the_fallback_without_xxhash():
+    # without the xxhash package the core falls back to sha256; the engine's default must follow
+    # (a hard-coded "xxh3_128" made every default LLM() fail with a ConfigError there)
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['xxhash'] = None\n"
+            "from paged.core import prefix_cache as pc\n"
+            "from paged.engine.llm_engine import EngineConfig\n"
+            "assert pc.DEFAULT_HASH_FN == 'sha256', pc.DEFAULT_HASH_FN\n"
+            "assert EngineConfig().hash_fn == 'sha256', EngineConfig().hash_fn\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -21,6 +21,7 @@ from paged import telemetry
 from paged.checks import is_int
 from paged.core import events as ev
 from paged.core.kv_manager import KVCacheManager
+from paged.core.prefix_cache import DEFAULT_HASH_FN
 from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from paged.errors import (ConfigError, DuplicateRequestError, InvalidRequestError, StepFailedError,
                           UnknownRequestError)
@@ -64,7 +65,8 @@ class EngineConfig:
     attention_backend: str | None = None
     split_prefill_decode: bool = False
     record_events: bool = True
-    hash_fn: str = "xxh3_128"  # prefix hits are verified on tokens and parent: collisions cost only hits
+    # xxh3_128 (sha256 without xxhash); hits are verified on tokens and parent: collisions cost only hits
+    hash_fn: str = DEFAULT_HASH_FN
 
     @classmethod
     def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
