@@ -22,7 +22,7 @@ import numpy as np
 from paged.core.events import Event
 from paged.core.snapshot import KVSnapshot
 from paged.errors import ConfigError
-from paged.runs import REQUEST_COLUMNS, STEP_COLUMNS
+from paged.runs import REQUEST_COLUMNS, STEP_COLUMNS, RecordFrames
 
 FORMAT = "paged-run/1"
 _SNAP_ARRAYS = [f.name for f in dataclasses.fields(KVSnapshot)
@@ -30,7 +30,7 @@ _SNAP_ARRAYS = [f.name for f in dataclasses.fields(KVSnapshot)
                                   "cpu_blocks_of", "cached_tokens")]
 
 
-class Recording:
+class Recording(RecordFrames):
     """A saved run, read back: the same record attributes as a run, and no executor."""
 
     def __init__(self, rows: list[dict], events: list[Event], requests: list[dict],
@@ -57,20 +57,6 @@ class Recording:
             return self.snapshots[keys[-1]]
         i = int(np.searchsorted(keys, step, side="right")) - 1
         return self.snapshots[keys[max(i, 0)]]
-
-    def steps_frame(self):
-        import pandas as pd
-        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
-
-    def requests_frame(self):
-        import pandas as pd
-        return pd.DataFrame(self._requests, columns=list(REQUEST_COLUMNS))
-
-    def events_frame(self):
-        import pandas as pd
-        df = pd.DataFrame.from_records([tuple(e) for e in self.events],
-                                       columns=["step", "kind", "request_id", "block_id", "value"])
-        return df.astype({"step": "int64", "block_id": "Int64", "value": "Int64"})
 
 
 def _json_default(x):

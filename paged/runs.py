@@ -27,19 +27,8 @@ import numpy as np
 from paged.core import events as ev
 from paged.errors import ConfigError, PagedError
 
-try:  # the one record schema (helper A lands it in paged.telemetry)
-    from paged.telemetry import REQUEST_COLUMNS, STEP_COLUMNS
-except ImportError:  # pragma: no cover - until the schema lands
-    STEP_COLUMNS = (
-        "step", "time_s", "step_time_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
-        "num_batched_tokens", "num_running", "num_waiting", "num_swapped", "num_preempted", "num_block_copies",
-        "num_swapped_out_blocks", "num_swapped_in_blocks", "kv_cache_usage_perc", "token_usage",
-        "num_used_blocks", "num_free_blocks", "num_cached_free_blocks", "prefix_cache_queries",
-        "prefix_cache_hits", "num_finished")
-    REQUEST_COLUMNS = (
-        "request_id", "arrival_time_s", "num_prompt_tokens", "num_output_tokens", "first_scheduled_s",
-        "first_token_s", "finish_s", "ttft_s", "tbt_mean_s", "e2e_s", "queueing_s", "num_preemptions",
-        "num_cached_tokens")
+from paged import telemetry
+from paged.telemetry import REQUEST_COLUMNS, STEP_COLUMNS
 
 __all__ = ["EngineRequest", "EngineRun", "SimRun", "STEP_COLUMNS", "REQUEST_COLUMNS", "chat_workload",
            "interference_workload", "backend_label"]
@@ -56,7 +45,28 @@ class EngineRequest:
     arrival_step: int = 1
 
 
-class _Run:
+class RecordFrames:
+    """pandas views of a run's records (``rows``, ``events``, ``request_rows()``), through
+    :mod:`paged.telemetry`: shared by live runs and :class:`paged.replay.Recording`."""
+
+    rows: list[dict]
+    events: list[ev.Event]
+
+    def request_rows(self) -> list[dict]:
+        raise NotImplementedError
+
+    def steps_frame(self):
+        """pandas DataFrame of the step rows so far (STEP_COLUMNS)."""
+        return telemetry.steps_frame(self.rows)
+
+    def requests_frame(self):
+        return telemetry.requests_frame(self.request_rows())
+
+    def events_frame(self):
+        return telemetry.events_frame(self.events)
+
+
+class _Run(RecordFrames):
     """What both run kinds share: records, a per-block last-use array, snapshots."""
 
     label = "run"
@@ -91,21 +101,6 @@ class _Run:
         for e in events:
             if e[3] is not None and e[1] in _USE_KINDS and 0 <= e[3] < num_blocks:
                 self._last_use[e[3]] = e[0]
-
-    def steps_frame(self):
-        """pandas DataFrame of the step rows so far (STEP_COLUMNS)."""
-        import pandas as pd
-        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
-
-    def requests_frame(self):
-        import pandas as pd
-        return pd.DataFrame(self.request_rows(), columns=list(REQUEST_COLUMNS))
-
-    def events_frame(self):
-        import pandas as pd
-        df = pd.DataFrame.from_records([tuple(e) for e in self.events],
-                                       columns=["step", "kind", "request_id", "block_id", "value"])
-        return df.astype({"step": "int64", "block_id": "Int64", "value": "Int64"})
 
     def run_to_completion(self, max_steps: int = 100_000) -> "_Run":
         """Step until done (blocking)."""

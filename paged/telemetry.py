@@ -93,10 +93,11 @@ def request_row(request_id: str, arrival_time_s: float, num_prompt_tokens: int, 
             "num_cached_tokens": num_cached_tokens}
 
 
-def events_frame(recorder: ev.Recorder) -> "pd.DataFrame":
-    """One row per event, in order. `value` is nullable (Int64)."""
+def events_frame(recorder: "ev.Recorder | Iterable[ev.Event]") -> "pd.DataFrame":
+    """One row per event, in order (from a Recorder or its events). `value` is nullable (Int64)."""
     import pandas as pd
-    df = pd.DataFrame.from_records(recorder.events, columns=EVENT_COLUMNS)
+    events = recorder.events if isinstance(recorder, ev.Recorder) else list(recorder)
+    df = pd.DataFrame.from_records(events, columns=EVENT_COLUMNS)
     df["step"] = df["step"].astype("int64")
     df["block_id"] = df["block_id"].astype("Int64")
     df["value"] = df["value"].astype("Int64")
