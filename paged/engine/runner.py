@@ -86,7 +86,7 @@ class ModelRunner:
                                   {"num_staging_blocks": min(n, max_num_seqs + 16), "grow_staging": True})
         mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
             n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
-            group_size=min(32, cfg.head_dim), **staging(n, dev))
+            **staging(n, dev))  # int4 group: kernels.int4_group's default, as the engine's byte budget assumes
             for _ in range(cfg.num_layers)]
         self.layers = mk(kv.num_blocks, self.device)
         self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks else []
