@@ -192,27 +192,10 @@ class EngineRun(_Run):
                          for b in kv.block_table(c.request_id)[c.start // kv.block_size:
                                                                (c.start + c.num_tokens - 1) // kv.block_size + 1]
                          if c.num_tokens]
-        row = out.to_row() if hasattr(out, "to_row") else {}
-        if all(c in row for c in STEP_COLUMNS):  # the engine speaks the one schema: take its row
-            self.rows.append({c: row[c] for c in STEP_COLUMNS})
-            self.done = not self._pending and not self.engine.has_unfinished_requests()
-            self._after_step()
-            return self.rows[-1]
-        row = dict(step=len(self.rows) + 1, time_s=start, step_time_s=out.total_ms / 1e3,
-                   num_seqs=len(out.scheduled), num_prefill_tokens=out.num_prefill_tokens,
-                   num_decode_tokens=out.num_decode_tokens,
-                   num_batched_tokens=out.num_prefill_tokens + out.num_decode_tokens,
-                   num_running=out.num_running, num_waiting=out.num_waiting, num_swapped=out.num_swapped,
-                   num_preempted=len(out.preempted), num_block_copies=out.num_block_copies,
-                   num_swapped_out_blocks=out.num_swapped_out_blocks, num_swapped_in_blocks=out.num_swapped_in_blocks,
-                   kv_cache_usage_perc=kv.kv_cache_usage_perc, token_usage=kv.token_usage,
-                   num_used_blocks=kv.num_used_blocks, num_free_blocks=kv.num_free_blocks,
-                   num_cached_free_blocks=kv.num_cached_free_blocks, prefix_cache_queries=kv.prefix_cache_queries,
-                   prefix_cache_hits=kv.prefix_cache_hits, num_finished=len(out.finished))
-        self.rows.append(row)
+        self.rows.append(out.to_row())  # exactly STEP_COLUMNS (paged.telemetry.step_row)
         self.done = not self._pending and not self.engine.has_unfinished_requests()
         self._after_step()
-        return row
+        return self.rows[-1]
 
     def snapshot(self, with_tokens: bool = True, block_range: tuple[int, int] | None = None):
         """KVSnapshot now; blocks written by the last step are marked WRITING (`block_range`:
