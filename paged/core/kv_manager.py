@@ -15,7 +15,7 @@ suffix. Swapping copies a request's blocks to a CPU pool of its own capacity.
 from __future__ import annotations
 
 import time
-from typing import Hashable, Sequence
+from typing import Hashable, Iterable, Sequence
 
 from . import events as ev
 from .block import Block
@@ -274,9 +274,17 @@ class KVCacheManager:
     def uncache_written(self, request_id: str, start: int, num_tokens: int) -> int:
         """Drop the prefix-cache entries of the request's blocks holding tokens [start, start +
         num_tokens): a failed step never wrote their K/V. Returns how many were dropped."""
-        bs, dropped = self.block_size, 0
-        for block in self._tables.get(request_id, [])[start // bs:-(-(start + num_tokens) // bs)]:
-            if block.block_hash is not None and self.pool.index.get(block.block_hash) is block:
+        bs = self.block_size
+        table = self._tables.get(request_id, [])[start // bs:-(-(start + num_tokens) // bs)]
+        return self.uncache_blocks(b.block_id for b in table)
+
+    def uncache_blocks(self, block_ids: Iterable[int]) -> int:
+        """Drop the prefix-cache entries of GPU blocks ``block_ids`` whose K/V was never written
+        (a failed step: its chunks, or the swap-in it never applied). Returns how many were dropped."""
+        dropped = 0
+        for bid in block_ids:
+            block = self.pool.blocks[bid]
+            if block is not None and block.block_hash is not None and self.pool.index.get(block.block_hash) is block:
                 self.pool._drop_hash(block)
                 dropped += 1
         return dropped

@@ -4,8 +4,9 @@ The scheduler has already committed the plan (blocks allocated, tokens counted a
 requests swapped), but the forward pass never wrote the K/V of the scheduled tokens. The
 engine therefore aborts exactly the groups of that step (and, when the cache operations did
 not finish, the requests swapped out by it, whose host copy may be incomplete), after dropping
-the prefix-cache entries of the blocks the step was computing, so no later request gets a hit
-on K/V that was never written. Everything else is untouched and keeps running.
+the prefix-cache entries of the blocks the step was computing (and, when the cache operations
+did not finish, of the blocks its swap-in allocated), so no later request gets a hit on K/V
+that was never written. Everything else is untouched and keeps running.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
     seqs = [c.request_id for c in plan.scheduled]
     if not cache_ops_done:
         seqs += [rid for rid, _ in plan.preempted if kv.is_swapped(rid)]
+        # the swapped-in blocks may never have been copied back, yet allocating the request's
+        # chunk indexed its full ones: drop them, or a later prefix hit reads garbage K/V
+        kv.uncache_blocks(gpu for _, gpu in plan.swap_in)
     groups: list[str] = []
     for sid in seqs:
         req = engine.scheduler.requests.get(sid)
