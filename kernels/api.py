@@ -11,6 +11,7 @@ environment variable ``PAGED_KERNEL_CHECKS=1`` is set (one sync per call; for de
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
@@ -60,6 +61,20 @@ def _check_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_seqs: 
                          f"row per sequence ({num_seqs})")
     if not num_seqs or not _check_values(seq_lens):
         return
+    key = (block_tables._version, seq_lens._version, layer.num_blocks, layer.block_size)
+    last = _last_checked
+    if last and last[0]() is block_tables and last[1]() is seq_lens and last[2] == key:
+        return  # the same unchanged tables as the previous call (the other layers of one step)
+    _check_table_values(block_tables, seq_lens, layer)
+    _last_checked[:] = [weakref.ref(block_tables), weakref.ref(seq_lens), key]
+
+
+# (weakref to block_tables, weakref to seq_lens, (their versions, num_blocks, block_size)) of the last
+# tables that passed: weak references, so a new tensor at a reused address never matches
+_last_checked: list = []
+
+
+def _check_table_values(block_tables: torch.Tensor, seq_lens: torch.Tensor, layer: KVCacheLayer) -> None:
     bs, width = layer.block_size, block_tables.shape[1]
     cap = width * bs
     lo, hi = int(seq_lens.min()), int(seq_lens.max())
