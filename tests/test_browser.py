@@ -34,6 +34,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 NOTEBOOK = "02_block_tables_live.ipynb"
 SOURCE = Path(os.environ.get("PAGED_BROWSER_NOTEBOOKS", ROOT / "notebooks"))  # another folder: for development
 DEADLINE_S = 360.0
+# Tall enough that every output of notebook 02 stays in view: JupyterLab's windowing re-renders plots
+# scrolled out of view, and a FigureWidget re-rendered while its kernel is busy comes back without traces.
+VIEWPORT = {"width": 1400, "height": 6000}
 ERROR_TEXTS = ("Error displaying widget", "Failed to load", "Traceback")
 
 # Every plotly plot on the page: its traces' types and data (z of heatmaps, else y, else x), shortened.
@@ -125,9 +128,6 @@ def _watch(page, done, label: str) -> dict:
     had_data: list[bool] = []  # per plot (in page order): showed data at some sample
     while time.time() - t0 < DEADLINE_S:
         time.sleep(1.0)
-        # look at the live grid, as a person would: JupyterLab may empty plots scrolled out of view
-        page.evaluate("() => { const g = document.querySelector('.js-plotly-plot'); "
-                      "if (g) g.scrollIntoView({block: 'center'}); }")
         plots = page.evaluate(PROBE)
         had_data += [False] * (len(plots) - len(had_data))
         for i, p in enumerate(plots):
@@ -205,7 +205,7 @@ def test_lab_runs_live_notebook(workdir: Path, browser) -> None:
                            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
                  port)
     try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport=VIEWPORT)
         page.goto(f"http://127.0.0.1:{port}/lab/tree/notebooks/{NOTEBOOK}?token={token}", timeout=120_000)
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
@@ -225,9 +225,14 @@ def test_voila_dashboard_is_live(workdir: Path, browser) -> None:
                            f"--port={port}", f"--token={token}", "--strip_sources=True", "--show_tracebacks=True"],
                  port)
     try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport=VIEWPORT)
         page.goto(f"http://127.0.0.1:{port}/voila/render/{NOTEBOOK}?token={token}", timeout=DEADLINE_S * 1000)
         page.wait_for_selector(".js-plotly-plot", timeout=DEADLINE_S * 1000)
+        # Voila shows the page once its cells ran, so the notebook's own run is over: replay it live from the
+        # control panel, as a presenter would (reset, then play: an asyncio task in the dashboard's kernel)
+        page.wait_for_selector("button:has-text('reset')", timeout=120_000)
+        page.click("button:has-text('reset')")
+        page.click("button:has-text('play')")
         result = _watch(page, lambda _p: True, "Voila")
         _shot(page, "voila-02.png")
         _check(result, "Voila")
