@@ -18,7 +18,7 @@ from .formats import get_format
 from .kivi_cache import gather_k, write_kivi
 from .quant import dequantize_kv, quantize_kv
 
-__all__ = ["write_kv_ref", "gather_kv", "decode_attention_ref", "prefill_attention_ref"]
+__all__ = ["write_kv_ref", "gather_kv", "decode_attention_ref", "prefill_attention_ref", "causal_attention"]
 
 _MAX_GATHER_ELEMS = 1 << 25  # bound on float32 elements gathered at once by the vectorized decode
 
@@ -158,9 +158,17 @@ def prefill_attention_ref(q: torch.Tensor, layer: KVCacheLayer, block_tables: to
         v = gather_kv(layer, "v", blocks).reshape(nblk * bs, h, d)[:ctx]
         qpos = torch.arange(ctx - n, ctx, device=q.device)
         mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]
-        # 4-D inputs: torch's CPU flash kernel takes them (3-D ones run ~2.5x slower)
-        o = F.scaled_dot_product_attention(q[qsl[i]:qsl[i + 1]].float().transpose(0, 1)[None],
-                                           k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask,
-                                           scale=scale, enable_gqa=True)[0]
-        out[qsl[i]:qsl[i + 1]] = o.transpose(0, 1).to(q.dtype)
+        o = causal_attention(q[qsl[i]:qsl[i + 1]].float(), k, v, scale, mask)
+        out[qsl[i]:qsl[i + 1]] = o.to(q.dtype)
     return out
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One sequence's query rows ``q`` ``[n, Hq, D]`` over its K/V ``[ctx, H, D]`` (float32; GQA when
+    ``Hq`` is a multiple of ``H``): ``mask`` bool ``[n, ctx]`` (True = visible), or when None plain
+    causal attention (``n == ctx``: a fresh prompt). Returns float32 ``[n, Hq, D]``."""
+    # 4-D inputs: torch's CPU flash kernel takes them (3-D ones run ~2.5x slower)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                       attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True)[0]
+    return o.transpose(0, 1)

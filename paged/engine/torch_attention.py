@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from paged._kernels import kernels
+from kernels.reference import causal_attention
 from .batch import BatchMetadata
 
 
@@ -114,10 +115,7 @@ class TorchAttentionPlan:
                 kk, vv = k[lo:hi].to(kc.dtype).float(), v[lo:hi].to(vc.dtype).float()
             else:
                 kk, vv = kc.index_select(0, ctx_slots).float(), vc.index_select(0, ctx_slots).float()
-            o = F.scaled_dot_product_attention(q[lo:hi].float().transpose(0, 1)[None], kk.transpose(0, 1)[None],
-                                               vv.transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None,
-                                               scale=self.scale, enable_gqa=True)[0]
-            out[lo:hi] = o.transpose(0, 1).to(q.dtype)
+            out[lo:hi] = causal_attention(q[lo:hi].float(), kk, vv, self.scale, mask).to(q.dtype)
         return out
 
     def _decode(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,6 @@ import math
 from typing import Iterable
 
 import torch
-import torch.nn.functional as F
 
 from .codec import KiviKeyStore, hadamard, roundtrip
 from .schemes import Scheme, Side, parse_scheme
@@ -29,16 +28,10 @@ _FP32 = Side("fp32")
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention of the last ``len(q)`` positions over ``k``/``v`` ``[T, H, D]`` (float32)."""
-    t, hq, d = q.shape
-    n = k.shape[0]
-    qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-    if t == n:
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=1.0 / math.sqrt(d), enable_gqa=True)
-    else:
-        qpos = torch.arange(n - t, n)
-        mask = torch.arange(n)[None, :] <= qpos[:, None]
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=1.0 / math.sqrt(d), enable_gqa=True)
-    return o[0].transpose(0, 1)
+    from kernels.reference import causal_attention
+    t, n = q.shape[0], k.shape[0]
+    mask = None if t == n else torch.arange(n)[None, :] <= torch.arange(n - t, n)[:, None]
+    return causal_attention(q, k, v, 1.0 / math.sqrt(q.shape[-1]), mask)
 
 
 class QuantKVAttention:
