@@ -25,7 +25,8 @@ def test_failed_swap_in_leaves_no_cached_blocks_without_kv(tmp_path):
     model = load_model(make_tiny_checkpoint(tmp_path, "llama", num_heads=4, num_kv_heads=2))
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (21, 17, 25, 19, 23)]
-    reference = [o.outputs[0].token_ids for o in LLM(model=model, num_blocks=256, block_size=4).generate(prompts, GREEDY)]
+    roomy = LLM(model=model, num_blocks=256, block_size=4)
+    reference = [o.outputs[0].token_ids for o in roomy.generate(prompts, GREEDY)]
     llm = LLM(model=model, num_blocks=14, block_size=4, preemption_mode="swap", max_num_batched_tokens=24)
     eng = llm.engine
     for i, p in enumerate(prompts):
