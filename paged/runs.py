@@ -174,11 +174,12 @@ class EngineRun(_Run):
         out = self.engine.step()
         end = self.now
         self.last_output = out
+        from paged.engine.groups import SEQ_ID_SEP  # '<group id>#k': the engine's sequence ids
         for c in out.scheduled:
-            r = self._req.get(c.request_id.split("#")[0])
+            r = self._req.get(c.request_id.split(SEQ_ID_SEP)[0])
             if r is not None and np.isnan(r["first_scheduled_s"]):
                 r["first_scheduled_s"] = start
-        for gid in {sid.split("#")[0] for sid in out.new_tokens}:
+        for gid in {sid.split(SEQ_ID_SEP)[0] for sid in out.new_tokens}:
             if gid in self._req:
                 self._req[gid]["token_times"].append(end)
         for ro in out.finished:
