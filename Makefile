@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_step.py
 	$(BIN)/python benchmarks/engine.py
 	$(BIN)/python benchmarks/kernels.py
+	$(BIN)/python benchmarks/viz.py
 
 clean:
 	rm -rf $(VENV) .cache reports
