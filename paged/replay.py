@@ -49,7 +49,8 @@ class Recording(RecordFrames):
         return sorted(self.snapshots)
 
     def snapshot(self, step: int | None = None) -> KVSnapshot:
-        """The last kept snapshot at or before `step` (default: the last one)."""
+        """The last kept snapshot at or before `step` (default: the last one); a `step` before the
+        first kept snapshot gets the first one (a replay slider starts there)."""
         if not self.snapshots:
             raise ConfigError("this recording kept no snapshots; call run.keep_snapshots(stride) before stepping")
         keys = self.snapshot_steps
