@@ -57,7 +57,7 @@ demo: $(STAMP)
 	$(BIN)/python -m paged demo --out reports
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/kv_manager.py
