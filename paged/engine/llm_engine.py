@@ -67,6 +67,10 @@ class EngineConfig:
     record_events: bool = True
     # xxh3_128 (sha256 without xxhash); hits are verified on tokens and parent: collisions cost only hits
     hash_fn: str = DEFAULT_HASH_FN
+    # swap preemption's transport (paged.engine.swap): 'overlap' = side streams + events on CUDA
+    # (same schedule, synchronous copies on CPU); compression 'fp8'|'int4' on the host (lossy)
+    swap_mode: str = "sync"
+    swap_compression: str | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
@@ -136,7 +140,8 @@ class LLMEngine:
             self.scheduler = Scheduler(self.kv, SchedulerConfig.of(c, max_len))
             self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
                                       num_cpu_blocks=num_cpu, attention_backend=c.attention_backend,
-                                      max_num_seqs=c.max_num_seqs, num_staging_blocks=num_staging)
+                                      max_num_seqs=c.max_num_seqs, num_staging_blocks=num_staging,
+                                      swap_mode=c.swap_mode, swap_compression=c.swap_compression)
         except kernels.KernelError as e:
             raise ConfigError(f"cannot set up the KV cache and attention backend: {e}") from e
         except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError

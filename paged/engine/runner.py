@@ -19,6 +19,7 @@ import torch
 from paged._kernels import kernels
 from .batch import BatchMetadata, build_batch
 from . import torch_attention
+from .swap import SwapExecutor
 from paged.core.kv_manager import KVCacheManager
 from paged.models.llama import LlamaForCausalLM
 from paged.core.scheduler import ScheduledChunk, SchedulerOutput
@@ -64,7 +65,8 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, *, kv_cache_dtype: str = "auto",
                  num_cpu_blocks: int = 0, attention_backend: str | None = None, max_num_seqs: int = 256,
-                 num_staging_blocks: int | None = None) -> None:
+                 num_staging_blocks: int | None = None,
+                 swap_mode: str = "sync", swap_compression: str | None = None) -> None:
         self.model = model
         self.kv = kv
         p = next(model.parameters())
@@ -89,12 +91,18 @@ class ModelRunner:
             **staging(n, dev))  # int4 group: kernels.int4_group's default, as the engine's byte budget assumes
             for _ in range(cfg.num_layers)]
         self.layers = mk(kv.num_blocks, self.device)
-        self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks else []
+        self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks and not swap_compression else []
         self.staged = self.layers[0].staging is not None
         self.planned = torch_attention.supports(self.layers, resolved)  # plan once per step, run per layer
         if self.cpu_layers and self.layers[0].kv_format.scale == "head":
             for g, c in zip(self.layers, self.cpu_layers):  # swaps need the same per-layer scales
                 c.k_scale, c.v_scale = g.k_scale.cpu(), g.v_scale.cpu()
+        # every device <-> host block move goes through one SwapExecutor (paged.engine.swap)
+        self.swap = SwapExecutor.build(self.layers, num_cpu_blocks, mode=swap_mode, compression=swap_compression,
+                                       host_layers=self.cpu_layers)
+        self.cpu_layers = self.swap.host_layers
+        owner = {id(c): i for i, c in enumerate(self.layers)}
+        self.swap_layer_of = [owner[id(c)] for c in getattr(self, "layer_caches", self.layers)]
 
     def cache_bytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
@@ -106,17 +114,18 @@ class ModelRunner:
     def apply_cache_ops(self, plan: SchedulerOutput) -> float:
         """swap_out, then block copies, then swap_in (the scheduler's order); returns ms."""
         t0 = time.perf_counter()
+        self.swap.fence()  # nothing of an earlier step's swap-ins is left pending
         if plan.swap_out:
-            kernels.swap_blocks(self.layers, self.cpu_layers, plan.swap_out)
+            self.swap.swap_out(plan.swap_out)
         if plan.block_copies:
             kernels.copy_blocks(self.layers, plan.block_copies, backend=self.backend)
         if plan.swap_in:
-            kernels.swap_blocks(self.cpu_layers, self.layers, plan.swap_in)
+            self.swap.swap_in(plan.swap_in)  # overlap mode: the forward waits per layer (wait_layer)
         if self.staged:
             self.release_blocks(plan.freed_blocks)
-            for layer in self.cpu_layers:
-                kernels.release_blocks(layer, [cpu for cpu, _ in plan.swap_in])
-        self._sync()
+            self.swap.release_host([cpu for cpu, _ in plan.swap_in])
+        if self.swap.mode == "sync":
+            self._sync()
         return (time.perf_counter() - t0) * 1e3
 
     def release_blocks(self, block_ids: Sequence[int]) -> None:
@@ -137,7 +146,7 @@ class ModelRunner:
         meta = build_batch(chunks, self.kv).to(self.device)
         attn = (torch_attention.TorchAttentionPlan(self.layers, meta) if self.planned
                 else PagedAttention(self.layers, meta, self.backend))
-        hidden = self.model(meta.input_ids, meta.positions, attn)
+        hidden = self.model(meta.input_ids, meta.positions, self.swap.fenced(attn, self.swap_layer_of))
         rows = [i for i, s in enumerate(meta.samples) if s]
         logits = self.model.compute_logits(hidden[meta.sample_indices[rows]])
         prompt = {}
