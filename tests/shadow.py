@@ -2,7 +2,7 @@
 
 Real K/V at position p depends on tokens 0..p, so each shadow slot holds that tuple.
 
-Applying a plan exactly as a runner must (swap_out, block_copies, swap_in, then writing
+Applying a plan exactly as a runner must (compaction_copies, swap_out, block_copies, swap_in, then writing
 the scheduled tokens through the slot mapping) and then reading back a request's whole
 context through its block table checks that the manager and scheduler never hand out
 a block whose contents are wrong: a bad copy-on-write, prefix hit, swap mapping or
@@ -54,6 +54,7 @@ class ShadowKV:
 
         As in each layer of a forward pass, every chunk's K/V is written before any
         chunk attends, so a prefix hit may use a block filled in this same step."""
+        self.copy_blocks(getattr(out, "compaction_copies", ()))  # block compaction comes first
         self.swap_out(out.swap_out)
         self.copy_blocks(out.block_copies)
         self.swap_in(out.swap_in)

@@ -24,6 +24,7 @@ ABORT = "abort"
 STEP = "step"              # value: tokens scheduled in the step
 ALLOC_LATENCY = "alloc_latency"  # value: nanoseconds spent in one allocate_slots call
 RESET = "reset"
+COMPACT = "compact"          # block compaction moved a live block (block_id: dst, value: src)
 
 PREEMPT_RECOMPUTE = 0
 PREEMPT_SWAP = 1

@@ -59,6 +59,9 @@ class KVCacheManager:
         self.num_cow_copies = 0
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
+        self.num_compactions = 0
+        self.num_compaction_copies = 0
+        self.last_compaction = None  # paged.core.compaction.CompactionPlan of the last compact()
 
     # ---- checks on input ---------------------------------------------------------
     def check_request(self, request: Request) -> None:
@@ -366,6 +369,27 @@ class KVCacheManager:
             return self._tables[request_id]
         except KeyError:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks in the GPU pool") from None
+
+    # ---- compaction (paged.core.compaction) -----------------------------------------------
+    def compact(self, order: Sequence[str] | None = None, *, drop_cached: bool = False,
+                max_copies: int | None = None) -> BlockMapping:
+        """Move live blocks so each request's own blocks (in ``order``, oldest first) are
+        physically contiguous; returns the (src, dst) copies to apply before anything else reads
+        or writes the cache (one parallel round: every dst was free). The pass's counts are in
+        ``last_compaction``; see ``paged.core.compaction`` for the objective and the bound."""
+        from .compaction import compact_manager
+        plan = compact_manager(self, order, drop_cached=drop_cached, max_copies=max_copies)
+        self.last_compaction = plan
+        self.num_compactions += 1
+        self.num_compaction_copies += plan.num_copies
+        return plan.copies
+
+    def block_fragmentation(self, order: Sequence[str] | None = None) -> float:
+        """What a compaction pass can fix: share of adjacent own-block pairs not physically
+        consecutive (``paged.core.compaction.fragmentation``; O(table entries))."""
+        from .compaction import fragmentation
+        ids = list(order) if order is not None else list(self._tables)
+        return fragmentation([(r, [b.block_id for b in self._tables[r]]) for r in ids if r in self._tables])
 
     def snapshot(self, requests=None, **kw):
         """Numpy state for views: a `paged.core.snapshot.KVSnapshot` (see there; O(blocks))."""

@@ -2,8 +2,8 @@
 
 ``SchedulerConfig``: token budget, sequence slots, chunked prefill, preemption mode, policy,
 watermark; ``SchedulerConfig.of`` builds it from an executor's config (engine or simulator).
-``SchedulerOutput``: the chunks to compute, the cache operations to apply first (swap out,
-copy-on-write copies, swap in), preemptions, and the pool right after planning.
+``SchedulerOutput``: the chunks to compute, the cache operations to apply first (compaction
+copies, swap out, copy-on-write copies, swap in), preemptions, and the pool right after planning.
 """
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ class SchedulerConfig:
     # priority policy: one priority level is worth this many steps of waiting, so a request
     # is never starved by later arrivals of better priority (None: strict priority).
     priority_aging_steps: int | None = 1000
+    # block compaction (paged.core.compaction): every `compaction_interval` steps, when the running
+    # requests' fragmentation exceeds `compaction_threshold`, one pass of at most
+    # `compaction_max_copies` copies (None: no limit); `compaction_drop_cached` lets it drop cached-free blocks
+    enable_block_compaction: bool = False
+    compaction_threshold: float = 0.25
+    compaction_interval: int = 16
+    compaction_max_copies: int | None = None
+    compaction_drop_cached: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
@@ -46,6 +54,14 @@ class SchedulerConfig:
             raise ConfigError(f"priority_aging_steps must be an integer >= 1 or None, got {self.priority_aging_steps!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        if not isinstance(self.compaction_interval, int) or self.compaction_interval < 1:
+            raise ConfigError(f"compaction_interval must be an integer >= 1 (steps), got {self.compaction_interval!r}")
+        if not 0.0 <= self.compaction_threshold <= 1.0:
+            raise ConfigError(f"compaction_threshold must be in [0, 1] (a fragmentation share), "
+                              f"got {self.compaction_threshold!r}")
+        if self.compaction_max_copies is not None and (
+                not isinstance(self.compaction_max_copies, int) or self.compaction_max_copies < 1):
+            raise ConfigError(f"compaction_max_copies must be an integer >= 1 or None, got {self.compaction_max_copies!r}")
 
     @classmethod
     def of(cls, config: object, max_model_len: int) -> "SchedulerConfig":
@@ -118,6 +134,8 @@ class SchedulerOutput(StepCounts, PoolCounts):
     step: int
     scheduled: list[ScheduledChunk] = field(default_factory=list)
     block_copies: BlockMapping = field(default_factory=list)
+    # block compaction, applied FIRST (before swap_out): every other id of the plan is post-compaction
+    compaction_copies: BlockMapping = field(default_factory=list)
     swap_out: BlockMapping = field(default_factory=list)   # (gpu block, cpu block)
     swap_in: BlockMapping = field(default_factory=list)    # (cpu block, gpu block)
     preempted: list[tuple[str, str]] = field(default_factory=list)  # (request id, "recompute"|"swap")
@@ -130,6 +148,10 @@ class SchedulerOutput(StepCounts, PoolCounts):
     @property
     def num_block_copies(self) -> int:
         return len(self.block_copies)
+
+    @property
+    def num_compaction_copies(self) -> int:
+        return len(self.compaction_copies)
 
     @property
     def num_swapped_out_blocks(self) -> int:

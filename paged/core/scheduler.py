@@ -2,8 +2,8 @@
 
 Each `schedule()` returns a plan (`SchedulerOutput`): which requests compute how many
 tokens this step, the block copies (copy-on-write), swaps and preemptions to apply.
-The executor applies, in this order: swap_out, block_copies, swap_in, then the forward
-pass; it returns one sampled token per chunk with `samples=True`, and `update()` moves
+The executor applies, in this order: compaction_copies (block compaction, off by default),
+swap_out, block_copies, swap_in, then the forward pass; it returns one sampled token per chunk with `samples=True`, and `update()` moves
 every request on. Order of a step:
 
 1. running requests in order (FCFS: admission order; priority: best first), each
@@ -107,6 +107,7 @@ class Scheduler:
         self.num_preemptions = {"recompute": 0, "swap": 0}
         self._seq = itertools.count()
         self._watermark_blocks = int(self.config.watermark * kv.num_blocks)
+        self._compaction_checked = 0  # step of the last fragmentation check (block compaction)
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -193,6 +194,8 @@ class Scheduler:
         if cfg.policy == "priority":
             self.running.sort(key=lambda r: (r._rank, r._seq))
         running = self.running
+        if cfg.enable_block_compaction and self.step_index - self._compaction_checked >= cfg.compaction_interval:
+            self._compact(out)
         scheduled, chunked, allocate = out.scheduled, cfg.enable_chunked_prefill, kv.allocate_slots
         i = 0
         while i < len(running) and budget > 0:  # the hot loop: one pass per running request
@@ -230,6 +233,16 @@ class Scheduler:
         out.freed_blocks = kv.take_freed_blocks()
         self.recorder.emit(ev.STEP, None, None, cfg.max_num_batched_tokens - budget)  # = out.num_batched_tokens
         return out
+
+    def _compact(self, out: SchedulerOutput) -> None:
+        """Block compaction before anything else of the step (so every later id of the plan is
+        post-compaction): one pass when the running requests' fragmentation exceeds the threshold."""
+        cfg, kv = self.config, self.kv
+        self._compaction_checked = self.step_index
+        order = [r.request_id for r in self.running]
+        if kv.block_fragmentation(order) > cfg.compaction_threshold:
+            out.compaction_copies = kv.compact(order, drop_cached=cfg.compaction_drop_cached,
+                                               max_copies=cfg.compaction_max_copies)
 
     def _resume_swapped(self, out: SchedulerOutput, budget: int) -> int:
         kv, cfg = self.kv, self.config

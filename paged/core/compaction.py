@@ -1,0 +1,232 @@
+"""Block compaction: move live blocks so each running request's block table is physically contiguous.
+
+The seed's ``--enable-block-compaction``, made precise and measurable.
+
+**Objective.** Requests are taken in the order given (the scheduler passes its running order:
+oldest first). A request's *own* blocks are the blocks of its table that no earlier request holds
+(first-holder rule). After a pass every compacted request's own blocks, in table order, have
+consecutive ascending ids. A block shared by several tables (prefix hit, fork, beams) sits in one
+place, so it can be contiguous for one holder only: the first. A request that shares a prefix with
+an older one therefore reads at most two runs (the shared prefix where its first holder put it,
+then its own blocks); a request sharing nothing reads one. ``fragmentation`` measures what a pass
+can fix: the share of adjacent own-block pairs that are not physically consecutive.
+
+**Moves only into free blocks.** Every destination is a block that is free when the pass starts
+(plain free or never used), or one of the request's own blocks already at its target place (it
+does not move). Sources are live, destinations were free, so the copies of a pass form one
+parallel round: no destination is also a source and no two copies share a destination. There are
+no chains or cycles, no scratch block is needed, and applying the copies in any order or all at
+once gives the same cache (``kernels.copy_blocks`` takes its parallel Triton path on GPU). Blocks a
+pass vacates are free for the next pass only.
+
+**Bound.** copies = own blocks moved <= min(free blocks at the start, own blocks of the fragmented
+requests); each block moves at most once per pass. For each fragmented request the pass picks the
+window of ids that keeps the most of its blocks in place (fewest copies), then drops the fewest
+cached-free blocks, then starts lowest. A request with no window (``n`` own blocks need ``n`` ids
+each free or already holding its own block at that position) stays as it is (``skipped``).
+
+**Cached-free blocks** (ref 0, still hashed) are never moved: by default a window may not contain
+one (compaction never costs a prefix hit); with ``drop_cached=True`` a window may, and the block's
+prefix entry is dropped (an ``evict`` event; the host tier is not asked to keep it, because its copy
+to the host would run after this pass's copies overwrote the block).
+
+**Prefix entries follow the data.** A move relocates the ``Block`` object itself (its id changes,
+``pool.blocks`` is updated, the free block that was at the destination takes the source id). Tables,
+the hash index and parent links all hold ``Block`` objects, so every prefix entry and every holder of
+a shared block sees the new id, and verified hits keep working (same object, same generation).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import TYPE_CHECKING, Collection, Iterable, Sequence
+
+from . import events as ev
+from .block import Block
+from paged.errors import BlockStateError
+
+if TYPE_CHECKING:
+    from .kv_manager import KVCacheManager
+
+__all__ = ["CompactionPlan", "count_runs", "fragmentation", "own_blocks", "plan_compaction", "compact_manager"]
+
+_BLOCKED, _FREE, _CACHED = 0, 1, 2
+
+
+@dataclass
+class CompactionPlan:
+    """One pass: ``copies`` (src, dst) to apply before anything else of the step (one parallel round),
+    ``moves`` (request, src, dst) in the same order, cached-free blocks dropped, and the counts."""
+
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    moves: list[tuple[str, int, int]] = field(default_factory=list)
+    dropped_cached: list[int] = field(default_factory=list)
+    num_requests: int = 0
+    num_fragmented: int = 0      # requests whose own blocks were in more than one run
+    num_compacted: int = 0       # of those, made contiguous by this pass
+    num_skipped: int = 0         # of those, left as they were (no window, or max_copies reached)
+    runs_before: int = 0         # own-block runs over all requests
+    runs_after: int = 0
+    fragmentation_before: float = 0.0
+    fragmentation_after: float = 0.0
+
+    @property
+    def num_copies(self) -> int:
+        return len(self.copies)
+
+
+def count_runs(ids: Sequence[int]) -> int:
+    """Maximal runs of consecutive ascending ids (0 for an empty table, 1 when contiguous)."""
+    if not ids:
+        return 0
+    return 1 + sum(1 for a, b in zip(ids, ids[1:]) if b != a + 1)
+
+
+def own_blocks(tables: Iterable[tuple[str, Sequence[int]]]) -> list[tuple[str, list[int]]]:
+    """Each request's own blocks (those no earlier request in ``tables`` holds), in table order."""
+    seen: set[int] = set()
+    out = []
+    for rid, table in tables:
+        out.append((rid, [b for b in table if b not in seen]))
+        seen.update(table)
+    return out
+
+
+def fragmentation(tables: Iterable[tuple[str, Sequence[int]]]) -> float:
+    """Share of adjacent own-block pairs (see ``own_blocks``) whose ids are not consecutive, in
+    [0, 1]: 0 when every request's own blocks are one run (what a full pass achieves)."""
+    breaks = pairs = 0
+    for _, own in own_blocks(tables):
+        if len(own) > 1:
+            breaks += count_runs(own) - 1
+            pairs += len(own) - 1
+    return breaks / pairs if pairs else 0.0
+
+
+def _best_window(own: list[int], avail: bytearray, prefix_blocked: list[int],
+                 prefix_cached: list[int]) -> tuple[int, int, int] | None:
+    """(start, copies, cached dropped) of the best window for ``own`` or None (see module docstring)."""
+    n, num_blocks = len(own), len(avail)
+    in_place: dict[int, int] = {}
+    for i, b in enumerate(own):
+        in_place[b - i] = in_place.get(b - i, 0) + 1
+    best = None
+    for s, keep in in_place.items():  # windows keeping some blocks in place: fewer copies than any other
+        if 0 <= s <= num_blocks - n and prefix_blocked[s + n] - prefix_blocked[s] == keep:
+            key = (n - keep, prefix_cached[s + n] - prefix_cached[s], s)
+            best = key if best is None or key < best else best
+    if best is None:  # a window of free (or droppable cached) ids only: the fewest cached, then the lowest
+        for s in range(num_blocks - n + 1):
+            if prefix_blocked[s + n] == prefix_blocked[s]:
+                key = (n, prefix_cached[s + n] - prefix_cached[s], s)
+                if best is None or key < best:
+                    best = key
+                    if key[1] == 0:
+                        break
+    if best is None:
+        return None
+    copies, dropped, s = best
+    return s, copies, dropped
+
+
+def plan_compaction(tables: Sequence[tuple[str, Sequence[int]]], num_blocks: int, free: Iterable[int],
+                    cached: Collection[int] = (), *, drop_cached: bool = False,
+                    max_copies: int | None = None) -> CompactionPlan:
+    """Plan one pass over block ids (pure: no state changes).
+
+    ``tables``: (request id, block ids) in priority order; ``free``: ids free now (plain free or
+    never used); ``cached``: cached-free ids (used as destinations only with ``drop_cached``);
+    ``max_copies``: a budget per pass (requests that would exceed it are skipped). Every other id is
+    live. Raises BlockStateError (and plans nothing) when a table names a free or out-of-range id.
+    """
+    avail = bytearray(num_blocks)  # _BLOCKED
+    for b in free:
+        avail[b] = _FREE
+    if drop_cached:
+        for b in cached:
+            avail[b] = _CACHED
+    owned = own_blocks(tables)
+    for rid, own in owned:
+        for b in own:
+            if not 0 <= b < num_blocks or avail[b] != _BLOCKED or b in cached:
+                raise BlockStateError(f"request {rid!r} holds block {b}, which is free, cached-free or outside "
+                                      f"[0, {num_blocks}); compaction needs the manager's own tables")
+    plan = CompactionPlan(num_requests=len(owned))
+    plan.fragmentation_before = fragmentation(tables)
+    budget = max_copies if max_copies is not None else num_blocks
+    prefix_blocked = prefix_cached = None
+    for rid, own in owned:
+        runs = count_runs(own)
+        plan.runs_before += runs
+        if runs <= 1:
+            plan.runs_after += runs
+            continue
+        plan.num_fragmented += 1
+        if prefix_blocked is None:  # rebuilt only after a request took blocks
+            prefix_blocked = [0, *accumulate(1 if a == _BLOCKED else 0 for a in avail)]
+            prefix_cached = [0, *accumulate(1 if a == _CACHED else 0 for a in avail)]
+        best = _best_window(own, avail, prefix_blocked, prefix_cached)
+        if best is None or best[1] > budget:
+            plan.num_skipped += 1
+            plan.runs_after += runs
+            continue
+        s, copies, _ = best
+        budget -= copies
+        for i, b in enumerate(own):
+            d = s + i
+            if b != d:
+                if avail[d] == _CACHED:
+                    plan.dropped_cached.append(d)
+                avail[d] = _BLOCKED
+                plan.copies.append((b, d))
+                plan.moves.append((rid, b, d))
+        prefix_blocked = None
+        plan.num_compacted += 1
+        plan.runs_after += 1
+    moved = {s: d for s, d in plan.copies}
+    plan.fragmentation_after = fragmentation([(rid, [moved.get(b, b) for b in t]) for rid, t in tables])
+    return plan
+
+
+def _relocate(pool, src: int, dst: int) -> None:
+    """Give the live block at ``src`` the id ``dst`` (a plain-free or never-used id) and the free
+    block at ``dst`` the id ``src`` (O(1), or O(ids materialized) when ``dst`` was never used)."""
+    blocks = pool.blocks
+    target = blocks[dst]
+    if target is None:  # never used: create ids up to dst, reused after the blocks freed so far
+        new = [Block(i) for i in range(pool._next_fresh, dst + 1)]
+        for b in new:
+            blocks[b.block_id] = b
+        pool._free_plain[:0] = reversed(new)
+        pool._next_fresh = dst + 1
+        target = blocks[dst]
+    moved = blocks[src]
+    assert moved.ref_cnt > 0 and target.ref_cnt == 0 and target.block_hash is None, (moved, target)
+    moved.block_id, target.block_id = dst, src
+    blocks[dst], blocks[src] = moved, target
+    pool.freed.add(src)
+
+
+def compact_manager(kv: "KVCacheManager", order: Sequence[str] | None = None, *, drop_cached: bool = False,
+                    max_copies: int | None = None) -> CompactionPlan:
+    """Plan and commit one pass on ``kv`` (requests in ``order``, default: the order they got
+    blocks; ids holding no GPU blocks are skipped). The caller applies ``plan.copies`` to the
+    cache before any other operation that reads or writes those blocks."""
+    pool = kv.pool
+    ids = list(order) if order is not None else list(kv._tables)
+    tables = [(rid, [b.block_id for b in kv._tables[rid]]) for rid in ids if rid in kv._tables]
+    free = [b.block_id for b in pool._free_plain]
+    free.extend(range(pool._next_fresh, pool.num_blocks))
+    cached = {b.block_id for b in pool.cached_free}
+    plan = plan_compaction(tables, pool.num_blocks, free, cached, drop_cached=drop_cached, max_copies=max_copies)
+    rec = kv.recorder
+    for d in plan.dropped_cached:
+        block = pool.blocks[d]
+        pool.cached_free.remove(block)
+        pool._drop_hash(block)
+        pool._free_plain.append(block)
+        rec.emit(ev.EVICT, None, d, None)
+    for rid, s, d in plan.moves:
+        _relocate(pool, s, d)
+        rec.emit(ev.COMPACT, rid, d, s)
+    return plan
