@@ -28,6 +28,7 @@ from paged.errors import (ConfigError, DuplicateRequestError, InvalidRequestErro
 from paged.models.loader import LoadedModel
 from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
 from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
+from .kv_sharing import check_share_map
 from .runner import ModelRunner
 from .recovery import abort_failed_step
 from .validate import check_engine_config, fit_budget
@@ -71,6 +72,7 @@ class EngineConfig:
     # (same schedule, synchronous copies on CPU); compression 'fp8'|'int4' on the host (lossy)
     swap_mode: str = "sync"
     swap_compression: str | None = None
+    kv_share_with: dict[int, int] | None = None  # {layer: earlier owner layer}: see paged.engine.kv_sharing
 
     @classmethod
     def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
@@ -85,10 +87,10 @@ class EngineConfig:
         return config
 
 
-def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype) -> int:
+def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype, num_layers: int = 0) -> int:
     from paged._kernels import kernels
     try:
-        return cfg.num_layers * block_size * kernels.bytes_per_token(
+        return (num_layers or cfg.num_layers) * block_size * kernels.bytes_per_token(
             kv_cache_dtype, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, block_size=block_size)
     except kernels.KernelError as e:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: {e}") from e
@@ -106,7 +108,9 @@ class LLMEngine:
         mcfg = loaded.config
         p = next(self.model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        block_bytes = _kv_bytes_per_block(mcfg, c.block_size, c.kv_cache_dtype, self.dtype)
+        share = check_share_map(c.kv_share_with, mcfg.num_layers)
+        n_cache = mcfg.num_layers - len(share or ())  # only the owner layers hold (and cost) a cache
+        block_bytes = _kv_bytes_per_block(mcfg, c.block_size, c.kv_cache_dtype, self.dtype, n_cache)
         num_blocks, num_staging = c.num_blocks, None
         if num_blocks is None:
             budget = c.kv_cache_memory
@@ -116,7 +120,7 @@ class LLMEngine:
                     budget = int(0.4 * free)
                 else:
                     budget = 512 << 20
-            num_blocks, num_staging = fit_budget(budget, block_bytes, mcfg, c, self.dtype)
+            num_blocks, num_staging = fit_budget(budget, block_bytes, mcfg, c, self.dtype, n_cache)
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ConfigError(f"the KV cache holds {num_blocks} blocks of {block_bytes} bytes; give "
                               "num_blocks >= 1 or a larger kv_cache_memory")
@@ -141,7 +145,7 @@ class LLMEngine:
             self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
                                       num_cpu_blocks=num_cpu, attention_backend=c.attention_backend,
                                       max_num_seqs=c.max_num_seqs, num_staging_blocks=num_staging,
-                                      swap_mode=c.swap_mode, swap_compression=c.swap_compression)
+                                      swap_mode=c.swap_mode, swap_compression=c.swap_compression, kv_share_with=share)
         except kernels.KernelError as e:
             raise ConfigError(f"cannot set up the KV cache and attention backend: {e}") from e
         except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError

@@ -20,6 +20,7 @@ from paged._kernels import kernels
 from .batch import BatchMetadata, build_batch
 from . import torch_attention
 from .swap import SwapExecutor
+from .kv_sharing import cache_index, check_share_map, owner_layers
 from paged.core.kv_manager import KVCacheManager
 from paged.models.llama import LlamaForCausalLM
 from paged.core.scheduler import ScheduledChunk, SchedulerOutput
@@ -29,15 +30,17 @@ class PagedAttention:
     """The model's attention backend for one step: write K/V, then attend over the cache."""
 
     def __init__(self, layers: Sequence[kernels.KVCacheLayer], meta: BatchMetadata,
-                 backend: str | None) -> None:
-        self.layers = layers
+                 backend: str | None, shared: frozenset[int] = frozenset()) -> None:
+        self.layers = layers  # per model layer; a shared layer's entry is its owner's cache
         self.meta = meta
         self.backend = backend
         self.decode_only = meta.max_query_len == 1
+        self.shared = shared  # layers that read their owner's cache and write nothing
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layer, m = self.layers[layer_idx], self.meta
-        kernels.write_kv(k, v, layer, None, m.slot_mapping, backend=self.backend)
+        if layer_idx not in self.shared:
+            kernels.write_kv(k, v, layer, None, m.slot_mapping, backend=self.backend)
         if self.decode_only:
             return kernels.paged_decode_attention(q, layer, None, m.block_tables, m.seq_lens, backend=self.backend)
         return kernels.paged_prefill_attention(q, layer, None, m.block_tables, m.seq_lens, m.query_start_loc,
@@ -61,12 +64,15 @@ def default_backend(device: torch.device) -> str | None:
 
 
 class ModelRunner:
-    """Holds ``num_layers`` device cache layers and (for swap) as many host layers."""
+    """Holds one device cache layer per owner layer (every layer without ``kv_share_with``;
+    see :mod:`paged.engine.kv_sharing`) and (for swap) as many host layers. ``layers`` are the
+    owners' caches (what cache ops move); ``layer_caches[i]`` is the cache model layer i reads."""
 
     def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, *, kv_cache_dtype: str = "auto",
                  num_cpu_blocks: int = 0, attention_backend: str | None = None, max_num_seqs: int = 256,
                  num_staging_blocks: int | None = None,
-                 swap_mode: str = "sync", swap_compression: str | None = None) -> None:
+                 swap_mode: str = "sync", swap_compression: str | None = None,
+                 kv_share_with: dict[int, int] | None = None) -> None:
         self.model = model
         self.kv = kv
         p = next(model.parameters())
@@ -75,6 +81,7 @@ class ModelRunner:
         resolved = kernels.resolve_backend(self.backend, self.device)  # a bad backend fails here, not mid-step
         cfg = model.config
         self.kv_cache_dtype = kv_cache_dtype
+        self.kv_share_with = share = check_share_map(kv_share_with, cfg.num_layers)
         # int4_kivi keeps unfilled blocks in a staging pool: about one per running (or swapped)
         # sequence once freed blocks are released. Start from max_num_seqs and let it grow
         # (forks for n > 1 and beams are not bounded by max_num_seqs; at most one slot per block).
@@ -89,8 +96,10 @@ class ModelRunner:
         mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
             n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
             **staging(n, dev))  # int4 group: kernels.int4_group's default, as the engine's byte budget assumes
-            for _ in range(cfg.num_layers)]
+            for _ in owner_layers(share, cfg.num_layers)]
         self.layers = mk(kv.num_blocks, self.device)
+        self.layer_caches = [self.layers[k] for k in cache_index(share, cfg.num_layers)]
+        self.shared = frozenset(share or ())
         self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks and not swap_compression else []
         self.staged = self.layers[0].staging is not None
         self.planned = torch_attention.supports(self.layers, resolved)  # plan once per step, run per layer
@@ -144,8 +153,8 @@ class ModelRunner:
         if not chunks:
             return ForwardResult([], torch.zeros(0, self.model.config.vocab_size), 0.0, 0)
         meta = build_batch(chunks, self.kv).to(self.device)
-        attn = (torch_attention.TorchAttentionPlan(self.layers, meta) if self.planned
-                else PagedAttention(self.layers, meta, self.backend))
+        attn = (torch_attention.TorchAttentionPlan(self.layer_caches, meta, self.shared) if self.planned
+                else PagedAttention(self.layer_caches, meta, self.backend, self.shared))
         hidden = self.model(meta.input_ids, meta.positions, self.swap.fenced(attn, self.swap_layer_of))
         rows = [i for i, s in enumerate(meta.samples) if s]
         logits = self.model.compute_logits(hidden[meta.sample_indices[rows]])

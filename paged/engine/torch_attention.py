@@ -47,8 +47,10 @@ class TorchAttentionPlan:
     query) or prefill rows (``query_start_loc`` ranges of more than one token).
     """
 
-    def __init__(self, layers: Sequence[kernels.KVCacheLayer], meta: BatchMetadata) -> None:
-        self.layers = layers
+    def __init__(self, layers: Sequence[kernels.KVCacheLayer], meta: BatchMetadata,
+                 shared: frozenset[int] = frozenset()) -> None:
+        self.layers = layers  # per model layer; a shared layer's entry is its owner's cache
+        self.shared = shared  # cross-layer KV sharing: these layers write nothing, read the owner's K/V
         first = layers[0]
         self.h, self.d, bs = first.num_kv_heads, first.head_dim, first.block_size
         self.scale = 1.0 / math.sqrt(self.d)
@@ -103,8 +105,11 @@ class TorchAttentionPlan:
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kc, vc = self._flat(self.layers[layer_idx])
-        kc.index_copy_(0, self.slots, k.to(kc.dtype))
-        vc.index_copy_(0, self.slots, v.to(vc.dtype))
+        if layer_idx in self.shared:  # the owner (an earlier layer) wrote this step's K/V
+            k, v = kc.index_select(0, self.slots), vc.index_select(0, self.slots)
+        else:
+            kc.index_copy_(0, self.slots, k.to(kc.dtype))
+            vc.index_copy_(0, self.slots, v.to(vc.dtype))
         if self.all_decode:
             return self._decode(q, kc, vc)
         out = torch.empty_like(q)

@@ -12,6 +12,7 @@ import torch
 
 from paged.checks import need_flag, need_int, need_real
 from paged.errors import ConfigError
+from .kv_sharing import check_share_map
 
 # name -> (minimum, optional) for integer fields
 _INTS = {"block_size": (1, False), "num_blocks": (1, True), "kv_cache_memory": (1, True),
@@ -43,17 +44,21 @@ def check_engine_config(c: Any) -> None:
         raise bad(f"kv_cache_dtype must be a format name such as 'auto', 'int8' or 'int4', got {c.kv_cache_dtype!r}")
     if c.attention_backend is not None and not isinstance(c.attention_backend, str):
         raise bad(f"attention_backend must be None or a backend name, got {c.attention_backend!r}")
+    c.kv_share_with = check_share_map(getattr(c, "kv_share_with", None))  # ranges: once the model is known
 
 
-def fit_budget(budget: int, block_bytes: int, mcfg, c, dtype: torch.dtype) -> tuple[int, int | None]:
+def fit_budget(budget: int, block_bytes: int, mcfg, c, dtype: torch.dtype,
+               num_layers: int | None = None) -> tuple[int, int | None]:
     """Blocks (and int4_kivi staging slots) that fit ``budget`` bytes together. The staging pool
     (K of unfilled blocks in ``dtype``, one slot per running sequence + 16, at most one per block,
-    plus a 4-byte block map) is counted inside the budget and does not grow."""
+    plus a 4-byte block map) is counted inside the budget and does not grow. ``num_layers``: the
+    layers that own a cache (all of ``mcfg``'s by default; fewer with ``kv_share_with``)."""
     from paged._kernels import kernels
     if not kernels.get_format(c.kv_cache_dtype, dtype).k_per_channel:
         return int(budget // block_bytes), None
-    slot = mcfg.num_layers * c.block_size * mcfg.num_kv_heads * mcfg.head_dim * dtype.itemsize
-    per_block = block_bytes + 4 * mcfg.num_layers
+    layers = num_layers or mcfg.num_layers
+    slot = layers * c.block_size * mcfg.num_kv_heads * mcfg.head_dim * dtype.itemsize
+    per_block = block_bytes + 4 * layers
     cap = c.max_num_seqs + 16
     n = int(budget // (per_block + slot))     # few blocks: one staging slot each
     if n > cap:
