@@ -10,6 +10,8 @@ Both executors (the torch engine and the simulator) produce step rows with exact
   (ours): slots holding tokens / slots of used blocks (block usage minus internal
   fragmentation); both and the pool counts are read right after the step's plan is made.
 - ``prefix_cache_queries``/``prefix_cache_hits``: cumulative, in tokens (as vLLM counts them).
+- ``num_compaction_copies``: blocks block compaction copied before the step (``paged.core.compaction``;
+  0 unless ``enable_block_compaction``); ``num_block_copies`` counts copy-on-write copies only.
 - requests: ``*_s`` columns are times on the same clock as ``time_s`` (NaN when it never
   happened); ``ttft_s = first_token_s - arrival_time_s``, ``e2e_s = finish_s - arrival_time_s``,
   ``queueing_s = first_scheduled_s - arrival_time_s``, ``tbt_mean_s`` the mean gap between the
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
 
 STEP_COLUMNS = ("step", "time_s", "step_time_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
                 "num_batched_tokens", "num_running", "num_waiting", "num_swapped", "num_preempted",
-                "num_block_copies", "num_swapped_out_blocks", "num_swapped_in_blocks", "kv_cache_usage_perc",
+                "num_block_copies", "num_compaction_copies", "num_swapped_out_blocks", "num_swapped_in_blocks",
+                "kv_cache_usage_perc",
                 "token_usage", "num_used_blocks", "num_free_blocks", "num_cached_free_blocks",
                 "prefix_cache_queries", "prefix_cache_hits", "num_finished")
 """One row per executed step (see the module docstring for meanings)."""

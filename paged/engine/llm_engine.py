@@ -72,6 +72,14 @@ class EngineConfig:
     # (same schedule, synchronous copies on CPU); compression 'fp8'|'int4' on the host (lossy)
     swap_mode: str = "sync"
     swap_compression: str | None = None
+    # block compaction (paged.core.compaction; lossless): every `compaction_interval` steps, when the
+    # running requests' fragmentation exceeds `compaction_threshold`, move live blocks so each table is
+    # contiguous (at most `compaction_max_copies` copies; `compaction_drop_cached` may drop cached-free blocks)
+    enable_block_compaction: bool = False
+    compaction_threshold: float = 0.25
+    compaction_interval: int = 16
+    compaction_max_copies: int | None = None
+    compaction_drop_cached: bool = False
     kv_share_with: dict[int, int] | None = None  # {layer: earlier owner layer}: see paged.engine.kv_sharing
 
     @classmethod
@@ -320,7 +328,8 @@ class LLMEngine:
                        for c in plan.scheduled],
             num_prefill_tokens=plan.num_prefill_tokens, num_decode_tokens=plan.num_decode_tokens,
             new_tokens=dict(sampled), finished=finished, preempted=list(plan.preempted),
-            num_block_copies=len(plan.block_copies), num_swapped_out_blocks=len(plan.swap_out),
+            num_block_copies=len(plan.block_copies), num_compaction_copies=len(plan.compaction_copies),
+            num_swapped_out_blocks=len(plan.swap_out),
             num_swapped_in_blocks=len(plan.swap_in),
             schedule_ms=(t1 - t0) * 1e3, cache_ops_ms=cache_ms, forward_ms=forward_ms,
             prefill_ms=prefill_ms, decode_ms=decode_ms, sample_ms=(t3 - t2) * 1e3,

@@ -84,6 +84,7 @@ class StepOutput(StepCounts, PoolCounts):
     total_ms: float
     time_s: float = 0.0
     events: list[ev.Event] = field(default_factory=list)
+    num_compaction_copies: int = 0     # block compaction: copies applied before the step's other cache ops
 
     @property
     def num_tokens(self) -> int:

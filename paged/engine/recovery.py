@@ -29,6 +29,13 @@ def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
         # the swapped-in blocks may never have been copied back, yet allocating the request's
         # chunk indexed its full ones: drop them, or a later prefix hit reads garbage K/V
         kv.uncache_blocks(gpu for _, gpu in plan.swap_in)
+        # block compaction: moved blocks may never have received their K/V: drop their prefix
+        # entries and abort the requests holding them
+        moved = {dst for _, dst in plan.compaction_copies}
+        if moved:
+            kv.uncache_blocks(moved)
+            seqs += [r.request_id for r in engine.scheduler.running
+                     if kv.has(r.request_id) and not moved.isdisjoint(kv.block_table(r.request_id))]
     groups: list[str] = []
     for sid in seqs:
         req = engine.scheduler.requests.get(sid)

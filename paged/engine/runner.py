@@ -124,6 +124,8 @@ class ModelRunner:
         """swap_out, then block copies, then swap_in (the scheduler's order); returns ms."""
         t0 = time.perf_counter()
         self.swap.fence()  # nothing of an earlier step's swap-ins is left pending
+        if plan.compaction_copies:  # block compaction first: every other id of the plan is post-compaction
+            kernels.copy_blocks(self.layers, plan.compaction_copies, backend=self.backend)  # + int4_kivi staging
         if plan.swap_out:
             self.swap.swap_out(plan.swap_out)
         if plan.block_copies:

@@ -18,7 +18,8 @@ from .kv_sharing import check_share_map
 _INTS = {"block_size": (1, False), "num_blocks": (1, True), "kv_cache_memory": (1, True),
          "max_num_batched_tokens": (1, True), "max_num_seqs": (1, False), "num_cpu_blocks": (0, True),
          "max_model_len": (1, True), "seed": (None, False)}
-_FLAGS = ("enable_prefix_caching", "enable_chunked_prefill", "split_prefill_decode", "record_events")
+_FLAGS = ("enable_block_compaction", "compaction_drop_cached", "enable_prefix_caching", "enable_chunked_prefill",
+          "split_prefill_decode", "record_events")
 _CHOICES = {"preemption_mode": ("recompute", "swap"), "policy": ("fcfs", "priority"),
             "swap_mode": ("sync", "overlap"), "swap_compression": (None, "fp8", "int4")}
 

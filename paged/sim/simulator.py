@@ -66,6 +66,12 @@ class SimConfig:
     policy: str = "fcfs"
     watermark: float = 0.01
     enable_prefix_caching: bool = True
+    # block compaction (see EngineConfig; paged.core.compaction): its copies are charged like CoW copies (HBM)
+    enable_block_compaction: bool = False
+    compaction_threshold: float = 0.25
+    compaction_interval: int = 16
+    compaction_max_copies: int | None = None
+    compaction_drop_cached: bool = False
     swap_space_gib: float = 4.0  # CPU pool per GPU for preemption_mode="swap"
     max_model_len: int | None = None  # None: the model's
     hash_fn: str = "builtin"  # prefix hits are verified on tokens, so a fast hash is safe
@@ -309,7 +315,7 @@ class Simulator:
                     sampling.append(d)
                     if c.is_decode:
                         num_decode += 1
-            shape = step_shape(chunks, len(plan.swap_out) + len(plan.swap_in), len(plan.block_copies), block_bytes)
+            shape = step_shape(chunks, len(plan.swap_out) + len(plan.swap_in), len(plan.block_copies) + len(plan.compaction_copies), block_bytes)
             dt = step_time(shape)
             t_end = clock + dt
             for d in sampling:
