@@ -12,7 +12,7 @@ class Block:
     """One physical block. `token_ids`/`parent` are kept to verify prefix hits."""
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "parent", "parent_gen", "generation",
-                 "prev", "next", "hits", "last_access", "num_filled", "alloc_step")
+                 "prev", "next", "hits", "last_access", "num_filled", "alloc_step", "cid", "parent_cid", "depth")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -28,6 +28,12 @@ class Block:
         self.last_access = 0
         self.num_filled = 0                   # slots holding tokens (for token usage)
         self.alloc_step = 0
+        # content identity (set while hashed; it moves with the content between tiers, see
+        # paged.core.host_tier): cid of this registration, the parent content's cid (0: first
+        # block of a prefix), and the position in the prefix chain (0: first block)
+        self.cid: int | None = None
+        self.parent_cid: int | None = None
+        self.depth = 0
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"

@@ -13,7 +13,7 @@ until it is used.
 """
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Callable, Hashable
 
 from . import events as ev
 from paged.errors import BlockStateError, CacheInUseError, ConfigError
@@ -39,6 +39,10 @@ class BlockPool:
         self._clock = 0
         self.recorder = recorder if recorder is not None else ev.NullRecorder()
         self.freed: set[int] = set()  # ids whose ref count reached 0 since the manager last took them
+        self._next_cid = 1                 # content ids of registrations (0 is "no parent")
+        # called with a cached-free block about to lose its hash to an allocation; returns True
+        # when it kept the content elsewhere (the host tier's demote), None/False: plain eviction
+        self.on_evict: Callable[[Block], bool] | None = None
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -66,8 +70,9 @@ class BlockPool:
                 self._next_fresh += 1
             else:
                 block = self.cached_free.pop()
+                if self.on_evict is None or not self.on_evict(block):
+                    rec.emit(ev.EVICT, request_id, block.block_id, None)
                 self._drop_hash(block)
-                rec.emit(ev.EVICT, request_id, block.block_id, None)
             block.ref_cnt = 1
             block.num_filled = 0
             block.hits = 0
@@ -123,14 +128,20 @@ class BlockPool:
 
     # ---- hash index ----------------------------------------------------------------
     def register(self, block: Block, block_hash: Hashable, token_ids: tuple[int, ...],
-                 parent: Block | None, request_id: str | None = None) -> bool:
-        """Index a full, used block under `block_hash`. First writer wins on a clash."""
+                 parent: Block | None, request_id: str | None = None, *, cid: int | None = None) -> bool:
+        """Index a full, used block under `block_hash`. First writer wins on a clash. `cid`:
+        the content id it keeps (content moved back from the host tier), else a new one."""
         if block.block_hash is not None or block_hash in self.index:
             return False
         block.block_hash = block_hash
         block.token_ids = token_ids
         block.parent = parent
         block.parent_gen = parent.generation if parent is not None else 0
+        block.parent_cid = parent.cid if parent is not None else 0
+        block.depth = parent.depth + 1 if parent is not None else 0
+        if cid is None:
+            cid, self._next_cid = self._next_cid, self._next_cid + 1
+        block.cid = cid
         self.index[block_hash] = block
         self.recorder.emit(ev.CACHE_BLOCK, request_id, block.block_id, len(token_ids))
         return True
@@ -143,7 +154,22 @@ class BlockPool:
         block.block_hash = None
         block.token_ids = None
         block.parent = None
+        block.cid = block.parent_cid = None
         block.generation += 1
+
+    def demote_cached_free(self, n: int) -> int:
+        """Hand up to `n` cached-free blocks (policy order) to `on_evict` and make them plain
+        free; stops at the first one it refuses (kept cached). Returns how many moved."""
+        moved = 0
+        while moved < n and len(self.cached_free) and self.on_evict is not None:
+            block = self.cached_free.pop()
+            if not self.on_evict(block):
+                self.cached_free.add(block)
+                break
+            self._drop_hash(block)
+            self._free_plain.append(block)
+            moved += 1
+        return moved
 
     def reset(self) -> int:
         """Drop every hash. Only allowed when no block is in use. Returns blocks dropped."""

@@ -24,6 +24,9 @@ ABORT = "abort"
 STEP = "step"              # value: tokens scheduled in the step
 ALLOC_LATENCY = "alloc_latency"  # value: nanoseconds spent in one allocate_slots call
 RESET = "reset"
+TIER_OUT = "tier_out"      # a cached-free block's content moved to the host tier (block_id: GPU, value: CPU block)
+TIER_IN = "tier_in"        # a host-tier hit brought content back (block_id: new GPU block, value: CPU block)
+HOST_EVICT = "host_evict"  # a host-tier entry was dropped for room (value: its CPU block)
 COMPACT = "compact"          # block compaction moved a live block (block_id: dst, value: src)
 
 PREEMPT_RECOMPUTE = 0

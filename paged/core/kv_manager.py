@@ -11,6 +11,11 @@ something") and never half-applies an operation:
 Slots: token at position p of a request lives in slot `table[p // bs] * bs + p % bs`.
 Blocks of a finished request are freed tail-first, so under LRU a prefix outlives its
 suffix. Swapping copies a request's blocks to a CPU pool of its own capacity.
+
+With ``host_tier=True`` the same CPU pool also keeps cached-free prefix blocks an allocation
+would evict (``paged.core.host_tier``): ``find_cached_prefix`` then returns blocks of either
+tier, ``allocate_slots`` brings host ones back, and ``take_tier_ops`` hands the planned copies
+to the scheduler's plan (``tier_out``/``tier_in``). Off by default (today's behaviour).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from .block import Block
 from .block_pool import BlockPool
 from paged.errors import BlockStateError, ConfigError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from .eviction import EvictionPolicy
+from .host_tier import HostBlock, HostTier, find_tiered_prefix
 from .prefix_cache import DEFAULT_HASH_FN, BlockHasher, HashFn, find_cached_prefix
 from .request import Request
 
@@ -32,7 +38,8 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int = 16, *, enable_prefix_caching: bool = True,
                  hash_fn: str | HashFn = DEFAULT_HASH_FN, eviction: str | EvictionPolicy = "lru",
                  num_cpu_blocks: int = 0, max_model_len: int | None = None,
-                 recorder: ev.Recorder | None = None) -> None:
+                 recorder: ev.Recorder | None = None, host_tier: bool = False,
+                 host_eviction: str | EvictionPolicy = "lru", host_tier_threshold: float = 1.0) -> None:
         if not isinstance(block_size, int) or block_size < 1 or block_size & (block_size - 1):
             raise ConfigError(f"block_size must be a positive power of two (1, 2, 4, ..., 16, ...), got {block_size!r}")
         if not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
@@ -59,9 +66,27 @@ class KVCacheManager:
         self.num_cow_copies = 0
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
+        self.host_cache_hits = 0     # prefix_cache_hits (tokens) served from the host tier
+        self.host: HostTier | None = None
+        self.host_tier_threshold = host_tier_threshold
+        if host_tier or host_tier_threshold != 1.0:
+            self._setup_host_tier(host_tier, host_eviction, host_tier_threshold)
         self.num_compactions = 0
         self.num_compaction_copies = 0
         self.last_compaction = None  # paged.core.compaction.CompactionPlan of the last compact()
+
+    def _setup_host_tier(self, on: bool, eviction: str | EvictionPolicy, threshold: float) -> None:
+        if not (isinstance(threshold, (int, float)) and 0.0 < threshold <= 1.0):
+            raise ConfigError(f"host_tier_threshold must be in (0, 1] (share of GPU blocks), got {threshold!r}; "
+                              "1.0 demotes only on eviction")
+        if not on:
+            raise ConfigError("host_tier_threshold needs host_tier=True")
+        if self.num_cpu_blocks < 1:
+            raise ConfigError("host_tier=True needs a CPU pool: give num_cpu_blocks >= 1")
+        if not self.enable_prefix_caching:
+            raise ConfigError("host_tier=True keeps prefix-cache blocks: set enable_prefix_caching=True")
+        self.host = HostTier(self._cpu_free, eviction=eviction, recorder=self.recorder)
+        self.pool.on_evict = self.host.demote
 
     # ---- checks on input ---------------------------------------------------------
     def check_request(self, request: Request) -> None:
@@ -108,6 +133,34 @@ class KVCacheManager:
         ids = sorted(b for b in pool.freed if pool.ref_count(b) == 0)
         pool.freed.clear()
         return ids
+
+    # ---- host tier (paged.core.host_tier) ---------------------------------------------
+    @property
+    def num_host_cached_blocks(self) -> int:
+        """Prefix blocks held in the host tier (0 without one)."""
+        return len(self.host) if self.host is not None else 0
+
+    def demote_above_threshold(self) -> int:
+        """With ``host_tier_threshold`` t < 1: move cached-free blocks (GPU policy order) to the
+        host tier until used + cached-free GPU blocks are at most t x num_blocks, so later
+        allocations find plain free blocks; 1.0 (default): demote only on eviction. Returns
+        blocks moved (their copies are in the next ``take_tier_ops``)."""
+        host = self.host
+        if host is None or self.host_tier_threshold >= 1.0:
+            return 0
+        excess = self.pool.num_used + len(self.pool.cached_free) - int(self.host_tier_threshold * self.num_blocks)
+        n = min(excess, len(self.pool.cached_free), host.room)
+        return self.pool.demote_cached_free(n) if n > 0 else 0
+
+    def take_tier_ops(self) -> tuple[BlockMapping, BlockMapping, int]:
+        """The host-tier copies planned since the last call: (gpu, cpu) tier-out pairs to apply
+        before anything writes those GPU blocks, (cpu, gpu) tier-in pairs to apply before the
+        forward pass, and the number of host evictions; ([], [], 0) without a host tier."""
+        return self.host.take_ops() if self.host is not None else ([], [], 0)
+
+    def drop_host_blocks(self, cpu_blocks: Iterable[int]) -> int:
+        """Drop host-tier entries whose copy never completed (a failed step). Returns how many."""
+        return self.host.drop_blocks(list(cpu_blocks)) if self.host is not None else 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -175,11 +228,15 @@ class KVCacheManager:
         hashes = self._hashes.setdefault(request.request_id, [])
         self.hasher.extend(hashes, request.token_ids, request.extra_keys, request.num_tokens)
         max_blocks = (request.num_tokens - 1) // self.block_size  # compute at least one token
+        if self.host is not None:  # blocks of either tier (HostBlock: in the host tier)
+            return find_tiered_prefix(self.pool, self.host, hashes, request.token_ids, self.block_size, max_blocks)
         return find_cached_prefix(self.pool, hashes, request.token_ids, self.block_size, max_blocks)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix; only when no block is in use."""
         dropped = self.pool.reset()
+        if self.host is not None:
+            dropped += self.host.reset()
         return dropped
 
     # ---- allocation ----------------------------------------------------------------
@@ -227,17 +284,22 @@ class KVCacheManager:
         if table is None:
             table = self._tables[rid] = []
             self._num_indexed[rid] = 0
-        if cached_blocks:
+        num_host = 0
+        if cached_blocks and self.host is not None:
+            num_host = self._take_tiered(rid, table, cached_blocks)
+        elif cached_blocks:
             for b in cached_blocks:
                 pool.touch(b, rid)
                 self.recorder.emit(ev.PREFIX_HIT, rid, b.block_id, bs)
             table.extend(cached_blocks)
+        if cached_blocks:
             self._num_indexed[rid] = len(cached_blocks)
         if request.num_cached_tokens < 0:  # first admission: count the query once
             request.num_cached_tokens = len(cached_blocks) * bs
             if self.enable_prefix_caching:
                 self.prefix_cache_queries += request.num_tokens
                 self.prefix_cache_hits += len(cached_blocks) * bs
+                self.host_cache_hits += num_host * bs
         copies: BlockMapping = []
         if num_new_tokens and start % bs:
             idx = start // bs
@@ -261,6 +323,31 @@ class KVCacheManager:
             self.recorder.emit(ev.ALLOC_LATENCY, rid, None, time.perf_counter_ns() - t0)
         return copies
 
+    def _take_tiered(self, rid: str, table: list[Block], cached: Sequence[Block | HostBlock]) -> int:
+        """Take a prefix hit over both tiers into ``table`` (the caller checked the room): revive
+        the GPU blocks, then give each host entry a new GPU block and plan its copy back (an
+        allocation here may demote other cached-free blocks, never these). Returns host hits."""
+        pool, host, bs = self.pool, self.host, self.block_size
+        entries = [e for e in cached if isinstance(e, HostBlock)]
+        for e in cached:
+            if isinstance(e, HostBlock):
+                host.take(e)  # out of reach of the demotions below
+            else:
+                pool.touch(e, rid)
+        fresh = iter(pool.allocate(len(entries), rid) if entries else ())
+        for e in cached:
+            if isinstance(e, HostBlock):
+                b = next(fresh)
+                ok = pool.register(b, e.block_hash, e.token_ids, table[-1] if table else None, rid, cid=e.cid)
+                assert ok and b.parent_cid == e.parent_cid, "a host-tier hit must follow its verified parent"
+                pool.fill(b, bs)
+                b.hits = e.hits + 1
+                host.promoted(e, b.block_id, rid)
+                e = b
+            table.append(e)
+            self.recorder.emit(ev.PREFIX_HIT, rid, e.block_id, bs)
+        return len(entries)
+
     def _index_full_blocks(self, request: Request, table: list[Block], end: int) -> None:
         rid = request.request_id
         first, last = self._num_indexed[rid], end // self.block_size
@@ -269,10 +356,20 @@ class KVCacheManager:
         hashes = self._hashes.setdefault(rid, [])
         self.hasher.extend(hashes, request.token_ids, request.extra_keys, end)
         bs = self.block_size
+        host = self.host
         for i in range(first, last):
-            self.pool.register(table[i], hashes[i], tuple(request.token_ids[i * bs:(i + 1) * bs]),
-                               table[i - 1] if i else None, rid)
+            if self.pool.register(table[i], hashes[i], tuple(request.token_ids[i * bs:(i + 1) * bs]),
+                                  table[i - 1] if i else None, rid) and host is not None:
+                self._dedupe_host(table[i])
         self._num_indexed[rid] = last
+
+    def _dedupe_host(self, block: Block) -> None:
+        """A GPU block was indexed under a hash the host tier holds: keep one tier. The same
+        tokens after the same parent content are the same K/V, so the block takes the entry's
+        content id and the entry's cached children stay reachable."""
+        entry = self.host.discard(block.block_hash)
+        if entry is not None and entry.token_ids == block.token_ids and entry.parent_cid == block.parent_cid:
+            block.cid = entry.cid
 
     def uncache_written(self, request_id: str, start: int, num_tokens: int) -> int:
         """Drop the prefix-cache entries of the request's blocks holding tokens [start, start +
@@ -330,7 +427,10 @@ class KVCacheManager:
     def swap_out(self, request_id: str) -> BlockMapping | None:
         """Move a request's blocks to the CPU pool: (gpu, cpu) pairs, or None if it is full."""
         table = self._table(request_id)
-        if len(table) > len(self._cpu_free):
+        if self.host is not None:
+            if not self.host.make_room(len(table)):  # tier entries give way to a preempted request
+                return None
+        elif len(table) > len(self._cpu_free):
             return None
         mapping: BlockMapping = []
         saved: list[tuple[int, int]] = []
@@ -358,7 +458,10 @@ class KVCacheManager:
         for b, (_, filled) in zip(blocks, saved):
             self.pool.fill(b, filled)
         del self._swapped[request_id]
-        self._cpu_free.extend(cpu for cpu, _ in reversed(saved))
+        if self.host is not None:  # tier-outs of this plan must not land on blocks the swap-in reads
+            self.host.defer_release([cpu for cpu, _ in reversed(saved)])
+        else:
+            self._cpu_free.extend(cpu for cpu, _ in reversed(saved))
         self._tables[request_id] = blocks
         self.num_swapped_in_blocks += len(blocks)
         self.recorder.emit(ev.SWAP_IN, request_id, None, len(blocks))
@@ -409,5 +512,8 @@ class KVCacheManager:
         assert sum(holders.values()) >= self.pool.num_used == len(holders)
         cpu_held = [c for saved in self._swapped.values() for c, _ in saved]
         assert len(set(cpu_held)) == len(cpu_held)
+        if self.host is not None:
+            self.host.check(self.pool, cpu_held, self.num_cpu_blocks)
+            return
         assert len(cpu_held) + len(self._cpu_free) == self.num_cpu_blocks
         assert not set(cpu_held) & set(self._cpu_free)

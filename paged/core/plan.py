@@ -124,6 +124,8 @@ class PoolCounts:
     num_cached_free_blocks: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    num_host_cached_blocks: int = 0   # host tier (paged.core.host_tier): blocks it holds
+    host_cache_hits: int = 0          # cumulative tokens of prefix_cache_hits served from the host tier
 
     def pool_counts(self) -> dict[str, int | float]:
         return {f.name: getattr(self, f.name) for f in fields(PoolCounts)}
@@ -138,6 +140,11 @@ class SchedulerOutput(StepCounts, PoolCounts):
     compaction_copies: BlockMapping = field(default_factory=list)
     swap_out: BlockMapping = field(default_factory=list)   # (gpu block, cpu block)
     swap_in: BlockMapping = field(default_factory=list)    # (cpu block, gpu block)
+    # host tier: tier_out (gpu, cpu) is applied before swap_out (nothing may overwrite a demoted
+    # GPU block first), tier_in (cpu, gpu) after swap_in, before the forward pass
+    tier_out: BlockMapping = field(default_factory=list)
+    tier_in: BlockMapping = field(default_factory=list)
+    num_host_evicted_blocks: int = 0  # host-tier entries dropped for room while planning
     preempted: list[tuple[str, str]] = field(default_factory=list)  # (request id, "recompute"|"swap")
     # GPU blocks freed (and still free) since the previous plan: aborts between steps, then this
     # plan's preemptions and swaps; a runner drops per-block state for them before the forward pass
@@ -156,6 +163,14 @@ class SchedulerOutput(StepCounts, PoolCounts):
     @property
     def num_swapped_out_blocks(self) -> int:
         return len(self.swap_out)
+
+    @property
+    def num_tier_out_blocks(self) -> int:
+        return len(self.tier_out)
+
+    @property
+    def num_tier_in_blocks(self) -> int:
+        return len(self.tier_in)
 
     @property
     def num_swapped_in_blocks(self) -> int:

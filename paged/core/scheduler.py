@@ -3,8 +3,9 @@
 Each `schedule()` returns a plan (`SchedulerOutput`): which requests compute how many
 tokens this step, the block copies (copy-on-write), swaps and preemptions to apply.
 The executor applies, in this order: compaction_copies (block compaction, off by default),
-swap_out, block_copies, swap_in, then the forward pass; it returns one sampled token per chunk with `samples=True`, and `update()` moves
-every request on. Order of a step:
+tier_out (host tier, off by default), swap_out, block_copies, swap_in, tier_in, then the
+forward pass; it returns one sampled token per chunk with `samples=True`, and `update()`
+moves every request on. Order of a step:
 
 1. running requests in order (FCFS: admission order; priority: best first), each
    asking for `min(remaining, budget)` tokens (decodes ask for 1). When the pool is
@@ -228,6 +229,11 @@ class Scheduler:
             budget = self._resume_swapped(out, budget)
             if not self.swapped:
                 budget = self._admit_waiting(out, budget)
+        if getattr(kv, "host", None) is not None:  # host tier: proactive demotion, then this plan's tier copies
+            if out.scheduled:
+                kv.demote_above_threshold()
+            out.tier_out, out.tier_in, out.num_host_evicted_blocks = kv.take_tier_ops()
+            out.num_host_cached_blocks, out.host_cache_hits = kv.num_host_cached_blocks, kv.host_cache_hits
         out.num_waiting, out.num_running, out.num_swapped = len(self.waiting), len(running), len(self.swapped)
         out.kv_cache_usage_perc, out.token_usage = kv.kv_cache_usage_perc, kv.token_usage
         out.num_used_blocks, out.num_free_blocks = kv.num_used_blocks, kv.num_free_blocks

@@ -1,0 +1,203 @@
+"""The host tier: cached-free prefix blocks kept in the CPU pool instead of being dropped.
+
+When an allocation would evict a cached-free GPU block (ref 0, hashed), ``HostTier.demote``
+takes a CPU block for its content and plans a GPU -> CPU copy (``tier_out``); the GPU block
+then loses its hash and is reused. A later prefix hit that finds the content here gets a new
+GPU block and a CPU -> GPU copy (``tier_in``), applied before the forward pass that reads it.
+The runner applies, per step: tier_out, swap_out, block copies, swap_in, tier_in (see
+``paged.core.scheduler``), so a demoted GPU block is read before anything overwrites it.
+
+Invariants (``check``, ``KVCacheManager.check_invariants``):
+- a cached block lives in exactly one tier: no hash (and no content id) is both in the GPU
+  pool's index and here;
+- the CPU pool is shared with preemption swap: every CPU block is exactly one of free, held
+  by a swapped-out request, a host-tier entry, or released this step (``_deferred``: a swap-in
+  or tier-in source read by this step's copies; free again when the plan is taken);
+- tier entries are evictable when a swap-out needs room (``make_room``): a preempted request's
+  K/V is the only copy, a tier entry is a cache.
+
+Prefix chains survive moves because hits are verified on content ids (``Block.cid``,
+``parent_cid``), which travel with the content, not on the GPU block's identity.
+"""
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+from . import events as ev
+from .block import Block
+from .block_pool import BlockPool
+from .eviction import EvictionPolicy, make_policy
+
+__all__ = ["HostBlock", "HostTier", "find_tiered_prefix"]
+
+BlockMapping = list[tuple[int, int]]
+
+
+class HostBlock:
+    """One host-tier entry: a prefix block's content in CPU block ``block_id``."""
+
+    __slots__ = ("block_id", "block_hash", "token_ids", "cid", "parent_cid", "depth", "hits", "last_access",
+                 "prev", "next")
+    ref_cnt = 0  # never held by a request: a hit on it costs one new GPU block (the manager's count)
+
+    def __init__(self, cpu: int, block: Block) -> None:
+        self.block_id = cpu
+        self.block_hash = block.block_hash
+        self.token_ids = block.token_ids
+        self.cid, self.parent_cid, self.depth = block.cid, block.parent_cid, block.depth
+        self.hits, self.last_access = block.hits, block.last_access
+        self.prev: HostBlock | None = None
+        self.next: HostBlock | None = None
+
+    def __repr__(self) -> str:
+        return f"HostBlock(cpu={self.block_id}, depth={self.depth}, hits={self.hits})"
+
+
+class HostTier:
+    """Host-tier index and CPU-block accounting over the manager's CPU free list ``cpu_free``."""
+
+    def __init__(self, cpu_free: list[int], *, eviction: str | EvictionPolicy = "lru",
+                 recorder: ev.Recorder | None = None) -> None:
+        self.free = cpu_free                      # shared with KVCacheManager's swap (same list)
+        self.entries: dict[Hashable, HostBlock] = {}
+        self.policy: EvictionPolicy = make_policy(eviction)
+        self.recorder = recorder if recorder is not None else ev.NullRecorder()
+        self._out: dict[int, int] = {}             # cpu -> gpu: tier-out copies planned this step
+        self._in: BlockMapping = []                # (cpu, gpu): tier-in copies planned this step
+        self._deferred: list[int] = []             # CPU blocks this step's copies still read
+        self._evicted = 0                          # host evictions this step
+        self.num_tier_out_blocks = 0               # cumulative counters
+        self.num_tier_in_blocks = 0
+        self.num_host_evicted_blocks = 0
+
+    # ---- queries -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def lookup(self, block_hash: Hashable) -> HostBlock | None:
+        return self.entries.get(block_hash)
+
+    @property
+    def room(self) -> int:
+        """CPU blocks a demotion or swap-out could get now (free + evictable entries)."""
+        return len(self.free) + len(self.policy)
+
+    # ---- moves ---------------------------------------------------------------------------
+    def demote(self, block: Block) -> bool:
+        """Keep a cached-free GPU block's content (the pool's ``on_evict``): plan its copy to a
+        CPU block, evicting an entry if none is free. False (plain eviction) when nothing fits."""
+        if not self.free and not self._evict_one():
+            return False
+        cpu = self.free.pop()
+        entry = HostBlock(cpu, block)
+        self.entries[entry.block_hash] = entry
+        self.policy.add(entry)
+        self._out[cpu] = block.block_id
+        self.num_tier_out_blocks += 1
+        self.recorder.emit(ev.TIER_OUT, None, block.block_id, cpu)
+        return True
+
+    def take(self, entry: HostBlock) -> None:
+        """Remove a hit entry from the tier (index and policy) before it is brought back."""
+        self.policy.remove(entry)
+        del self.entries[entry.block_hash]
+
+    def promoted(self, entry: HostBlock, gpu: int, request_id: str | None = None) -> None:
+        """Plan the copy of a taken entry into GPU block ``gpu``; its CPU block is free after
+        this step's copies."""
+        self._in.append((entry.block_id, gpu))
+        self._deferred.append(entry.block_id)
+        self.num_tier_in_blocks += 1
+        self.recorder.emit(ev.TIER_IN, request_id, gpu, entry.block_id)
+
+    def discard(self, block_hash: Hashable) -> HostBlock | None:
+        """Drop the entry under ``block_hash`` (the GPU pool indexed the same hash: one tier
+        each); returns it, or None."""
+        entry = self.entries.pop(block_hash, None)
+        if entry is not None:
+            self.policy.remove(entry)
+            self._out.pop(entry.block_id, None)
+            self.free.append(entry.block_id)
+        return entry
+
+    def _evict_one(self) -> bool:
+        if not len(self.policy):
+            return False
+        entry = self.policy.pop()
+        del self.entries[entry.block_hash]
+        self._out.pop(entry.block_id, None)  # demoted and dropped in the same step: no copy
+        self.free.append(entry.block_id)
+        self._evicted += 1
+        self.num_host_evicted_blocks += 1
+        self.recorder.emit(ev.HOST_EVICT, None, None, entry.block_id)
+        return True
+
+    def make_room(self, n: int) -> bool:
+        """Evict entries until ``n`` CPU blocks are free (for a swap-out); False, and nothing
+        changed, when even evicting every entry would not do."""
+        if self.room < n:
+            return False
+        while len(self.free) < n:
+            self._evict_one()
+        return True
+
+    def defer_release(self, cpus: Sequence[int]) -> None:
+        """CPU blocks a swap-in of this step still reads: free once the plan is taken."""
+        self._deferred.extend(cpus)
+
+    def drop_blocks(self, cpus: Sequence[int]) -> int:
+        """Drop the entries in CPU blocks ``cpus`` (their tier-out copy failed). Returns how many."""
+        wanted = set(cpus)
+        gone = [e for e in self.entries.values() if e.block_id in wanted]
+        for e in gone:
+            self.discard(e.block_hash)
+        return len(gone)
+
+    def reset(self) -> int:
+        """Drop every entry (between steps). Returns how many."""
+        n = len(self.entries)
+        for h in list(self.entries):
+            self.discard(h)
+        return n
+
+    def take_ops(self) -> tuple[BlockMapping, BlockMapping, int]:
+        """This step's (gpu, cpu) tier-out and (cpu, gpu) tier-in copies and host evictions;
+        releases the CPU blocks the step's copies read (they are free for the next plan)."""
+        out = [(gpu, cpu) for cpu, gpu in self._out.items()]
+        tin, evicted = self._in, self._evicted
+        self._out, self._in, self._evicted = {}, [], 0
+        if self._deferred:
+            self.free.extend(self._deferred)
+            self._deferred = []
+        return out, tin, evicted
+
+    # ---- checks --------------------------------------------------------------------------
+    def check(self, pool: BlockPool, swapped_cpus: Sequence[int], num_cpu_blocks: int) -> None:
+        """Assert the invariants of the module docstring (O(blocks); for tests)."""
+        assert len(self.policy) == len(self.entries)
+        assert {id(e) for e in self.policy} == {id(e) for e in self.entries.values()}
+        assert all(self.entries[e.block_hash] is e for e in self.entries.values())
+        assert not set(self.entries) & set(pool.index), "a block lives in two tiers"
+        cids = [e.cid for e in self.entries.values()] + [b.cid for b in pool.index.values()]
+        assert len(set(cids)) == len(cids) and None not in cids
+        held = [e.block_id for e in self.entries.values()]
+        every = held + list(swapped_cpus) + list(self.free) + self._deferred
+        assert len(every) == len(set(every)) == num_cpu_blocks, (len(every), len(set(every)), num_cpu_blocks)
+
+
+def find_tiered_prefix(pool: BlockPool, tier: HostTier, hashes: Sequence[Hashable], token_ids: Sequence[int],
+                       block_size: int, max_blocks: int) -> list[Block | HostBlock]:
+    """Longest verified run of cached blocks in either tier (no state change): each must hold
+    the same tokens and follow the content matched for the previous position (content ids)."""
+    found: list[Block | HostBlock] = []
+    parent_cid = 0
+    lookup, host = pool.index.get, tier.entries.get
+    for i in range(min(max_blocks, len(hashes))):
+        entry = lookup(hashes[i]) or host(hashes[i])
+        if entry is None or entry.parent_cid != parent_cid:
+            break
+        if entry.token_ids != tuple(token_ids[i * block_size:(i + 1) * block_size]):
+            break
+        found.append(entry)
+        parent_cid = entry.cid
+    return found
