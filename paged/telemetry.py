@@ -12,6 +12,11 @@ Both executors (the torch engine and the simulator) produce step rows with exact
 - ``prefix_cache_queries``/``prefix_cache_hits``: cumulative, in tokens (as vLLM counts them).
 - ``num_compaction_copies``: blocks block compaction copied before the step (``paged.core.compaction``;
   0 unless ``enable_block_compaction``); ``num_block_copies`` counts copy-on-write copies only.
+- host tier (``paged.core.host_tier``; all 0 without one): ``num_tier_out_blocks``/``num_tier_in_blocks``
+  blocks copied GPU -> host / host -> GPU by the step, ``num_host_evicted_blocks`` host entries
+  dropped for room, ``num_host_cached_blocks`` entries held after the plan, ``host_cache_hits``
+  the cumulative tokens of ``prefix_cache_hits`` served from the host tier (GPU-tier hits are the
+  difference). Bytes moved = blocks x the block's bytes (``tier_metrics``).
 - requests: ``*_s`` columns are times on the same clock as ``time_s`` (NaN when it never
   happened); ``ttft_s = first_token_s - arrival_time_s``, ``e2e_s = finish_s - arrival_time_s``,
   ``queueing_s = first_scheduled_s - arrival_time_s``, ``tbt_mean_s`` the mean gap between the
@@ -36,7 +41,9 @@ STEP_COLUMNS = ("step", "time_s", "step_time_s", "num_seqs", "num_prefill_tokens
                 "num_block_copies", "num_compaction_copies", "num_swapped_out_blocks", "num_swapped_in_blocks",
                 "kv_cache_usage_perc",
                 "token_usage", "num_used_blocks", "num_free_blocks", "num_cached_free_blocks",
-                "prefix_cache_queries", "prefix_cache_hits", "num_finished")
+                "prefix_cache_queries", "prefix_cache_hits", "num_finished",
+                "num_tier_out_blocks", "num_tier_in_blocks", "num_host_evicted_blocks", "num_host_cached_blocks",
+                "host_cache_hits")
 """One row per executed step (see the module docstring for meanings)."""
 
 REQUEST_COLUMNS = ("request_id", "arrival_time_s", "num_prompt_tokens", "num_output_tokens",
@@ -164,6 +171,13 @@ def metrics(kv: "KVCacheManager", scheduler: "Scheduler | None" = None) -> dict[
         "num_swapped_out_blocks": kv.num_swapped_out_blocks,
         "num_swapped_in_blocks": kv.num_swapped_in_blocks,
     }
+    host = getattr(kv, "host", None)
+    if host is not None:
+        m["host_cache_hits"] = kv.host_cache_hits
+        m["num_host_cached_blocks"] = len(host)
+        m["num_tier_out_blocks"] = host.num_tier_out_blocks
+        m["num_tier_in_blocks"] = host.num_tier_in_blocks
+        m["num_host_evicted_blocks"] = host.num_host_evicted_blocks
     if scheduler is not None:
         m["num_preemptions"] = sum(scheduler.num_preemptions.values())
         m["num_preemptions_recompute"] = scheduler.num_preemptions["recompute"]

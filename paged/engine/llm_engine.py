@@ -44,7 +44,8 @@ class EngineConfig:
     ``num_blocks`` wins over ``kv_cache_memory`` (bytes for all layers' K and V, int4_kivi's
     fixed staging pool included); with neither, 512 MiB on CPU or 40% of the free GPU memory.
     Settings are type-checked first (``paged.engine.validate``). ``num_cpu_blocks`` (host pool for swap
-    preemption) defaults to ``num_blocks`` when ``preemption_mode == "swap"``, else 0.
+    preemption and the host tier, shared) defaults to ``num_blocks`` when ``preemption_mode == "swap"``
+    or ``enable_host_tier``, else 0.
     ``split_prefill_decode`` runs decode chunks and prefill chunks as two forward passes so
     each gets its own timing (default: one mixed pass, as vLLM does).
     """
@@ -81,6 +82,14 @@ class EngineConfig:
     compaction_max_copies: int | None = None
     compaction_drop_cached: bool = False
     kv_share_with: dict[int, int] | None = None  # {layer: earlier owner layer}: see paged.engine.kv_sharing
+    # host tier (paged.core.host_tier): cached-free prefix blocks go to the CPU pool instead of being
+    # dropped, and come back on a hit (lossless); `eviction`/`host_eviction`: each tier's policy
+    # ('lru', 'lfu', 'weighted', 'score[:k=v,...]'); `host_tier_threshold` < 1 demotes proactively
+    # once used + cached-free GPU blocks exceed that share (1.0: only on eviction)
+    eviction: str = "lru"
+    enable_host_tier: bool = False
+    host_eviction: str = "lru"
+    host_tier_threshold: float = 1.0
 
     @classmethod
     def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
@@ -142,13 +151,14 @@ class LLMEngine:
         self._pool_limits_len = c.max_model_len is None and max_len < loaded.max_model_len
         num_cpu = c.num_cpu_blocks
         if num_cpu is None:
-            num_cpu = num_blocks if c.preemption_mode == "swap" else 0
+            num_cpu = num_blocks if c.preemption_mode == "swap" or c.enable_host_tier else 0
         self.recorder = ev.Recorder() if c.record_events else ev.NullRecorder()
         from paged._kernels import kernels
         try:
             self.kv = KVCacheManager(num_blocks, c.block_size, enable_prefix_caching=c.enable_prefix_caching,
                                      hash_fn=c.hash_fn, num_cpu_blocks=num_cpu, max_model_len=max_len,
-                                     recorder=self.recorder)
+                                     recorder=self.recorder, eviction=c.eviction, host_tier=c.enable_host_tier,
+                                     host_eviction=c.host_eviction, host_tier_threshold=c.host_tier_threshold)
             self.scheduler = Scheduler(self.kv, SchedulerConfig.of(c, max_len))
             self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
                                       num_cpu_blocks=num_cpu, attention_backend=c.attention_backend,
@@ -330,7 +340,8 @@ class LLMEngine:
             new_tokens=dict(sampled), finished=finished, preempted=list(plan.preempted),
             num_block_copies=len(plan.block_copies), num_compaction_copies=len(plan.compaction_copies),
             num_swapped_out_blocks=len(plan.swap_out),
-            num_swapped_in_blocks=len(plan.swap_in),
+            num_swapped_in_blocks=len(plan.swap_in), num_tier_out_blocks=len(plan.tier_out),
+            num_tier_in_blocks=len(plan.tier_in), num_host_evicted_blocks=plan.num_host_evicted_blocks,
             schedule_ms=(t1 - t0) * 1e3, cache_ops_ms=cache_ms, forward_ms=forward_ms,
             prefill_ms=prefill_ms, decode_ms=decode_ms, sample_ms=(t3 - t2) * 1e3,
             total_ms=(t3 - t0) * 1e3, time_s=t0 - self._t0, events=self.recorder.since(mark),

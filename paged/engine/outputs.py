@@ -85,6 +85,9 @@ class StepOutput(StepCounts, PoolCounts):
     time_s: float = 0.0
     events: list[ev.Event] = field(default_factory=list)
     num_compaction_copies: int = 0     # block compaction: copies applied before the step's other cache ops
+    num_tier_out_blocks: int = 0       # host tier: blocks copied device -> host / host -> device
+    num_tier_in_blocks: int = 0
+    num_host_evicted_blocks: int = 0
 
     @property
     def num_tokens(self) -> int:

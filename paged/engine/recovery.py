@@ -36,6 +36,9 @@ def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
             kv.uncache_blocks(moved)
             seqs += [r.request_id for r in engine.scheduler.running
                      if kv.has(r.request_id) and not moved.isdisjoint(kv.block_table(r.request_id))]
+        # host tier: brought-back blocks may be empty, demoted copies may be incomplete
+        kv.uncache_blocks(gpu for _, gpu in plan.tier_in)
+        kv.drop_host_blocks(cpu for _, cpu in plan.tier_out)
     groups: list[str] = []
     for sid in seqs:
         req = engine.scheduler.requests.get(sid)

@@ -121,20 +121,22 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def apply_cache_ops(self, plan: SchedulerOutput) -> float:
-        """swap_out, then block copies, then swap_in (the scheduler's order); returns ms."""
+        """tier_out + swap_out, then block copies, then swap_in + tier_in (the scheduler's order:
+        a demoted GPU block is read before anything overwrites it); returns ms."""
         t0 = time.perf_counter()
         self.swap.fence()  # nothing of an earlier step's swap-ins is left pending
         if plan.compaction_copies:  # block compaction first: every other id of the plan is post-compaction
             kernels.copy_blocks(self.layers, plan.compaction_copies, backend=self.backend)  # + int4_kivi staging
-        if plan.swap_out:
-            self.swap.swap_out(plan.swap_out)
+        if plan.tier_out or plan.swap_out:  # host tier first: its GPU blocks are reused in this plan
+            self.swap.swap_out(plan.tier_out + plan.swap_out if plan.tier_out else plan.swap_out)
         if plan.block_copies:
             kernels.copy_blocks(self.layers, plan.block_copies, backend=self.backend)
-        if plan.swap_in:
-            self.swap.swap_in(plan.swap_in)  # overlap mode: the forward waits per layer (wait_layer)
+        if plan.swap_in or plan.tier_in:
+            # overlap mode: the forward waits per layer (wait_layer)
+            self.swap.swap_in(plan.swap_in + plan.tier_in if plan.tier_in else plan.swap_in)
         if self.staged:
             self.release_blocks(plan.freed_blocks)
-            self.swap.release_host([cpu for cpu, _ in plan.swap_in])
+            self.swap.release_host([cpu for cpu, _ in plan.swap_in + plan.tier_in])
         if self.swap.mode == "sync":
             self._sync()
         return (time.perf_counter() - t0) * 1e3

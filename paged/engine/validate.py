@@ -19,7 +19,8 @@ _INTS = {"block_size": (1, False), "num_blocks": (1, True), "kv_cache_memory": (
          "max_num_batched_tokens": (1, True), "max_num_seqs": (1, False), "num_cpu_blocks": (0, True),
          "max_model_len": (1, True), "seed": (None, False)}
 _FLAGS = ("enable_block_compaction", "compaction_drop_cached", "enable_prefix_caching", "enable_chunked_prefill",
-          "split_prefill_decode", "record_events")
+          "split_prefill_decode", "record_events",
+          "enable_host_tier")
 _CHOICES = {"preemption_mode": ("recompute", "swap"), "policy": ("fcfs", "priority"),
             "swap_mode": ("sync", "overlap"), "swap_compression": (None, "fp8", "int4")}
 
@@ -38,6 +39,11 @@ def check_engine_config(c: Any) -> None:
     for name in _FLAGS:
         need_flag(name, getattr(c, name), bad)
     c.watermark = need_real("watermark", c.watermark, bad, minimum=0.0, maximum=1.0, open_max=True)
+    c.host_tier_threshold = need_real("host_tier_threshold", c.host_tier_threshold, bad, minimum=0.0, maximum=1.0,
+                                      open_min=True)
+    for name in ("eviction", "host_eviction"):
+        if not isinstance(getattr(c, name), str):
+            raise bad(f"{name} must be a policy name such as 'lru' or 'score:decay=0.999', got {getattr(c, name)!r}")
     for name, choices in _CHOICES.items():
         if getattr(c, name) not in choices:
             raise bad(f"{name} must be one of {choices}, got {getattr(c, name)!r}")

@@ -72,7 +72,12 @@ class SimConfig:
     compaction_interval: int = 16
     compaction_max_copies: int | None = None
     compaction_drop_cached: bool = False
-    swap_space_gib: float = 4.0  # CPU pool per GPU for preemption_mode="swap"
+    swap_space_gib: float = 4.0  # CPU pool per GPU for preemption_mode="swap" and the host tier (shared)
+    # host tier (paged.core.host_tier): see EngineConfig; its copies are charged like swaps (over PCIe)
+    eviction: str = "lru"
+    enable_host_tier: bool = False
+    host_eviction: str = "lru"
+    host_tier_threshold: float = 1.0
     max_model_len: int | None = None  # None: the model's
     hash_fn: str = "builtin"  # prefix hits are verified on tokens, so a fast hash is safe
     paged_kernel_penalty: bool = True  # slow KV reads for small blocks (see cost_model)
@@ -199,11 +204,13 @@ class Simulator:
         self.block_bytes = self.sizing.bytes_per_block  # kv_bytes_per_token(fmt, tp, block_size) x block_size
         self.recorder: Recorder = Recorder() if cfg.record_events else NullRecorder()
         if cfg.allocator == "paged":
-            num_cpu = int(cfg.swap_space_gib * GiB // self.block_bytes) if cfg.preemption_mode == "swap" else 0
+            num_cpu = (int(cfg.swap_space_gib * GiB // self.block_bytes)
+                       if cfg.preemption_mode == "swap" or cfg.enable_host_tier else 0)
             self.kv: KVCacheManager = KVCacheManager(
                 self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
                 hash_fn=cfg.hash_fn, num_cpu_blocks=num_cpu, max_model_len=self.max_model_len,
-                recorder=self.recorder)
+                recorder=self.recorder, eviction=cfg.eviction, host_tier=cfg.enable_host_tier,
+                host_eviction=cfg.host_eviction, host_tier_threshold=cfg.host_tier_threshold)
         else:
             # same memory, counted in token slots
             self.kv = ContiguousKVCacheManager(self.num_blocks * cfg.block_size, cfg.allocator.split("-")[1],
@@ -315,7 +322,8 @@ class Simulator:
                     sampling.append(d)
                     if c.is_decode:
                         num_decode += 1
-            shape = step_shape(chunks, len(plan.swap_out) + len(plan.swap_in), len(plan.block_copies) + len(plan.compaction_copies), block_bytes)
+            moved = len(plan.swap_out) + len(plan.swap_in) + len(plan.tier_out) + len(plan.tier_in)  # over PCIe
+            shape = step_shape(chunks, moved, len(plan.block_copies) + len(plan.compaction_copies), block_bytes)
             dt = step_time(shape)
             t_end = clock + dt
             for d in sampling:
