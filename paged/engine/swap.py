@@ -89,6 +89,9 @@ class NullStreams:
     def main_waits(self, event: Any) -> None:
         pass
 
+    def keep(self, t: torch.Tensor, which: str) -> None:
+        """Keep ``t`` (made on the main stream) alive until ``which``'s queued work used it."""
+
     def synchronize(self) -> None:
         pass
 
@@ -120,6 +123,9 @@ class CudaStreams:
     def main_waits(self, event: Any) -> None:
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
+
+    def keep(self, t: torch.Tensor, which: str) -> None:
+        t.record_stream(self.streams[which])  # the allocator must not hand it to the main stream early
 
     def synchronize(self) -> None:
         for s in self.streams.values():
@@ -217,6 +223,7 @@ class SwapExecutor:
         dev_idx, host_ids = m[:, 0].to(self.device), m[:, 1].tolist()
         s = self.streams
         s.side_waits_main("out")
+        s.keep(dev_idx, "out")
         for h in host_ids:  # do not overwrite a host block a pending swap-in still reads
             s.side_waits("out", self._host_read.pop(h, None))
         with s.side("out"):
@@ -248,6 +255,7 @@ class SwapExecutor:
         host_ids, dev_idx = m[:, 0].tolist(), m[:, 1].to(self.device)
         s = self.streams
         s.side_waits_main("in")
+        s.keep(dev_idx, "in")
         for h in host_ids:  # read a host block only after the copy that wrote it
             s.side_waits("in", self._host_written.pop(h, None))
         with s.side("in"):

@@ -21,6 +21,15 @@ step times by non-negative least squares and reports the held-out error.
 With ``kv_block_size`` set, KV reads are slowed by ``paged_attention_efficiency(block_size)``
 (measured paged-vs-contiguous kernel bandwidth from flash-attention PR 2468, see ANCHORS.md), so
 tiny blocks cost attention time as in the vLLM paper's block-size ablation (its Fig. 18).
+
+Swap transfers (the engine's ``paged.engine.swap``): ``swap_bytes`` (device bytes of the blocks
+swapped out and in) cross the host link (``GPUSpec.pcie_bandwidth`` x ``pcie_efficiency``; PCIe 4.0
+x16 ~32 GB/s per direction vs ~2 TB/s HBM on an A100) as ``x = swap_bytes x r / link``, ``r`` =
+host/device bytes of a block (:func:`swap_bytes_ratio`: 1, or fp8/int4 ``swap_compression``, whose
+encode/decode adds ``swap_bytes x (1 + r) / W`` of HBM traffic). Without ``swap_overlap`` the step
+is ``compute + x``; with it (side streams, per-layer swap-in fences) ``max(c, x) + min(c, x) / L``:
+the larger of the forward's GPU time ``c`` and the transfer, plus one layer's share of the smaller
+(the pipeline's fill: layer 0 waits for its own blocks, or the last layer's transfer trails).
 """
 
 from __future__ import annotations
@@ -113,12 +122,15 @@ class CostModel:
     per_token_s: float = 0.0
     allreduce_latency_s: float = 8e-6
     kv_block_size: int | None = None  # paged KV: scale KV-read bandwidth by paged_attention_efficiency
+    swap_overlap: bool = False  # transfers beside the forward: max(compute, transfer) + fill (see docstring)
+    swap_compression: str | None = None  # None | "fp8" | "int4": host blocks quantized (fewer link bytes)
     # derived constants (filled in __post_init__)
     _kv_bytes: float = field(init=False, default=0.0)
     _attn_flops_per_tok: float = field(init=False, default=0.0)
     _lin_flops_per_tok: float = field(init=False, default=0.0)
     _head_flops_per_tok: float = field(init=False, default=0.0)
     _weight_bytes: float = field(init=False, default=0.0)
+    _swap_ratio: float = field(init=False, default=1.0)
 
     def __post_init__(self) -> None:
         self.model, self.gpu = get_model(self.model), get_gpu(self.gpu)
@@ -134,6 +146,8 @@ class CostModel:
         self._lin_flops_per_tok = 2.0 * m.matmul_params_per_token / tp
         self._head_flops_per_tok = 2.0 * m.lm_head_params / tp
         self._weight_bytes = (m.matmul_params_per_token + m.lm_head_params) * m.dtype_bytes / tp
+        self._swap_ratio = swap_bytes_ratio(self.swap_compression, m.head_dim, self.kv_format,
+                                            self.kv_block_size or 16)
 
     # -- effective rates ------------------------------------------------------------------------
     @property
@@ -170,13 +184,30 @@ class CostModel:
         vol = 2 * m.num_layers * float(s.q.sum()) * m.hidden_size * m.dtype_bytes * 2 * (tp - 1) / tp
         return vol / bw + 2 * m.num_layers * self.allreduce_latency_s
 
+    def _link(self, s: StepShape) -> float:
+        """Seconds of one step's swap transfers: link time of the (compressed) bytes + codec HBM time."""
+        if not s.swap_bytes:
+            return 0.0
+        r = self._swap_ratio
+        t = s.swap_bytes * r / (self.gpu.pcie_bandwidth * self.pcie_efficiency)
+        return t + (s.swap_bytes * (1.0 + r) / self.effective_bandwidth if self.swap_compression else 0.0)
+
     def _swap(self, s: StepShape) -> float:
-        t = 0.0
-        if s.swap_bytes:
-            t += s.swap_bytes / (self.gpu.pcie_bandwidth * self.pcie_efficiency)
+        """Swap and copy seconds when nothing overlaps (what adds to the forward without overlap)."""
+        t = self._link(s)
         if s.copy_bytes:
             t += 2 * s.copy_bytes / self.effective_bandwidth
         return t
+
+    def _with_swap(self, gpu: float, s: StepShape) -> float:
+        """The forward's GPU seconds ``gpu`` combined with the step's swaps and copies."""
+        if not (s.swap_bytes or s.copy_bytes):
+            return gpu
+        if not self.swap_overlap or not s.swap_bytes:
+            return gpu + self._swap(s)
+        x = self._link(s)
+        copies = 2 * s.copy_bytes / self.effective_bandwidth
+        return max(gpu, x) + min(gpu, x) / self.model.num_layers + copies
 
     # -- prediction -----------------------------------------------------------------------------
     def breakdown(self, s: StepShape) -> StepBreakdown:
@@ -185,13 +216,16 @@ class CostModel:
         lin = float(max(f[0] / P, b[0] / W))
         attn = float(np.maximum(f[1:] / P, b[1:] / W).sum())
         ovh = self.step_overhead_s + self.per_seq_s * s.num_seqs + self.per_token_s * float(s.q.sum())
-        comm, swap = self._comm(s), self._swap(s)
+        comm = self._comm(s)
+        swap = self._with_swap(lin + attn + comm, s) - (lin + attn + comm)  # exposed (not hidden) swap time
         return StepBreakdown(float(ovh + lin + attn + comm + swap), ovh, lin, attn, comm, swap)
 
     def step_time(self, s: StepShape) -> float:
         """Predicted seconds for one step (hot path of the simulator)."""
         if len(s.q) == 0:
             return self._swap(s) + (self.step_overhead_s if s.swap_bytes else 0.0)
+        if s.swap_bytes and self.swap_overlap:
+            return self.breakdown(s).total
         P, W = self.effective_flops, self.effective_bandwidth
         q, c = s.q, s.ctx
         T = float(q.sum())
@@ -271,6 +305,28 @@ class CostModel:
         else:
             h_mape = h_p90 = r2 = float("nan")
         return FitReport(fitted, len(train), n_hold, float(ape[train].mean()), h_mape, h_p90, r2, r)
+
+
+def swap_bytes_ratio(compression: str | None, head_dim: int, kv_format: str | KVFormat = "fp16",
+                     block_size: int = 16) -> float:
+    """Host bytes / device bytes of a swapped block (``paged.engine.swap_codec``'s layouts):
+    ``fp8`` = e4m3 codes + one float32 scale per (block, head); ``int4`` = packed codes + fp16
+    scale and zero per group of ``int4_group(head_dim)``; None = 1. A device cache that is already
+    quantized is not compressed again (the engine refuses it; here the ratio is 1)."""
+    if compression is None:
+        return 1.0
+    from kernels.format_table import bytes_per_token, int4_group, lookup
+    fmt = lookup(kv_format.name if isinstance(kv_format, KVFormat) else kv_format)
+    if fmt.quantized:
+        return 1.0
+    device = bytes_per_token(fmt, 1, head_dim) / 2  # per token-head, K or V
+    if compression == "fp8":
+        host = head_dim + 4 / block_size
+    elif compression == "int4":
+        host = head_dim / 2 + 4 * (head_dim // int4_group(head_dim))
+    else:
+        raise ConfigError(f"swap_compression must be None, 'fp8' or 'int4', got {compression!r}")
+    return host / device
 
 
 # (block size, achieved share of the contiguous kernel's bandwidth), from flash-attention PR 2468
@@ -381,5 +437,5 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-__all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency",
+__all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency", "swap_bytes_ratio",
            "step_shape", "shapes_from_steps", "calibration_frame", "read_calibration", "shapes_from_frame"]

@@ -81,6 +81,8 @@ class SimConfig:
     max_model_len: int | None = None  # None: the model's
     hash_fn: str = "builtin"  # prefix hits are verified on tokens, so a fast hash is safe
     paged_kernel_penalty: bool = True  # slow KV reads for small blocks (see cost_model)
+    swap_overlap: bool = False  # swaps beside the forward (EngineConfig.swap_mode='overlap'; see cost_model)
+    swap_compression: str | None = None  # None | 'fp8' | 'int4' host blocks (fewer link bytes)
     mfu: float | None = None
     mbu: float | None = None
     step_overhead_s: float | None = None
@@ -176,7 +178,7 @@ def build_cost_model(cfg: SimConfig, model: ModelSpec) -> CostModel:
             kw[k] = getattr(cfg, k)
     bs = cfg.block_size if (cfg.allocator == "paged" and cfg.paged_kernel_penalty) else None
     return CostModel(model, get_gpu(cfg.gpu), tensor_parallel=cfg.tensor_parallel, kv_format=cfg.kv_format,
-                     kv_block_size=bs, **kw)
+                     kv_block_size=bs, swap_overlap=cfg.swap_overlap, swap_compression=cfg.swap_compression, **kw)
 
 
 class Simulator:
