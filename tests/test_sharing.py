@@ -127,3 +127,20 @@ def test_js_distance_is_a_distance():
     assert (d > 0).all() and (d <= 1).all()
     a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     assert float(js_distance(a, b)) == pytest.approx(1.0)  # disjoint supports: the maximum
+
+
+def test_simulator_counts_owner_layers_for_capacity_not_for_reads():
+    import dataclasses
+
+    from paged.sim.cost_model import CostModel, StepShape
+    from paged.sim.specs import get_model, kv_cache_sizing
+    full = get_model("llama-3-70b")
+    shared = dataclasses.replace(full, kv_layers=56)  # 24 of 80 layers share: 30% less KV
+    assert shared.kv_bytes_per_token() * 80 == full.kv_bytes_per_token() * 56
+    a, b = (kv_cache_sizing(m, "a100-80gb", tensor_parallel=4) for m in (full, shared))
+    assert b.num_blocks >= int(a.num_blocks * 80 / 56)  # more blocks in the same KV bytes
+    step = StepShape.make([1] * 8, [4000] * 8)  # decode reads every layer's (owner's) K/V either way
+    t_full, t_shared = (CostModel(m, "a100-80gb", 4).step_time(step) for m in (full, shared))
+    assert t_shared == pytest.approx(t_full)
+    with pytest.raises(ConfigError, match="kv_layers"):
+        dataclasses.replace(full, kv_layers=81)

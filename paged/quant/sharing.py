@@ -36,7 +36,7 @@ from .runs import greedy_many, load
 from .text import load_texts, make_chunks, scored_slice
 
 __all__ = ["SharedKVAttention", "js_distance", "disjoint_pairs", "sharing_memory", "sharing_study",
-           "similarity_rank_correlation"]
+           "similarity_rank_correlation", "sharing_claim", "sharing_verdict"]
 
 
 class SharedKVAttention:
@@ -173,10 +173,10 @@ def _engine_blocks(lm, share, budget: int) -> tuple[int, int]:
     return eng.kv.num_blocks, eng.runner.cache_bytes()
 
 
-def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_length: int = 512, *,
+def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_length: int = 256, *,
                   max_chunks: int | None = 1, pairs: Sequence[int] | None = None,
                   ks: Sequence[int] = (3, 6, 9, 12, 15), orders: Sequence[str] = ("cost", "similarity"),
-                  divergence_tokens: int = 32, engine_budget: int | None = 64 << 20, bos: bool | None = None,
+                  divergence_tokens: int = 16, engine_budget: int | None = 64 << 20, bos: bool | None = None,
                   progress: bool = False) -> pd.DataFrame:
     """Measure cross-layer sharing configs against the unshared base (see the module docstring).
 
@@ -252,7 +252,8 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
             dd = np.asarray(d, dtype=float)
             row = {**c, **summarize(s), "divergence_tokens": divergence_tokens,
                    "first_div_median": float(np.median(dd)) if len(dd) else float("nan"),
-                   "first_div_mean": float(dd.mean()) if len(dd) else float("nan"), "first_div": dd.astype(int).tolist()}
+                   "first_div_mean": float(dd.mean()) if len(dd) else float("nan"),
+                   "first_div": dd.astype(int).tolist()}
             if c["kind"] == "pair":
                 vals = js[c["pair"]]
                 row["js_head"] = float(np.mean([a for a, _ in vals]))
@@ -298,3 +299,34 @@ def similarity_rank_correlation(df: pd.DataFrame, cost: str = "kld_mean", simila
     if len(p) < 3:
         return float("nan")
     return float(p[similarity].rank().corr(p[cost].rank()))
+
+
+_CLAIM_COLUMNS = ["order", "k", "share_with", "memory_saved_pct", "kv_bytes_per_token", "delta_nll", "kld_mean",
+                  "same_top1_pct", "first_div_median", "ppl_q", "ppl_base"]
+
+
+def sharing_claim(df: pd.DataFrame, target_pct: float = 30.0) -> pd.DataFrame:
+    """The seed's claim ("up to 30% less memory if attention patterns are similar") against the
+    table: per order, the k-pair config saving the least memory that is >= ``target_pct``, and
+    the cheapest single pair (by KLD) for scale."""
+    k = df[(df["kind"] == "k_pairs") & (df["memory_saved_pct"] >= target_pct - 1e-9)]
+    rows = [g.sort_values("memory_saved_pct").iloc[:1] for _, g in k.groupby("order")]
+    pairs = df[df["kind"] == "pair"]
+    if len(pairs):
+        best = pairs.sort_values("kld_mean").iloc[:1].assign(order="best single pair")
+        rows.append(best)
+    return pd.concat(rows, ignore_index=True)[_CLAIM_COLUMNS] if rows else pd.DataFrame(columns=_CLAIM_COLUMNS)
+
+
+def sharing_verdict(df: pd.DataFrame, target_pct: float = 30.0) -> str:
+    """One line: the quality at the claimed saving and whether similarity predicts the cost."""
+    claim = sharing_claim(df, target_pct)
+    at = claim[claim["order"] != "best single pair"]
+    rho = similarity_rank_correlation(df)
+    if not len(at):
+        return f"no measured config saves {target_pct:.0f}% (add larger ks)"
+    r = at.sort_values("kld_mean").iloc[0]
+    base_ppl = r["ppl_base"]
+    return (f"{r['memory_saved_pct']:.0f}% less KV memory ({r['k']} shared layers, picked by {r['order']}) costs "
+            f"ΔNLL {r['delta_nll']:+.2f} nats (PPL {base_ppl:.1f} -> {r['ppl_q']:.1f}), KLD {r['kld_mean']:.2f}, "
+            f"same top-1 {r['same_top1_pct']:.0f}%; attention-map JS distance vs one-pair KLD: Spearman {rho:+.2f}")

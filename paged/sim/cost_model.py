@@ -140,6 +140,8 @@ class CostModel:
             raise ConfigError(f"mfu and mbu must be in (0, 1], got {self.mfu}, {self.mbu}")
         m, tp = self.model, self.tensor_parallel
         self._kv_bytes = m.kv_bytes_per_token(self.kv_format, tp)
+        if m.kv_layers != m.num_layers:  # KV sharing: fewer caches, but every layer reads one (its owner's)
+            self._kv_bytes *= m.num_layers / m.kv_layers
         if self.kv_block_size is not None:
             self._kv_bytes /= paged_attention_efficiency(self.kv_block_size)
         self._attn_flops_per_tok = 4.0 * m.num_layers * (m.num_heads / tp) * m.head_dim

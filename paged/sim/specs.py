@@ -79,10 +79,18 @@ class ModelSpec:
     dtype_bytes: int = 2
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
+    # layers that hold a KV cache: fewer than num_layers under cross-layer KV sharing (the engine's
+    # kv_share_with); 0 = num_layers. Capacity (kv_bytes_per_token) counts these; every layer still reads K/V
+    kv_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.kv_layers == 0:
+            object.__setattr__(self, "kv_layers", self.num_layers)
+        if not 0 < self.kv_layers <= self.num_layers:
+            raise ConfigError(f"ModelSpec {self.name!r}: kv_layers must lie in 1..num_layers={self.num_layers}, "
+                              f"got {self.kv_layers}")
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size",
                   "vocab_size", "head_dim", "max_model_len", "dtype_bytes"):
             if getattr(self, f) <= 0:
@@ -127,7 +135,7 @@ class ModelSpec:
     # -- KV sizing ------------------------------------------------------------------------------
     def kv_bytes_per_token(self, kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1,
                            block_size: int = 16) -> int:
-        """KV bytes per token on one GPU, all layers, as the engine allocates them: layers x
+        """KV bytes per token on one GPU, all cache layers, as the engine allocates them: ``kv_layers`` x
         ``kernels.format_table.bytes_per_token`` (2 x kv_heads x head_dim x bytes/element plus
         per-token scales). ``block_size`` matters only for ``int4_kivi`` (its per-block K scales).
 
@@ -141,7 +149,7 @@ class ModelSpec:
             per_layer = _formats.bytes_per_token(fmt, heads, self.head_dim, block_size=block_size)
         except _kernels.KernelError as e:
             raise ConfigError(f"{self.name} with kv format {fmt.name!r}: {e}") from e
-        return self.num_layers * per_layer
+        return self.kv_layers * per_layer
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
         """Raise ConfigError unless the heads split evenly over ``tensor_parallel`` GPUs (vLLM's rule:
