@@ -8,11 +8,18 @@ SmolLM2 file most matrices are 4-bit (Q4_1) in the file, the embedding is Q8_0.
 GGUF (llama.cpp's converter) stores the Q and K projections with the rows of each
 head permuted for *interleaved* RoPE (pairs ``(2i, 2i+1)``); our model uses the
 rotate-half convention (pairs ``(i, i + head_dim/2)``), so ``unpermute_qk`` undoes it.
+
+Load time: ``open_gguf`` reads the header with ``FastGGUFReader`` (struct over an mmap, ~0.2 s for
+SmolLM2's 49k-token vocabulary instead of gguf.GGUFReader's 3-6 s of per-part numpy views; it
+falls back to gguf.GGUFReader for files it does not handle), and Q4_0/Q4_1/Q8_0 are dequantized
+one whole tensor at a time in torch (the same float32 operations as gguf.quants, bit-identical).
 """
 from __future__ import annotations
 
+import mmap
 import os
-from typing import Any
+import struct
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -123,12 +130,31 @@ def gguf_config(reader: Any, name: str = "") -> ModelConfig:
     )
 
 
-def _dequantize(t: Any) -> np.ndarray:
-    from gguf.quants import dequantize
-    arr = dequantize(t.data, t.tensor_type)
+# bytes per block of 32 values; the value formulas are gguf.quants' (float32 d * q (+ m)), op for op
+_TORCH_QUANTS = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def _dequantize_torch(data: np.ndarray, name: str) -> torch.Tensor:
+    """Q4_0 / Q4_1 / Q8_0 blocks (uint8 rows) -> float32 values, flat, in file order."""
+    b = torch.from_numpy(np.array(data, dtype=np.uint8).reshape(-1, _TORCH_QUANTS[name]))  # a writable copy
+    d = b[:, :2].contiguous().view(torch.float16).float()
+    if name == "Q8_0":
+        return b[:, 2:].contiguous().view(torch.int8).float() * d
+    qs = b[:, 4:] if name == "Q4_1" else b[:, 2:]
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # low nibbles are values 0-15 of a block, high 16-31
+    if name == "Q4_0":
+        return (q.to(torch.int8) - 8).float() * d
+    return d * q.float() + b[:, 2:4].contiguous().view(torch.float16).float()
+
+
+def _dequantize(t: Any) -> torch.Tensor:
     shape = tuple(int(x) for x in reversed(list(t.shape)))  # GGUF ne0 is the fastest axis
-    arr = np.asarray(arr, dtype=np.float32).reshape(shape)
-    return arr if arr.flags.writeable else arr.copy()
+    name = getattr(t.tensor_type, "name", "")
+    if name in _TORCH_QUANTS:
+        return _dequantize_torch(t.data, name).reshape(shape)
+    from gguf.quants import dequantize
+    arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+    return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
 
 
 def gguf_weights(reader: Any, cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -146,7 +172,7 @@ def gguf_weights(reader: Any, cfg: ModelConfig) -> dict[str, torch.Tensor]:
             hf = f"layers.{idx}.{_LAYER_MAP[rest]}"
         else:
             raise ModelLoadError(f"GGUF tensor {t.name!r} has no counterpart in the llama model")
-        w = torch.from_numpy(_dequantize(t))
+        w = _dequantize(t)
         if rest_is(t.name, "attn_q."):
             w = unpermute_qk(w, cfg.num_heads)
         elif rest_is(t.name, "attn_k."):
@@ -159,8 +185,149 @@ def rest_is(name: str, prefix: str) -> bool:
     return name.startswith("blk.") and name.split(".", 2)[2].startswith(prefix)
 
 
-def open_gguf(path: str | os.PathLike[str]) -> Any:
-    from gguf import GGUFReader
+def open_gguf(path: str | os.PathLike[str], fast: bool = True) -> Any:
+    """A reader of ``path``: FastGGUFReader, or gguf.GGUFReader when ``fast`` is False or the
+    fast reader does not handle the file (big-endian, an unknown value type)."""
     if not os.path.isfile(path):
         raise ModelLoadError(f"GGUF file {os.fspath(path)!r} does not exist")
+    if fast:
+        try:
+            return FastGGUFReader(os.fspath(path))
+        except ValueError:
+            pass  # gguf's reader handles (or explains) the rest
+    from gguf import GGUFReader
     return GGUFReader(os.fspath(path))
+
+
+# ---- a fast GGUF reader ---------------------------------------------------------------------
+# gguf.GGUFReader builds numpy views for every part of every field: for SmolLM2's 49k tokens and
+# 48k merges that is ~250k memmap slices, 3-6 s per load. FastGGUFReader walks the same layout with
+# struct over an mmap of the file and maps the tensor data with one np.memmap. It offers what the
+# loaders use: ``fields[key].contents()`` and ``tensors[i].name / tensor_type / shape / data``.
+
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+_GGUF_MAGIC = 0x46554747  # b"GGUF" read little-endian
+_PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
+          "I32": np.int32, "I64": np.int64}
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
+class GGUFField:
+    """One metadata value, decoded once; ``contents()`` as gguf.ReaderField's (lists for arrays)."""
+
+    __slots__ = ("name", "value", "type")
+
+    def __init__(self, name: str, value: Any, type_: int) -> None:
+        self.name, self.value, self.type = name, value, type_
+
+    def contents(self) -> Any:
+        return self.value
+
+
+class GGUFTensor(NamedTuple):
+    """A tensor's header entry and its data (a read-only view of the file), as gguf.ReaderTensor."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: np.ndarray  # ne0 first (GGUF order)
+    n_elements: int
+    n_bytes: int
+    data_offset: int
+    data: np.ndarray
+
+
+class FastGGUFReader:
+    """Little-endian GGUF v2/v3 (what llama.cpp writes). Raises ValueError on anything else, so
+    ``open_gguf`` falls back to gguf.GGUFReader for a file this reader does not handle."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._parse(mm, path)
+        except (struct.error, UnicodeDecodeError, IndexError, KeyError) as e:
+            raise ValueError(f"malformed GGUF header: {type(e).__name__}: {e}") from e
+        finally:
+            mm.close()
+
+    def _parse(self, buf: mmap.mmap, path: str) -> None:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+        from gguf.quants import quant_shape_to_byte_shape
+
+        u32, u64 = _U32.unpack_from, _U64.unpack_from
+        pos = 0
+
+        def string() -> str:
+            nonlocal pos
+            n = u64(buf, pos)[0]
+            s = buf[pos + 8:pos + 8 + n]
+            if len(s) != n:
+                raise ValueError("GGUF string runs past the end of the file")
+            pos += 8 + n
+            return s.decode("utf-8")
+
+        def scalars(t: int, count: int) -> tuple:
+            nonlocal pos
+            fmt = _SCALARS.get(t)
+            if fmt is None:
+                raise ValueError(f"GGUF value type {t} is not handled here")
+            s = struct.Struct(f"<{count}{fmt}")
+            out = s.unpack_from(buf, pos)
+            pos += s.size
+            return out
+
+        if u32(buf, 0)[0] != _GGUF_MAGIC:
+            raise ValueError("not a GGUF file (magic)")
+        version = u32(buf, 4)[0]
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} (byte-swapped?) is not handled here")
+        n_tensors, n_kv = u64(buf, 8)[0], u64(buf, 16)[0]
+        pos = 24
+        self.fields: dict[str, GGUFField] = {}
+        for _ in range(n_kv):
+            key = string()
+            t = u32(buf, pos)[0]
+            pos += 4
+            if t == _STRING:
+                v: Any = string()
+            elif t == _ARRAY:
+                et, count = u32(buf, pos)[0], u64(buf, pos + 4)[0]
+                pos += 12
+                v = [string() for _ in range(count)] if et == _STRING else list(scalars(et, count))
+            else:
+                v = scalars(t, 1)[0]
+            self.fields[key] = GGUFField(key, v, t)
+        infos = []
+        for _ in range(n_tensors):
+            name = string()
+            nd = u32(buf, pos)[0]
+            dims = list(struct.unpack_from(f"<{nd}Q", buf, pos + 4))
+            pos += 4 + 8 * nd
+            qt, off = u32(buf, pos)[0], u64(buf, pos + 4)[0]
+            pos += 12
+            infos.append((name, dims, qt, off))
+        f = self.fields.get("general.alignment")
+        align = int(f.value) if f is not None else 32
+        if align <= 0 or align & (align - 1):
+            raise ValueError(f"GGUF alignment {align} is not a power of two")
+        self.data_offset = start = pos + (-pos % align)
+        size = len(buf)
+        data = np.memmap(path, mode="r")
+        self.tensors: list[GGUFTensor] = []
+        for name, dims, qt, off in infos:
+            qtype = GGMLQuantizationType(qt)
+            n_el = int(np.prod(dims)) if dims else 1
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            n_bytes = n_el * type_size // block
+            a = start + off
+            if a + n_bytes > size:
+                raise ValueError(f"GGUF tensor {name!r} runs past the end of the file")
+            shape = tuple(reversed(dims))
+            # a plain ndarray view of the map (a np.memmap subclass pays bookkeeping on every slice)
+            raw = np.asarray(data[a:a + n_bytes])
+            if qtype.name in _PLAIN:
+                arr = raw.view(_PLAIN[qtype.name]).reshape(shape)
+            else:
+                arr = raw.reshape(quant_shape_to_byte_shape(shape, qtype))
+            self.tensors.append(GGUFTensor(name, qtype, np.array(dims, dtype=np.uint64), n_el, n_bytes, a, arr))
