@@ -45,39 +45,45 @@ VARIANTS: tuple[tuple[str, str, bool, str | None], ...] = (
 
 def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parallel: int = 2,
                   workload: str = "sharegpt", num_requests: int = 1000,
-                  pressures: Sequence[float] = (1.0, 0.5, 0.25), rates: Sequence[float] = (float("inf"), 2.0),
+                  pressures: Sequence[float] = (1.0, 0.5, 0.25), latency_load: float | None = 0.9,
                   swap_space_gib: float = 64.0, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
-    """Recompute vs swap preemption (sync/overlap x none/fp8/int4) per memory pressure and rate.
+    """Recompute vs swap preemption (sync/overlap x none/fp8/int4) per memory pressure and load.
 
-    ``pressures``: fractions of the KV blocks that fit (``kv_cache_sizing``) given to the pool;
-    ``rates``: requests/s (inf = all at t=0: throughput). Ratios are against recompute and
-    against synchronous uncompressed swap at the same pressure and rate.
+    ``pressures``: fractions of the KV blocks that fit (``kv_cache_sizing``) given to the pool.
+    Each pressure runs saturated (``rate = inf``, all requests at t=0: throughput) and, with
+    ``latency_load``, at that fraction of recompute's saturated request rate (Poisson arrivals:
+    TBT/TTFT of a loaded but not overloaded server). Ratios are against recompute and against
+    synchronous uncompressed swap at the same pressure and rate.
     """
     fit = kv_cache_sizing(model, gpu, 16, tensor_parallel=tensor_parallel).num_blocks
-    pts = []
-    for p in pressures:
-        for r in rates:
-            for label, mode, ov, comp in VARIANTS:
-                pts.append(dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, workload=workload,
-                                num_requests=num_requests, rate=float(r), seed=seed, enable_prefix_caching=False,
-                                swap_space_gib=swap_space_gib, num_blocks=max(1, int(fit * p)),
-                                preemption_mode=mode, swap_overlap=ov, swap_compression=comp,
-                                _variant=label, _pressure=p))
+    base = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, workload=workload,
+                num_requests=num_requests, seed=seed, enable_prefix_caching=False, swap_space_gib=swap_space_gib)
+
+    def points(rate_of):
+        return [dict(base, rate=float(rate_of(p)), num_blocks=max(1, int(fit * p)), preemption_mode=mode,
+                     swap_overlap=ov, swap_compression=comp, _variant=label, _pressure=p)
+                for p in pressures for label, mode, ov, comp in VARIANTS]
+    pts = points(lambda p: float("inf"))
     df = run_grid(pts, jobs=jobs)
+    if latency_load:
+        sat = {pt["_pressure"]: r for pt, r in zip(pts, df["throughput_req_s"]) if pt["_variant"] == "recompute"}
+        more = points(lambda p: latency_load * sat[p])
+        df, pts = pd.concat([df, run_grid(more, jobs=jobs)], ignore_index=True), pts + more
     df.insert(0, "variant", [p["_variant"] for p in pts])
     df.insert(1, "kv_fraction", [p["_pressure"] for p in pts])
     keys = ["kv_fraction", "rate"]
+    idx = pd.MultiIndex.from_frame(df[keys])
     for ref, col in (("recompute", "vs_recompute"), ("swap sync", "vs_swap_sync")):
-        base = df[df["variant"] == ref].set_index(keys)
-        idx = pd.MultiIndex.from_frame(df[keys])
-        df[f"throughput_{col}"] = df["throughput_tok_s"].to_numpy() / base["throughput_tok_s"].reindex(idx).to_numpy()
-        df[f"tbt_p99_{col}"] = df["tbt_p99_s"].to_numpy() / base["tbt_p99_s"].reindex(idx).to_numpy()
+        ref_rows = df[df["variant"] == ref].set_index(keys)
+        for m in ("throughput_tok_s", "tbt_p50_s", "tbt_p99_s", "ttft_p50_s"):
+            name = m.removesuffix("_s").removesuffix("_tok") + f"_{col}"
+            df[name] = df[m].to_numpy() / ref_rows[m].reindex(idx).to_numpy()
     cols = ["variant", "kv_fraction", "rate", "num_kv_blocks", "throughput_tok_s", "throughput_vs_recompute",
-            "throughput_vs_swap_sync", "tbt_p50_s", "tbt_p99_s", "tbt_p99_vs_recompute", "tbt_p99_vs_swap_sync",
-            "ttft_p50_s", "ttft_p99_s", "num_preemptions", "num_swapped_blocks", "mean_batch_size", "duration_s"]
+            "throughput_vs_swap_sync", "tbt_p50_s", "tbt_p99_s", "tbt_p50_vs_recompute", "tbt_p99_vs_recompute",
+            "tbt_p99_vs_swap_sync", "ttft_p50_s", "ttft_p99_s", "ttft_p50_vs_recompute", "num_preemptions",
+            "num_swapped_blocks", "mean_batch_size", "duration_s"]
     out = df[cols].reset_index(drop=True)
-    out.attrs["config"] = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, workload=workload,
-                               num_requests=num_requests, blocks_that_fit=fit)
+    out.attrs["config"] = dict(base, blocks_that_fit=fit, latency_load=latency_load)
     return out
 
 
@@ -156,9 +162,12 @@ def verdicts(offload: pd.DataFrame | None = None, streaming: pd.DataFrame | None
                    f"{over.min():.2f}-{over.max():.2f}x: far from 2-3x (swaps are a small share of step time)")
         lat = offload[~np.isinf(offload["rate"])]
         if len(lat):
-            sw = lat[lat["variant"] == "swap sync"]["tbt_p99_vs_recompute"]
-            out.append(f"latency (rate {lat['rate'].iloc[0]:g}/s): swap sync p99 TBT {sw.min():.2f}-{sw.max():.2f}x "
-                       "recompute's: swap preemption does not cost latency here")
+            sw = lat[lat["variant"] == "swap sync"]
+            ov = lat[lat["variant"] == "swap overlap int4"]["tbt_p99_vs_swap_sync"]
+            out.append(f"latency (loaded, Poisson): swap sync p99 TBT {sw['tbt_p99_vs_recompute'].min():.2f}-"
+                       f"{sw['tbt_p99_vs_recompute'].max():.2f}x recompute's, p50 "
+                       f"{sw['tbt_p50_vs_recompute'].min():.2f}-{sw['tbt_p50_vs_recompute'].max():.2f}x; overlap+int4 "
+                       f"p99 {ov.min():.3f}-{ov.max():.3f}x sync swap's: swap preemption costs no latency here")
     if streaming is not None:
         st = streaming[streaming["variant"] == "stream overlap int4"]
         i = st["throughput_vs_device"].idxmax()
