@@ -59,6 +59,19 @@ class Ours:
         return c1 - c0, w1 - w0
 
 
+class Unpacked(Ours):
+    """Ours with ``paged.models.packed.ENABLED = False`` (plain ``F.linear``): the step before
+    the packed weights, measured in the same rounds."""
+
+    def steps(self, k: int) -> tuple[float, float]:
+        from paged.models import packed
+        packed.ENABLED = False
+        try:
+            return super().steps(k)
+        finally:
+            packed.ENABLED = True
+
+
 class HF:
     def __init__(self, hf, prompts: list[list[int]]) -> None:
         self.hf = hf
@@ -106,6 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4, help="decode steps per round and system")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="profile our decode steps and stop")
+    ap.add_argument("--unpacked", action="store_true",
+                    help="also run ours with plain F.linear (paged.models.packed.ENABLED = False)")
     a = ap.parse_args(argv)
     g = torch.Generator().manual_seed(a.seed)
     prompts = torch.randint(100, 10000, (a.batch, a.prompt), generator=g).tolist()
@@ -116,26 +131,30 @@ def main(argv=None) -> int:
         profile(ours, a.steps)
         return 0
     hf = HF(load_hf(), prompts)
-    ours.steps(1), hf.steps(1)  # warm-up
+    systems = [ours, hf] + ([Unpacked(loaded, prompts, total + 8)] if a.unpacked else [])
+    for s in systems:
+        s.steps(1)  # warm-up
     rows = []
     for r in range(a.rounds):
-        pair = (ours, hf) if r % 2 == 0 else (hf, ours)
-        got = {id(s): s.steps(a.steps) for s in pair}
-        rows.append((got[id(ours)], got[id(hf)]))
-    ratio = [o[0] / h[0] for o, h in rows]
-    wall = [o[1] / h[1] for o, h in rows]
-    same = sum(x == y for x, y in zip(ours.tokens, hf.tokens))
+        order = systems if r % 2 == 0 else systems[::-1]
+        got = {id(s): s.steps(a.steps) for s in order}
+        rows.append([got[id(s)] for s in systems])
     ms = lambda xs: 1e3 * statistics.median(xs) / a.steps  # noqa: E731
     print(f"decode step, batch {a.batch}, context {a.prompt}..{a.prompt + total}, SmolLM2 fp32, "
           f"torch threads {torch.get_num_threads()}, {a.rounds} interleaved rounds x {a.steps} steps")
-    print(f"{'system':<34} {'cpu ms/step':>11} {'wall ms/step':>12}")
-    print(f"{'ours (LLMEngine.step)':<34} {ms([o[0] for o, _ in rows]):11.1f} {ms([o[1] for o, _ in rows]):12.1f}")
-    print(f"{'transformers forward + argmax':<34} {ms([h[0] for _, h in rows]):11.1f} "
-          f"{ms([h[1] for _, h in rows]):12.1f}")
-    print(f"ours / transformers per step (cpu): median {statistics.median(ratio):.3f}, "
-          f"range {min(ratio):.3f}-{max(ratio):.3f} over rounds; wall median {statistics.median(wall):.3f}")
+    print(f"{'system':<40} {'cpu ms/step':>11} {'wall ms/step':>12}")
+    names = ["ours (LLMEngine.step)", "transformers forward + argmax", "ours, plain F.linear (packed off)"]
+    for j, name in enumerate(names[:len(systems)]):
+        print(f"{name:<40} {ms([r[j][0] for r in rows]):11.1f} {ms([r[j][1] for r in rows]):12.1f}")
+    for j, name in [(0, "ours"), (2, "ours, packed off")][:len(systems) - 1]:
+        ratio = [r[j][0] / r[1][0] for r in rows]
+        wall = [r[j][1] / r[1][1] for r in rows]
+        print(f"{name} / transformers per step (cpu): median {statistics.median(ratio):.3f}, "
+              f"range {min(ratio):.3f}-{max(ratio):.3f} over rounds; wall median {statistics.median(wall):.3f}")
     n = min(len(ours.tokens[0]), len(hf.tokens[0]))
-    print(f"same greedy tokens: {same}/{a.batch} sequences over {n} tokens each")
+    for s, name in zip(systems[::2], ["ours", "ours, packed off"]):
+        same = sum(x == y for x, y in zip(s.tokens, hf.tokens))
+        print(f"same greedy tokens, {name} vs transformers: {same}/{a.batch} sequences over {n} tokens each")
     return 0
 
 

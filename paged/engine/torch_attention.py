@@ -47,6 +47,8 @@ class TorchAttentionPlan:
     query) or prefill rows (``query_start_loc`` ranges of more than one token).
     """
 
+    accepts_strided = True  # q/k/v may be views of the model's fused projection (no copies)
+
     def __init__(self, layers: Sequence[kernels.KVCacheLayer], meta: BatchMetadata,
                  shared: frozenset[int] = frozenset()) -> None:
         self.layers = layers  # per model layer; a shared layer's entry is its owner's cache

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from . import packed
+from .packed import PackedLinear
 from .rope import RotaryEmbedding
 
 
@@ -53,19 +55,24 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+        self.qkv_proj = PackedLinear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = PackedLinear(self.q_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                attn: AttentionBackend) -> torch.Tensor:
+                attn: AttentionBackend, rot: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``rot``: ``rope.tables(positions)`` when the caller built them once for all layers.
+        q and k heads are rotated in one call; backends with ``accepts_strided`` get q/k/v as
+        views of the fused projection (others get contiguous tensors)."""
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.nh, self.hd)
-        k = k.view(t, self.nkv, self.hd)
-        v = v.view(t, self.nkv, self.hd)
-        q, k = rope(positions, q, k)
-        out = attn(self.layer_idx, q, k, v.contiguous())
+        qkv = self.qkv_proj(x)
+        qk = qkv[:, :self.q_size + self.kv_size].view(t, self.nh + self.nkv, self.hd)
+        qk = rope.rotate(qk, rope.tables(positions) if rot is None else rot)
+        q, k = qk[:, :self.nh], qk[:, self.nh:]
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.nkv, self.hd)
+        if not getattr(attn, "accepts_strided", False):
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = attn(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -75,8 +82,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=False)
+        self.gate_up_proj = PackedLinear(cfg.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = PackedLinear(self.inter, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -92,8 +99,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn)
+                attn: AttentionBackend, rot: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn, rot)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -108,8 +115,9 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg, min(max_positions or cfg.max_position_embeddings, 1 << 16))
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
+        self.lm_head = None if cfg.tie_word_embeddings else PackedLinear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._lm_pack = packed.PackCache()  # the LM head's packed weight (tied: the embedding's)
 
     @classmethod
     def from_weights(cls, cfg: ModelConfig, weights: Mapping[str, torch.Tensor],
@@ -138,13 +146,14 @@ class LlamaForCausalLM(nn.Module):
         """``input_ids``/``positions`` int64 ``[T]`` -> final-normed hidden ``[T, H]``."""
         x = self.embed_tokens(input_ids)
         self.rope.ensure(positions)  # once per pass, not once per layer
+        rot = self.rope.tables(positions)  # cos/sin rows gathered once, shared by all layers
         for layer in self.layers:
-            x = layer(x, positions, self.rope, attn)
+            x = layer(x, positions, self.rope, attn, rot)
         return self.norm(x)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_weight).float()
+        return packed.linear(hidden, self.lm_weight, None, self._lm_pack).float()
 
     # ---- weights -------------------------------------------------------------
     def load_weights(self, weights: Mapping[str, torch.Tensor], strict: bool = True) -> None:

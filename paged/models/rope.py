@@ -62,6 +62,8 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+        h = emb.shape[-1] // 2  # rotate_half(x) * sin == roll(x, h) * [-sin_lo, sin_hi], exactly
+        self.register_buffer("sin_signed", torch.cat((-self.sin[:, :h], self.sin[:, h:]), -1), persistent=False)
 
     def ensure(self, positions: torch.Tensor) -> None:
         """Grow the tables to cover ``positions``; call once per forward pass, before the
@@ -70,6 +72,21 @@ class RotaryEmbedding(torch.nn.Module):
             top = int(positions.max())
             if top >= self.cos.shape[0]:
                 self._build(max(top + 1, 2 * self.cos.shape[0]))
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, signed sin)`` float32 ``[T, 1, D]`` for ``positions`` ``[T]`` (which ``ensure``
+        has covered): built once per forward pass and shared by every layer's :meth:`rotate`."""
+        return self.cos[positions].unsqueeze(-2), self.sin_signed[positions].unsqueeze(-2)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rotate ``x`` ``[T, heads, D]`` (q and k heads side by side in one call) by ``tables``:
+        ``x * cos + rotate_half(x) * sin`` in float32 (bit-identical to :meth:`forward`: the roll
+        moves halves, the signed sin carries rotate_half's negation), returned in ``x``'s dtype."""
+        cos, sin = tables
+        xf = x.float()
+        out = xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin
+        return out.to(x.dtype)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
