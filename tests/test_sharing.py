@@ -144,3 +144,12 @@ def test_simulator_counts_owner_layers_for_capacity_not_for_reads():
     assert t_shared == pytest.approx(t_full)
     with pytest.raises(ConfigError, match="kv_layers"):
         dataclasses.replace(full, kv_layers=81)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4_kivi"])
+def test_sharing_over_quantized_caches(loaded, fmt):
+    """The general kernels path (quantized formats, int4_kivi's staging pool) with a shared layer."""
+    llm = LLM(loaded, num_blocks=32, block_size=4, kv_cache_dtype=fmt, kv_share_with={1: 0, 2: 0})
+    assert len(llm.engine.runner.layers) == 2 and not llm.engine.runner.planned
+    toks, lps = _run(llm)
+    assert all(len(t) == 6 for t in toks) and all(torch.isfinite(x).all() for x in lps)
