@@ -187,3 +187,24 @@ def metrics(kv: "KVCacheManager", scheduler: "Scheduler | None" = None) -> dict[
         m["num_swapped"] = len(scheduler.swapped)
     return m
 
+
+def tier_metrics(steps: pd.DataFrame, block_bytes: float = 0.0) -> dict[str, float]:
+    """Per-tier hit rates (tokens over prefix-cache queries), prefill tokens saved, blocks and
+    bytes moved (``block_bytes`` per block), and swap frequency from a steps frame (``STEP_COLUMNS``,
+    engine or simulator). "swaps" = host-tier moves (tier-out + tier-in) + preemption swap blocks;
+    ``swap_steps_share`` = share of steps that moved any block over the link."""
+    if not len(steps):
+        return {}
+    last = steps.iloc[-1]
+    q, hits, host = float(last["prefix_cache_queries"]), int(last["prefix_cache_hits"]), int(last["host_cache_hits"])
+    out, tin = int(steps["num_tier_out_blocks"].sum()), int(steps["num_tier_in_blocks"].sum())
+    swap = int(steps["num_swapped_out_blocks"].sum() + steps["num_swapped_in_blocks"].sum())
+    moving = (steps["num_tier_out_blocks"] + steps["num_tier_in_blocks"] + steps["num_swapped_out_blocks"]
+              + steps["num_swapped_in_blocks"]) > 0
+    return {"prefix_hit_rate": hits / q if q else 0.0, "gpu_hit_rate": (hits - host) / q if q else 0.0,
+            "host_hit_rate": host / q if q else 0.0, "prefill_tokens_saved": hits,
+            "tier_out_blocks": out, "tier_in_blocks": tin,
+            "host_evicted_blocks": int(steps["num_host_evicted_blocks"].sum()),
+            "preemption_swap_blocks": swap, "swaps": out + tin + swap,
+            "bytes_moved": (out + tin + swap) * block_bytes, "gib_moved": (out + tin + swap) * block_bytes / 2**30,
+            "swap_steps_share": float(moving.mean()), "steps": len(steps)}
