@@ -1,8 +1,9 @@
 """Block compaction (paged.core.compaction): the planner's guarantees, the manager's commit and the
 scheduler's trigger, checked by the shadow store.
 
-- a plan is one parallel round: sources live, destinations free at the start, all distinct and
-  disjoint, each block moved at most once, copies <= free blocks;
+- a plan is a list of rounds: sources live, destinations free (at the start, or vacated by an
+  earlier round), each block moved at most once, no copy reads a block an earlier copy wrote (in
+  order == all at once); one round: no destination is a source;
 - every compacted request's own blocks are one run afterwards; shared blocks are contiguous for
   their first holder only;
 - the manager's invariants hold, every running request still reads its whole context (shadow),
@@ -61,12 +62,12 @@ def test_a_table_naming_a_free_block_is_rejected():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**20), st.integers(4, 40))
-def test_random_plans_keep_their_guarantees(seed, num_blocks):
+@given(st.integers(0, 2**20), st.integers(4, 40), st.sampled_from([1, 4]))
+def test_random_plans_keep_their_guarantees(seed, num_blocks, rounds):
     rng = random.Random(seed)
     ids = list(range(num_blocks))
     rng.shuffle(ids)
-    live, free = ids[:rng.randint(0, num_blocks)], ids
+    live = ids[:rng.randint(0, num_blocks)]
     tables, k = [], 0
     while k < len(live):
         n = rng.randint(1, 6)
@@ -76,16 +77,26 @@ def test_random_plans_keep_their_guarantees(seed, num_blocks):
         tables.append((f"r{len(tables)}", table))
         k += n
     free = [b for b in ids if b not in set(live)]
-    plan = plan_compaction(tables, num_blocks, free)
+    plan = plan_compaction(tables, num_blocks, free, max_rounds=rounds)
     srcs, dsts = [s for s, _ in plan.copies], [d for _, d in plan.copies]
-    assert set(srcs) <= set(live) and set(dsts) <= set(free)
-    assert len(set(srcs)) == len(srcs) and len(set(dsts)) == len(dsts) and not set(srcs) & set(dsts)
-    assert plan.num_copies <= len(free)
+    assert set(srcs) <= set(live) and set(dsts) <= set(free) | set(srcs)
+    assert len(set(srcs)) == len(srcs) and len(set(dsts)) == len(dsts)   # each block moves at most once
+    assert all(dsts[i] != srcs[j] for j in range(len(srcs)) for i in range(j))  # no read after a write
+    if rounds == 1:
+        assert not set(srcs) & set(dsts) and plan.num_copies <= len(free)
+    # applied in order (sequentially) == applied at once
+    store = {b: ("v", b) for b in range(num_blocks)}
+    at_once = dict(store)
+    for s_, d in plan.copies:
+        store[d] = store[s_]
+    at_once.update({d: ("v", s_) for s_, d in plan.copies})
+    assert store == at_once
     moved = dict(plan.copies)
     after = [(rid, [moved.get(b, b) for b in t]) for rid, t in tables]
     runs = [count_runs(own) for _, own in own_blocks(after)]
     assert sum(runs) == plan.runs_after and plan.runs_after <= plan.runs_before
     assert sum(r > 1 for r in runs) == plan.num_skipped
+    assert plan.num_compacted + plan.num_skipped == plan.num_fragmented
 
 
 def _fragment(kv: KVCacheManager, n: int = 4, prompt: int = 6, decode: int = 9):

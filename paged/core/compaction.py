@@ -11,16 +11,20 @@ an older one therefore reads at most two runs (the shared prefix where its first
 then its own blocks); a request sharing nothing reads one. ``fragmentation`` measures what a pass
 can fix: the share of adjacent own-block pairs that are not physically consecutive.
 
-**Moves only into free blocks.** Every destination is a block that is free when the pass starts
-(plain free or never used), or one of the request's own blocks already at its target place (it
-does not move). Sources are live, destinations were free, so the copies of a pass form one
-parallel round: no destination is also a source and no two copies share a destination. There are
-no chains or cycles, no scratch block is needed, and applying the copies in any order or all at
-once gives the same cache (``kernels.copy_blocks`` takes its parallel Triton path on GPU). Blocks a
-pass vacates are free for the next pass only.
+**Moves only into free blocks, in rounds.** In a round every destination is a block that is free
+when the round starts (plain free or never used), or one of the request's own blocks already at
+its target place (it does not move); sources are live blocks no copy has written. A round is one
+parallel copy: no destination is also a source of it, no two copies share a destination, so there
+are no chains or cycles and no scratch block is needed. The blocks a round vacates become free for
+the next round (requests the round could not place try again; ``max_rounds``, default 4). The whole
+pass is one list in which no copy reads a block an earlier copy wrote (a later round may overwrite
+a block an earlier round only read), so applying it in order or all at once gives the same cache;
+with ``max_rounds=1`` no destination is a source at all (``kernels.copy_blocks`` then takes its
+parallel Triton path on GPU).
 
-**Bound.** copies = own blocks moved <= min(free blocks at the start, own blocks of the fragmented
-requests); each block moves at most once per pass. For each fragmented request the pass picks the
+**Bound.** copies = own blocks moved <= own blocks of the fragmented requests; each block moves at
+most once per pass (a request placed in one round is not revisited); round 1 moves at most as many
+blocks as were free. For each fragmented request the pass picks the
 window of ids that keeps the most of its blocks in place (fewest copies), then drops the fewest
 cached-free blocks, then starts lowest. A request with no window (``n`` own blocks need ``n`` ids
 each free or already holding its own block at that position) stays as it is (``skipped``).
@@ -55,7 +59,7 @@ _BLOCKED, _FREE, _CACHED = 0, 1, 2
 
 @dataclass
 class CompactionPlan:
-    """One pass: ``copies`` (src, dst) to apply before anything else of the step (one parallel round),
+    """One pass: ``copies`` (src, dst) to apply before anything else of the step (in order, or at once),
     ``moves`` (request, src, dst) in the same order, cached-free blocks dropped, and the counts."""
 
     copies: list[tuple[int, int]] = field(default_factory=list)
@@ -65,6 +69,7 @@ class CompactionPlan:
     num_fragmented: int = 0      # requests whose own blocks were in more than one run
     num_compacted: int = 0       # of those, made contiguous by this pass
     num_skipped: int = 0         # of those, left as they were (no window, or max_copies reached)
+    num_rounds: int = 0          # rounds that moved blocks
     runs_before: int = 0         # own-block runs over all requests
     runs_after: int = 0
     fragmentation_before: float = 0.0
@@ -131,14 +136,17 @@ def _best_window(own: list[int], avail: bytearray, prefix_blocked: list[int],
 
 def plan_compaction(tables: Sequence[tuple[str, Sequence[int]]], num_blocks: int, free: Iterable[int],
                     cached: Collection[int] = (), *, drop_cached: bool = False,
-                    max_copies: int | None = None) -> CompactionPlan:
+                    max_copies: int | None = None, max_rounds: int = 4) -> CompactionPlan:
     """Plan one pass over block ids (pure: no state changes).
 
     ``tables``: (request id, block ids) in priority order; ``free``: ids free now (plain free or
     never used); ``cached``: cached-free ids (used as destinations only with ``drop_cached``);
-    ``max_copies``: a budget per pass (requests that would exceed it are skipped). Every other id is
-    live. Raises BlockStateError (and plans nothing) when a table names a free or out-of-range id.
+    ``max_copies``: a budget per pass (requests that would exceed it are skipped); ``max_rounds``:
+    rounds of the pass (see the module docstring; 1 = no destination is ever a source). Every other
+    id is live. Raises BlockStateError (and plans nothing) when a table names a free or out-of-range id.
     """
+    if not isinstance(max_rounds, int) or max_rounds < 1:
+        raise BlockStateError(f"max_rounds must be an integer >= 1, got {max_rounds!r}")
     avail = bytearray(num_blocks)  # _BLOCKED
     for b in free:
         avail[b] = _FREE
@@ -153,38 +161,46 @@ def plan_compaction(tables: Sequence[tuple[str, Sequence[int]]], num_blocks: int
                                       f"[0, {num_blocks}); compaction needs the manager's own tables")
     plan = CompactionPlan(num_requests=len(owned))
     plan.fragmentation_before = fragmentation(tables)
+    plan.runs_before = sum(count_runs(own) for _, own in owned)
+    pending = [(rid, own) for rid, own in owned if count_runs(own) > 1]
+    plan.num_fragmented = len(pending)
     budget = max_copies if max_copies is not None else num_blocks
-    prefix_blocked = prefix_cached = None
-    for rid, own in owned:
-        runs = count_runs(own)
-        plan.runs_before += runs
-        if runs <= 1:
-            plan.runs_after += runs
-            continue
-        plan.num_fragmented += 1
-        if prefix_blocked is None:  # rebuilt only after a request took blocks
-            prefix_blocked = [0, *accumulate(1 if a == _BLOCKED else 0 for a in avail)]
-            prefix_cached = [0, *accumulate(1 if a == _CACHED else 0 for a in avail)]
-        best = _best_window(own, avail, prefix_blocked, prefix_cached)
-        if best is None or best[1] > budget:
-            plan.num_skipped += 1
-            plan.runs_after += runs
-            continue
-        s, copies, _ = best
-        budget -= copies
-        for i, b in enumerate(own):
-            d = s + i
-            if b != d:
-                if avail[d] == _CACHED:
-                    plan.dropped_cached.append(d)
-                avail[d] = _BLOCKED
-                plan.copies.append((b, d))
-                plan.moves.append((rid, b, d))
-        prefix_blocked = None
-        plan.num_compacted += 1
-        plan.runs_after += 1
+    for _ in range(max_rounds):
+        vacated: list[int] = []
+        left = []
+        prefix_blocked = prefix_cached = None
+        for rid, own in pending:
+            if prefix_blocked is None:  # rebuilt only after a request took blocks
+                prefix_blocked = [0, *accumulate(1 if a == _BLOCKED else 0 for a in avail)]
+                prefix_cached = [0, *accumulate(1 if a == _CACHED else 0 for a in avail)]
+            best = _best_window(own, avail, prefix_blocked, prefix_cached)
+            if best is None or best[1] > budget:
+                left.append((rid, own))
+                continue
+            s, copies, _ = best
+            budget -= copies
+            for i, b in enumerate(own):
+                d = s + i
+                if b != d:
+                    if avail[d] == _CACHED:
+                        plan.dropped_cached.append(d)
+                    avail[d] = _BLOCKED
+                    plan.copies.append((b, d))
+                    plan.moves.append((rid, b, d))
+                    vacated.append(b)
+            prefix_blocked = None
+            plan.num_compacted += 1
+        plan.num_rounds += 1 if vacated else 0
+        pending = left
+        if not vacated or not pending:
+            break
+        for b in vacated:  # free for the next round only: its copies come after this round's reads
+            avail[b] = _FREE
+    plan.num_skipped = len(pending)
     moved = {s: d for s, d in plan.copies}
-    plan.fragmentation_after = fragmentation([(rid, [moved.get(b, b) for b in t]) for rid, t in tables])
+    after = [(rid, [moved.get(b, b) for b in t]) for rid, t in tables]
+    plan.runs_after = sum(count_runs(own) for _, own in own_blocks(after))
+    plan.fragmentation_after = fragmentation(after)
     return plan
 
 
@@ -208,7 +224,7 @@ def _relocate(pool, src: int, dst: int) -> None:
 
 
 def compact_manager(kv: "KVCacheManager", order: Sequence[str] | None = None, *, drop_cached: bool = False,
-                    max_copies: int | None = None) -> CompactionPlan:
+                    max_copies: int | None = None, max_rounds: int = 4) -> CompactionPlan:
     """Plan and commit one pass on ``kv`` (requests in ``order``, default: the order they got
     blocks; ids holding no GPU blocks are skipped). The caller applies ``plan.copies`` to the
     cache before any other operation that reads or writes those blocks."""
@@ -218,7 +234,8 @@ def compact_manager(kv: "KVCacheManager", order: Sequence[str] | None = None, *,
     free = [b.block_id for b in pool._free_plain]
     free.extend(range(pool._next_fresh, pool.num_blocks))
     cached = {b.block_id for b in pool.cached_free}
-    plan = plan_compaction(tables, pool.num_blocks, free, cached, drop_cached=drop_cached, max_copies=max_copies)
+    plan = plan_compaction(tables, pool.num_blocks, free, cached, drop_cached=drop_cached, max_copies=max_copies,
+                           max_rounds=max_rounds)
     rec = kv.recorder
     for d in plan.dropped_cached:
         block = pool.blocks[d]

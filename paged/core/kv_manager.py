@@ -475,13 +475,14 @@ class KVCacheManager:
 
     # ---- compaction (paged.core.compaction) -----------------------------------------------
     def compact(self, order: Sequence[str] | None = None, *, drop_cached: bool = False,
-                max_copies: int | None = None) -> BlockMapping:
+                max_copies: int | None = None, max_rounds: int = 4) -> BlockMapping:
         """Move live blocks so each request's own blocks (in ``order``, oldest first) are
         physically contiguous; returns the (src, dst) copies to apply before anything else reads
-        or writes the cache (one parallel round: every dst was free). The pass's counts are in
-        ``last_compaction``; see ``paged.core.compaction`` for the objective and the bound."""
+        or writes the cache (no copy reads a block an earlier one wrote: in order or all at once).
+        The pass's counts are in ``last_compaction``; see ``paged.core.compaction`` for the
+        objective, the rounds and the bound."""
         from .compaction import compact_manager
-        plan = compact_manager(self, order, drop_cached=drop_cached, max_copies=max_copies)
+        plan = compact_manager(self, order, drop_cached=drop_cached, max_copies=max_copies, max_rounds=max_rounds)
         self.last_compaction = plan
         self.num_compactions += 1
         self.num_compaction_copies += plan.num_copies

@@ -61,7 +61,8 @@ class SchedulerConfig:
                               f"got {self.compaction_threshold!r}")
         if self.compaction_max_copies is not None and (
                 not isinstance(self.compaction_max_copies, int) or self.compaction_max_copies < 1):
-            raise ConfigError(f"compaction_max_copies must be an integer >= 1 or None, got {self.compaction_max_copies!r}")
+            raise ConfigError(f"compaction_max_copies must be an integer >= 1 or None, "
+                              f"got {self.compaction_max_copies!r}")
 
     @classmethod
     def of(cls, config: object, max_model_len: int) -> "SchedulerConfig":
