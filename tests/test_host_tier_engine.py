@@ -49,10 +49,11 @@ def _run(path, **kw):
     return sorted(outs), telemetry.steps_frame(rows), eng.kv_manager
 
 
-@pytest.mark.parametrize("policy", ["lru", "score"])
-def test_greedy_outputs_identical_with_host_tier(path, policy):
+@pytest.mark.parametrize("policy,threshold", [("lru", 1.0), ("score", 1.0), ("lru", 0.7)])
+def test_greedy_outputs_identical_with_host_tier(path, policy, threshold):
     base, st0, kv0 = _run(path)
-    tier, st1, kv1 = _run(path, enable_host_tier=True, num_cpu_blocks=16, eviction=policy, host_eviction=policy)
+    tier, st1, kv1 = _run(path, enable_host_tier=True, num_cpu_blocks=16, eviction=policy, host_eviction=policy,
+                          host_tier_threshold=threshold)
     assert tier == base
     assert st1["num_tier_out_blocks"].sum() > 0 and st1["num_tier_in_blocks"].sum() > 0
     assert (st0[["num_tier_out_blocks", "num_tier_in_blocks", "host_cache_hits"]] == 0).all().all()
