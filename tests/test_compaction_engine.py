@@ -1,6 +1,7 @@
 """Block compaction on the real engine path (tiny random Llama): greedy outputs are identical with
-compaction on and off (fp32 and int4_kivi caches, shared prefixes, n > 1, preemption), the copies
-show in the step records of both executors, and nothing leaks."""
+compaction on and off (fp32 and int4_kivi caches, shared prefixes, n > 1, preemption; SmolLM2 once),
+the copies show in the step records of both executors, a failed pass aborts exactly the requests it
+moved, and nothing leaks."""
 from __future__ import annotations
 
 import pytest
@@ -77,3 +78,51 @@ def test_simulator_runs_compaction_and_charges_the_copies():
     assert on.steps["num_compaction_copies"].sum() > 0 and off.steps["num_compaction_copies"].sum() == 0
     assert len(on.steps) == len(off.steps)                      # same schedule (no arrival depends on time)
     assert on.steps["step_time_s"].sum() > off.steps["step_time_s"].sum()  # the copies cost HBM time
+
+
+def test_smollm2_greedy_outputs_identical_with_compaction(smollm2):
+    system = "You are a helpful assistant. Answer briefly.\n"
+    prompts = [system + q for q in ("What is the capital of France?", "Name a prime number.", "Why is the sky blue?")]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = []
+    for on in (False, True):
+        llm = LLM(model=smollm2, block_size=2, num_blocks=96, **(ON if on else {}))
+        outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+        assert llm.kv_manager.num_used_blocks == 0
+    assert outs[0] == outs[1] and llm.kv_manager.num_compaction_copies > 0
+
+
+def test_failed_compaction_copies_abort_the_moved_requests_and_drop_their_prefix_entries(model):
+    """A step whose cache ops fail never applied its compaction copies: the requests whose blocks
+    moved are aborted, the moved blocks lose their prefix entries, the rest keep running."""
+    from paged.errors import StepFailedError
+    params = SamplingParams(temperature=0.0, max_tokens=18)
+    roomy = LLM(model=model, block_size=4, num_blocks=80)
+    reference = [o.outputs[0].token_ids for o in roomy.generate(_prompts(), params)]
+    llm = LLM(model=model, block_size=4, num_blocks=40, max_num_batched_tokens=48, **ON)
+    eng = llm.engine
+    for i, p in enumerate(_prompts()):
+        eng.add_request(str(i), p, params)
+    apply, failed = eng.runner.apply_cache_ops, []
+
+    def flaky(plan):
+        if plan.compaction_copies and not failed:
+            failed.append(plan)
+            raise RuntimeError("injected cache-ops failure")
+        return apply(plan)
+
+    eng.runner.apply_cache_ops = flaky
+    while eng.has_unfinished_requests():
+        try:
+            eng.step()
+        except StepFailedError:
+            kv = llm.kv_manager
+            moved = [kv.pool.blocks[d] for _, d in failed[0].compaction_copies]
+            assert not [b for b in moved if b.block_hash is not None and kv.pool.lookup(b.block_hash) is b]
+            assert not any(kv.has(r.request_id) and set(kv.block_table(r.request_id)) & {b.block_id for b in moved}
+                           for r in eng.scheduler.running)
+            kv.check_invariants()
+    assert failed
+    assert llm.kv_manager.num_used_blocks == 0
+    again = llm.generate(_prompts(), params)  # no prefix hit reads K/V the failed step never moved
+    assert [o.outputs[0].token_ids for o in again] == reference
