@@ -136,6 +136,30 @@ def test_overlap_schedule_fences_in_order():
     assert any(e[0] == "side_waits" and e[1] == "out" for e in fs.log)
 
 
+def test_prefetch_serves_swap_in_and_is_dropped_when_the_host_block_is_rewritten():
+    dev = _layers()
+    ref = [(layer.k.clone(), layer.v.clone()) for layer in dev]
+    host = [kernels.allocate_kv_cache(6, BS, H, D, dtype=torch.float32) for _ in dev]
+    fs = FakeStreams()
+    sw = SwapExecutor(dev, host, mode="overlap", streams=fs)
+    sw.swap_out([(1, 0), (2, 1), (3, 4)])
+    done = [e for e in fs.log if e[0] == "record"][-1][1]
+    fs.log = []
+    sw.prefetch([4, 0, 1, 9])                      # 9 is no host block: ignored
+    assert ("side_waits", "in", done) in fs.log    # the prefetch reads host blocks after their copy
+    assert sorted(sw._prefetched) == [0, 1, 4]
+    sw.swap_out([(5, 1)])                          # host block 1 gets new content: its copy is stale
+    assert sorted(sw._prefetched) == [0, 4]
+    sw.swap_in([(4, 8), (1, 9), (0, 10)])
+    sw.fence()
+    assert sw.num_prefetch_hits == 2 and not sw._prefetched
+    for layer, (k, v) in zip(dev, ref):
+        assert torch.equal(layer.k[[8, 9, 10]], k[[3, 5, 1]]) and torch.equal(layer.v[[8, 9, 10]], v[[3, 5, 1]])
+    sync = SwapExecutor(dev, host)
+    sync.prefetch([0])
+    assert not sync._prefetched                    # sync mode: no prefetch
+
+
 def test_sync_mode_is_the_kernels_reference():
     dev = _layers()
     sw = SwapExecutor.build(dev, 4, host_layers=[kernels.allocate_kv_cache(4, BS, H, D, dtype=torch.float32)
@@ -198,6 +222,7 @@ def test_greedy_outputs_identical_sync_overlap_under_swap_pressure(tiny):
     over, b = _run(tiny, prompts, swap_mode="overlap", **pressure)
     assert sync == over == ref
     assert a.engine.runner.swap.bytes_out > 0 and b.engine.runner.swap.bytes_out == a.engine.runner.swap.bytes_out
+    assert b.engine.runner.swap.num_prefetch_hits > 0  # the overlap run swapped some blocks in from prefetches
     comp, c = _run(tiny, prompts, swap_mode="overlap", swap_compression="int4", **pressure)
     sw = c.engine.runner.swap
     assert sw.bytes_in > 0 and sw.host_block_bytes() < sw.device_block_bytes()

@@ -116,6 +116,13 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._table(request_id)]
 
+    def swapped_host_blocks(self, request_id: str) -> list[int]:
+        """The CPU-pool block ids a swapped-out request holds, in table order (read-only: the
+        engine's swap prefetch copies them early)."""
+        if request_id not in self._swapped:
+            raise UnknownRequestError(f"request {request_id!r} is not swapped out")
+        return [cpu for cpu, _ in self._swapped[request_id]]
+
     def num_swapped_blocks(self, request_id: str) -> int:
         """Blocks a swapped-out request holds in the CPU pool."""
         if request_id not in self._swapped:

@@ -281,6 +281,10 @@ class LLMEngine:
         cache_ms = None
         try:  # all-or-nothing for the caller: a failure aborts exactly this step's requests
             cache_ms = self.runner.apply_cache_ops(plan)
+            swap, nxt = getattr(self.runner, "swap", None), self.scheduler.swapped
+            if swap is not None and nxt and not plan.preempted and self.kv.is_swapped(nxt[0].request_id):
+                # overlap mode: the next swap-in's host->device copy rides beside this forward
+                swap.prefetch(self.kv.swapped_host_blocks(nxt[0].request_id))
             prefill_ms = decode_ms = None
             decodes = [c for c in plan.scheduled if c.is_decode]
             prefills = [c for c in plan.scheduled if not c.is_decode]

@@ -39,7 +39,6 @@ overlap mode: the scratch of one step's swapped blocks (not counted in the KV bu
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any, Sequence
 
 import torch
@@ -48,6 +47,7 @@ from paged._kernels import kernels
 from kernels.blocks import normalize_block_mapping
 from paged.errors import ConfigError
 from .swap_codec import CODECS, Codec, CompressedHostLayer
+from .swap_streams import CudaStreams, NullStreams
 
 MODES = ("sync", "overlap")
 COMPRESSIONS = (None, "fp8", "int4")
@@ -69,69 +69,6 @@ def runs(dst: Sequence[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-class NullStreams:
-    """CPU (and sync-mode) streams: copies are synchronous, events are None and already done."""
-
-    kind = "null"
-
-    def side(self, which: str):
-        return nullcontext()
-
-    def side_waits_main(self, which: str) -> None:
-        pass
-
-    def side_waits(self, which: str, event: Any) -> None:
-        pass
-
-    def record(self, which: str) -> Any:
-        return None
-
-    def main_waits(self, event: Any) -> None:
-        pass
-
-    def keep(self, t: torch.Tensor, which: str) -> None:
-        """Keep ``t`` (made on the main stream) alive until ``which``'s queued work used it."""
-
-    def synchronize(self) -> None:
-        pass
-
-
-class CudaStreams:
-    """One CUDA stream per direction (``"out"``: device->host, ``"in"``: host->device)."""
-
-    kind = "cuda"
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.streams = {w: torch.cuda.Stream(device=device) for w in ("out", "in")}
-
-    def side(self, which: str):
-        return torch.cuda.stream(self.streams[which])
-
-    def side_waits_main(self, which: str) -> None:
-        self.streams[which].wait_stream(torch.cuda.current_stream(self.device))
-
-    def side_waits(self, which: str, event: Any) -> None:
-        if event is not None:
-            self.streams[which].wait_event(event)
-
-    def record(self, which: str) -> Any:
-        ev = torch.cuda.Event()
-        ev.record(self.streams[which])
-        return ev
-
-    def main_waits(self, event: Any) -> None:
-        if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
-
-    def keep(self, t: torch.Tensor, which: str) -> None:
-        t.record_stream(self.streams[which])  # the allocator must not hand it to the main stream early
-
-    def synchronize(self) -> None:
-        for s in self.streams.values():
-            s.synchronize()
-
-
 class SwapExecutor:
     """Moves blocks between ``device_layers`` and ``host_layers`` (one per model layer).
 
@@ -144,7 +81,8 @@ class SwapExecutor:
     """
 
     def __init__(self, device_layers: Sequence[kernels.KVCacheLayer], host_layers: Sequence[Any], *,
-                 mode: str = "sync", compression: str | None = None, streams: Any = None) -> None:
+                 mode: str = "sync", compression: str | None = None, streams: Any = None,
+                 prefetch_blocks: int = 64) -> None:
         if mode not in MODES:
             raise ConfigError(f"swap_mode must be one of {MODES}, got {mode!r}")
         if compression not in COMPRESSIONS:
@@ -165,6 +103,9 @@ class SwapExecutor:
         self._ready: dict[int, Any] = {}           # layer -> event of its pending swap-in
         self._host_written: dict[int, Any] = {}    # host block -> event of the copy writing it
         self._host_read: dict[int, Any] = {}       # host block -> event of the copy reading it
+        self.prefetch_blocks = prefetch_blocks     # most host blocks held prefetched on the device
+        self._prefetched: dict[int, tuple[list[list[torch.Tensor]], int]] = {}  # host block -> (bufs, row)
+        self.num_prefetch_hits = 0
         self.bytes_out = self.bytes_in = 0         # host-side bytes moved (what crosses the link)
 
     @classmethod
@@ -226,6 +167,7 @@ class SwapExecutor:
         s.keep(dev_idx, "out")
         for h in host_ids:  # do not overwrite a host block a pending swap-in still reads
             s.side_waits("out", self._host_read.pop(h, None))
+            self._prefetched.pop(h, None)  # a prefetched copy of the old content is stale
         with s.side("out"):
             parts = [self._encode(layer, dev_idx) for layer in self.device_layers]
             read = s.record("out")
@@ -250,26 +192,67 @@ class SwapExecutor:
         if not self._scheduled:
             kernels.swap_blocks(self.host_layers, self.device_layers, m)
             return
-        order = torch.argsort(m[:, 0])
-        m = m[order]
+        pre = {h: self._prefetched.pop(h) for h in m[:, 0].tolist() if h in self._prefetched}
+        m = m[sorted(range(m.shape[0]), key=lambda j: (int(m[j, 0]) not in pre, int(m[j, 0])))]
         host_ids, dev_idx = m[:, 0].tolist(), m[:, 1].to(self.device)
+        k = len(pre)  # rows [0, k) come from the device copies a prefetch made, the rest from the host
+        self.num_prefetch_hits += k
+        groups: dict[int, tuple[list[list[torch.Tensor]], list[int], list[int]]] = {}
+        for j, h in enumerate(host_ids[:k]):
+            bufs, row = pre[h]
+            g = groups.setdefault(id(bufs), (bufs, [], []))
+            g[1].append(j)
+            g[2].append(row)
         s = self.streams
         s.side_waits_main("in")
         s.keep(dev_idx, "in")
-        for h in host_ids:  # read a host block only after the copy that wrote it
+        for h in host_ids[k:]:  # read a host block only after the copy that wrote it
             s.side_waits("in", self._host_written.pop(h, None))
         with s.side("in"):
             for li, (layer, host) in enumerate(zip(self.device_layers, self.host_layers)):
                 parts = []
-                for ht in host.block_tensors():
+                for ti, ht in enumerate(host.block_tensors()):
                     buf = torch.empty((len(host_ids),) + tuple(ht.shape[1:]), dtype=ht.dtype, device=self.device)
-                    for i0, h0, n in runs(host_ids):
-                        _bytes(buf)[i0:i0 + n].copy_(_bytes(ht)[h0:h0 + n], non_blocking=True)
+                    for bufs, js, rows in groups.values():
+                        _bytes(buf)[js] = _bytes(bufs[li][ti])[rows]
+                    for i0, h0, n in runs(host_ids[k:]):
+                        _bytes(buf)[k + i0:k + i0 + n].copy_(_bytes(ht)[h0:h0 + n], non_blocking=True)
                     parts.append(buf)
                 self._decode_into(layer, parts, dev_idx)
                 self._ready[li] = s.record("in")
             done = s.record("in")
-        for h in host_ids:
+        for h in host_ids[k:]:
+            self._host_read[h] = done
+
+    def prefetch(self, host_blocks: Sequence[int]) -> None:
+        """Overlap mode: start copying ``host_blocks`` (a swapped request's, likely swapped in next
+        step) to device scratch on the in-stream, beside this step's forward; a later
+        :meth:`swap_in` of them copies on the device instead of over the link. At most
+        ``prefetch_blocks`` are held; :meth:`swap_out` into a prefetched host block drops its copy.
+        No-op in sync mode (on CPU it runs, as synchronous copies, so tests cover the path)."""
+        if not self._scheduled or self.mode != "overlap" or not self.host_layers:
+            return
+        nb = self.host_layers[0].block_tensors()[0].shape[0]
+        room = self.prefetch_blocks - len(self._prefetched)
+        ids = sorted({int(h) for h in host_blocks if 0 <= int(h) < nb and int(h) not in self._prefetched})[:max(0, room)]
+        if not ids:
+            return
+        s = self.streams
+        for h in ids:
+            s.side_waits("in", self._host_written.pop(h, None))
+        with s.side("in"):
+            bufs = []
+            for host in self.host_layers:
+                per = []
+                for ht in host.block_tensors():
+                    buf = torch.empty((len(ids),) + tuple(ht.shape[1:]), dtype=ht.dtype, device=self.device)
+                    for i0, h0, n in runs(ids):
+                        _bytes(buf)[i0:i0 + n].copy_(_bytes(ht)[h0:h0 + n], non_blocking=True)
+                    per.append(buf)
+                bufs.append(per)
+            done = s.record("in")
+        for row, h in enumerate(ids):
+            self._prefetched[h] = (bufs, row)
             self._host_read[h] = done
 
     def wait_layer(self, layer_idx: int) -> None:
