@@ -97,7 +97,8 @@ def swap_claim(df: pd.DataFrame, policy: str = "host tier, score", baseline: str
     """One line on the seeds' "cuts swaps by 40% on a 70B model" from a ``tier_study`` frame."""
     a, b = df.set_index("variant").loc[policy], df.set_index("variant").loc[baseline]
     ratio = a["swaps"] / b["swaps"] if b["swaps"] else math.nan
-    return (f"score policy vs LRU: {int(a['swaps'])} vs {int(b['swaps'])} swapped blocks = "
-            f"{ratio:.2f}x ({(1 - ratio) * 100:.0f}% fewer; the seed claims 40% fewer), hit rate "
+    change = f"{(1 - ratio) * 100:.0f}% fewer" if ratio <= 1 else f"{(ratio - 1) * 100:.0f}% more"
+    return (f"{policy} vs {baseline}: {int(a['swaps'])} vs {int(b['swaps'])} swapped blocks = "
+            f"{ratio:.2f}x ({change}; the seed claims 40% fewer), hit rate "
             f"{a['prefix_hit_rate']:.3f} vs {b['prefix_hit_rate']:.3f}, throughput "
             f"{a['throughput_tok_s'] / b['throughput_tok_s']:.3f}x")
