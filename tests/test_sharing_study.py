@@ -34,7 +34,9 @@ def test_table(table, lm):
     assert base["kld_mean"] == 0 and base["delta_nll"] == 0 and base["same_top1_pct"] == 100
     assert base["first_div_median"] == 4 and base["memory_saved_pct"] == 0
     pairs = table[table["kind"] == "pair"]
-    assert list(pairs["pair"]) == [0, 1, 2, 3] and (pairs["js_head"].between(0, 1)).all()
+    assert list(pairs["pair"]) == [0, 1, 2, 3]
+    assert all(pairs[c].between(0, 1).all() for c in ("js_head", "js_headavg", "js_shared"))
+    assert (pairs["k_rel_err"] > 0).all() and (pairs["v_rel_err"] > 0).all()
     assert (pairs["kld_mean"] > 0).all()  # a random model is not trained for sharing
     two = table[table["k"] == 2]
     assert (two["num_cache_layers"] == L - 2).all()

@@ -18,7 +18,11 @@ Similarity of layers ``i`` and ``i + 1``: the Jensen–Shannon distance (base 2,
 the square root of the JS divergence, a metric) between their attention distributions on the
 base run, per query row of the scored half, for query head ``h`` of both layers (under sharing
 head ``h`` of layer ``i + 1`` reads the KV head that head ``h`` of layer ``i`` reads), averaged
-over rows and then heads (``js_head``); ``js_headavg`` compares the head-averaged maps.
+over rows and then heads (``js_head``); ``js_headavg`` compares the head-averaged maps. Two
+more direct predictors from the same base run: ``js_shared``, the JS distance between layer
+``i + 1``'s own attention and the attention it gets under sharing (its queries over layer ``i``'s
+keys), and ``k_rel_err``/``v_rel_err``, ``||K_i - K_{i+1}|| / ||K_{i+1}||`` (the same for V): what
+sharing substitutes for layer ``i + 1``'s keys and values.
 """
 from __future__ import annotations
 
@@ -44,7 +48,9 @@ class SharedKVAttention:
     :func:`paged.engine.kv_sharing.check_share_map`): owners store their K/V, a shared layer
     stores nothing and attends over its owner's. Calls append (prefill, then decode steps).
     With ``map_rows`` a prefill from empty also keeps each layer's attention probabilities of
-    those query rows in ``maps[layer]`` (``[Hq, rows, T]`` float32)."""
+    those query rows in ``maps[layer]`` (``[Hq, rows, T]`` float32), the same rows over the previous
+    layer's keys in ``prev_maps[layer]``, and ``kv_err[layer]`` (relative K and V error of the previous
+    layer's K/V against this layer's)."""
 
     def __init__(self, num_layers: int, share: Mapping[int, int] | None = None, *,
                  map_rows: slice | None = None) -> None:
@@ -58,6 +64,8 @@ class SharedKVAttention:
         self.k: list[torch.Tensor | None] = [None] * self.num_layers
         self.v: list[torch.Tensor | None] = [None] * self.num_layers
         self.maps: dict[int, torch.Tensor] = {}
+        self.prev_maps: dict[int, torch.Tensor] = {}
+        self.kv_err: dict[int, tuple[float, float]] = {}
 
     def truncate(self, n: int) -> None:
         """Forget every token from position ``n`` on."""
@@ -79,7 +87,12 @@ class SharedKVAttention:
             owner = layer_idx
         kk, vv = self.k[owner], self.v[owner]
         if self.map_rows is not None and q.shape[0] == kk.shape[0]:
-            self.maps[layer_idx] = attention_probs(q[self.map_rows], kk, self.map_rows.start)
+            rows, start = q[self.map_rows], self.map_rows.start
+            self.maps[layer_idx] = attention_probs(rows, kk, start)
+            pk, pv = (self.k[layer_idx - 1], self.v[layer_idx - 1]) if layer_idx else (None, None)
+            if owner == layer_idx and pk is not None and pk.shape == kk.shape:
+                self.prev_maps[layer_idx] = attention_probs(rows, pk, start)
+                self.kv_err[layer_idx] = (float((pk - kk).norm() / kk.norm()), float((pv - vv).norm() / vv.norm()))
         return attend(q, kk, vv).to(dtype)
 
 
@@ -104,10 +117,12 @@ def js_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return jsd.sqrt()
 
 
-def _pair_similarity(maps: dict[int, torch.Tensor], i: int) -> tuple[float, float]:
-    a, b = maps[i], maps[i + 1]
+def _pair_similarity(base: SharedKVAttention, i: int) -> dict[str, float]:
+    a, b = base.maps[i], base.maps[i + 1]
     per_head = js_distance(a, b).mean(-1)  # rows, then heads
-    return float(per_head.mean()), float(js_distance(a.mean(0), b.mean(0)).mean())
+    k_err, v_err = base.kv_err[i + 1]
+    return {"js_head": float(per_head.mean()), "js_headavg": float(js_distance(a.mean(0), b.mean(0)).mean()),
+            "js_shared": float(js_distance(b, base.prev_maps[i + 1]).mean()), "k_rel_err": k_err, "v_rel_err": v_err}
 
 
 def disjoint_pairs(ranked: Sequence[int], k: int) -> dict[int, int]:
@@ -175,18 +190,20 @@ def _engine_blocks(lm, share, budget: int) -> tuple[int, int]:
 
 def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_length: int = 256, *,
                   max_chunks: int | None = 1, pairs: Sequence[int] | None = None,
-                  ks: Sequence[int] = (3, 6, 9, 12, 15), orders: Sequence[str] = ("cost", "similarity"),
+                  ks: Sequence[int] = (3, 6, 9, 12), orders: Sequence[str] = ("cost", "similarity"),
                   divergence_tokens: int = 16, engine_budget: int | None = 64 << 20, bos: bool | None = None,
                   progress: bool = False) -> pd.DataFrame:
     """Measure cross-layer sharing configs against the unshared base (see the module docstring).
 
     ``model``: None (embedded SmolLM2, fp32), a name/path, or a LoadedModel/LLM. ``pairs``: the
     ``i`` of the adjacent pairs ``{i + 1: i}`` measured alone (None = all); the k-pair configs
-    rank only these. ``engine_budget``: bytes given to a real engine per config to report the
-    blocks it fits (None skips it). One row per config, texts pooled; columns ``kind`` (base,
-    pair, k_pairs), ``order``, ``k`` (shared layers), ``share_with``, memory (fp16 cache bytes
-    per token, % saved), ``js_head``/``js_headavg`` (pairs), :func:`paged.quant.metrics.summarize`'s
-    columns and ``first_div_*``.
+    rank only these (a ``k`` with fewer disjoint pairs in that order is left out: 15 pairs of 30
+    layers need a perfect tiling). ``engine_budget``: bytes given to a real engine per config to
+    report the blocks it fits (None skips it). One row per config, texts pooled; columns ``kind``
+    (base, pair, k_pairs), ``order``, ``k`` (shared layers), ``share_with``, memory (fp16 cache
+    bytes per token, % saved), the predictors ``js_head``, ``js_headavg``, ``js_shared``,
+    ``k_rel_err``, ``v_rel_err`` (pairs), :func:`paged.quant.metrics.summarize`'s columns and
+    ``first_div_*``.
     """
     lm = load(model)
     m, cfg = lm.model, lm.config
@@ -213,15 +230,15 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
         """Score ``configs`` (each with ``share_with``) on every chunk; returns their metrics."""
         stats = [TokenStats() for _ in configs]
         div: list[list[int]] = [[] for _ in configs]
-        js: dict[int, list[tuple[float, float]]] = {}
+        js: dict[int, list[dict[str, float]]] = {}
         for ch in chunks:
             ids = torch.tensor(ch.ids, dtype=torch.long, device=dev)
             targets = torch.tensor(ch.ids[rows_sl.start + 1:rows_sl.stop + 1])
             base = SharedKVAttention(L, map_rows=rows_sl)
             hidden, inputs = _base_run(m, ids, base)
             for i in pairs:
-                js.setdefault(i, []).append(_pair_similarity(base.maps, i))
-            base.maps = {}
+                js.setdefault(i, []).append(_pair_similarity(base, i))
+            base.maps, base.prev_maps = {}, {}
             base_logits = m.compute_logits(hidden[rows_sl.start - 1:rows_sl.stop])
             caches, first = [], []
             for c in configs:
@@ -256,8 +273,7 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
                    "first_div": dd.astype(int).tolist()}
             if c["kind"] == "pair":
                 vals = js[c["pair"]]
-                row["js_head"] = float(np.mean([a for a, _ in vals]))
-                row["js_headavg"] = float(np.mean([b for _, b in vals]))
+                row.update({name: float(np.mean([v[name] for v in vals])) for name in vals[0]})
             out.append(row)
         return out
 
