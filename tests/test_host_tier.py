@@ -184,3 +184,17 @@ def test_make_policy_specs():
     for bad in ("score:decay", "score:nope=1", "score:decay=2", "mru"):
         with pytest.raises(ConfigError):
             make_policy(bad)
+
+
+def test_reset_prefix_cache_clears_both_tiers():
+    kv = _kv(num_blocks=3, num_cpu=4)
+    _fill(kv, "a", [1, 2, 3, 4, 5])
+    kv.free("a")
+    _fill(kv, "b", [7, 7, 7, 7, 7])
+    kv.free("b")
+    kv.take_tier_ops()
+    assert kv.num_host_cached_blocks == 2 and kv.num_cached_free_blocks == 2
+    assert kv.reset_prefix_cache() == 4
+    assert kv.num_host_cached_blocks == 0 and kv.num_free_cpu_blocks == 4
+    assert kv.find_cached_prefix(Request("c", [1, 2, 3, 4, 5], max_tokens=1)) == []
+    kv.check_invariants()

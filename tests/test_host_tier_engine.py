@@ -78,3 +78,43 @@ def test_host_tier_with_swap_preemption_is_lossless(path):
     assert st0["num_swapped_out_blocks"].sum() > 0 and st["num_swapped_out_blocks"].sum() > 0
     assert st["num_tier_in_blocks"].sum() > 0 and st["num_host_evicted_blocks"].sum() > 0
     assert kv.num_used_blocks == 0 and kv.num_free_cpu_blocks + kv.num_host_cached_blocks == 8
+
+
+def test_failed_cache_ops_drop_the_tier_copies(path):
+    """A step whose cache ops fail never made its tier copies: the blocks it brought back are
+    dropped from the prefix cache and its demoted entries from the host tier, so the same
+    prompts run again later give the reference outputs (no hit on K/V that was never copied)."""
+    from paged.engine import LLM, SamplingParams
+    from paged.errors import StepFailedError
+
+    base, _, _ = _run(path)
+    llm = LLM(path, device="cpu", **{**CACHE, "enable_host_tier": True, "num_cpu_blocks": 16})
+    eng, runner = llm.engine, llm.engine.runner
+    real, failed = runner.apply_cache_ops, []
+
+    def flaky(plan):
+        if plan.tier_in and not failed:
+            failed.append(plan.step)
+            raise RuntimeError("copy failed")
+        return real(plan)
+
+    runner.apply_cache_ops = flaky
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for i, wave in enumerate(_prompts() * 2):  # the second pass hits whatever the tier kept
+        for j, p in enumerate(wave):
+            eng.add_request(f"{i}.{j}", p, params)
+        while eng.has_unfinished_requests():
+            try:
+                s = eng.step()
+            except StepFailedError:
+                continue
+            eng.kv_manager.check_invariants()
+            outs.update((o.request_id, tuple(o.outputs[0].token_ids)) for o in s.finished)
+    assert failed
+    ref = dict(base)
+    n = len(_prompts())
+    for rid, toks in outs.items():
+        i, j = rid.split(".")
+        assert toks == ref[f"{int(i) % n}.{j}"], rid
+    assert eng.kv_manager.num_used_blocks == 0
