@@ -135,6 +135,16 @@ class ContiguousKVCacheManager(KVCacheManager):
     def take_freed_blocks(self) -> list[int]:
         return []  # no per-block state to release
 
+    host = None                 # no host tier: nothing is cached, so nothing is demoted
+    num_host_cached_blocks = 0
+    host_cache_hits = 0
+
+    def demote_above_threshold(self) -> int:
+        return 0
+
+    def take_tier_ops(self) -> tuple[BlockMapping, BlockMapping, int]:
+        return [], [], 0
+
     def find_cached_prefix(self, request: Request) -> list[Block]:
         return []
 
