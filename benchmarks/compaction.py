@@ -9,8 +9,9 @@ The measurements are ``paged.engine.compaction_bench`` (see there for what each 
    copies per pass and what planning and applying a pass cost;
 3. the verdict: read time a pass saves vs what it costs;
 4. end to end: the real engine (random model of SmolLM2-135M's layer shape, 2 layers) off vs on,
-   3 alternating runs each (median off/on ratio of the pairs): forward time, cache-op time, copies,
-   identical greedy outputs.
+   3 alternating runs each (median off/on ratio of the pairs): forward wall time, whole-run thread
+   CPU time (``cpu_ratio``, robust to neighbours on shared cores), cache-op time, copies, identical
+   greedy outputs.
 """
 from __future__ import annotations
 
