@@ -55,3 +55,16 @@ def test_ratio_matches_the_engines_host_blocks(codec, head_dim):
     sw = SwapExecutor.build(dev, 4, compression=codec)
     assert sw.host_block_bytes() / sw.device_block_bytes() == pytest.approx(
         swap_bytes_ratio(codec, head_dim, "fp16", 16), rel=1e-12)
+
+
+def test_swap_benchmark_runs_small():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "swap.py"
+    spec = importlib.util.spec_from_file_location("bench_swap", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.run(blocks=2, layers=2, compute=16, rounds=1)
+    assert [(r["compression"], r["mode"]) for r in rows] == [(c, m) for c in ("none", "fp8", "int4")
+                                                           for m in ("sync", "overlap")]
+    assert all(r["step_ms"] > 0 and r["moved_mb"] > 0 for r in rows)
