@@ -40,3 +40,11 @@ def test_engine_table_runs_both_ways(tmp_path):
     model = load_model(make_tiny_checkpoint(tmp_path, "llama", num_heads=4, num_kv_heads=2, head_dim=16))
     e = engine_table(model, requests=4, max_tokens=24, num_blocks=60, interval=1, threshold=0.0, repeats=1)
     assert bool(e["identical"][0]) and e["copies"][0] > 0
+
+
+def test_simulated_compaction_costs_only_copies():
+    from paged.sim.compaction import compaction_sim_table
+    t = compaction_sim_table(60)
+    off, on = t.iloc[0], t.iloc[1]
+    assert off["copies"] == 0 and on["copies"] > 0 and on["gib_copied"] > 0
+    assert on["sim_seconds"] >= off["sim_seconds"]                # same schedule here: the copies only add time
