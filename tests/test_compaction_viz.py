@@ -48,3 +48,13 @@ def test_simulated_compaction_costs_only_copies():
     off, on = t.iloc[0], t.iloc[1]
     assert off["copies"] == 0 and on["copies"] > 0 and on["gib_copied"] > 0
     assert on["sim_seconds"] >= off["sim_seconds"]                # same schedule here: the copies only add time
+
+
+def test_contiguous_allocators_have_nothing_to_compact():
+    import pandas as pd
+
+    from paged.sim.simulator import SimConfig, simulate
+    trace = pd.DataFrame([dict(arrival_time=0.0, prompt_tokens=50 + 9 * i, output_tokens=40) for i in range(12)])
+    r = simulate(trace, SimConfig(model="llama-2-7b", num_blocks=400, allocator="contiguous-max",
+                                  enable_block_compaction=True, compaction_threshold=0.0, compaction_interval=1))
+    assert r.steps["num_compaction_copies"].sum() == 0

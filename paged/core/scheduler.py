@@ -32,7 +32,7 @@ from collections import deque
 from typing import Callable, Iterator, Mapping, Sequence
 
 from . import events as ev
-from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
+from paged.errors import DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
 from .kv_manager import KVCacheManager
 from .plan import DEFAULT_TOKEN_BUDGET, ScheduledChunk, SchedulerConfig, SchedulerOutput, StepCounts
 from .request import Request, RequestStatus
@@ -109,9 +109,6 @@ class Scheduler:
         self._seq = itertools.count()
         self._watermark_blocks = int(self.config.watermark * kv.num_blocks)
         self._compaction_checked = 0  # step of the last fragmentation check (block compaction)
-        if self.config.enable_block_compaction and not hasattr(kv, "compact"):
-            raise ConfigError(f"enable_block_compaction needs the paged KV manager; {type(kv).__name__} "
-                              "allocates contiguously and has no blocks to move")
 
     # ---- requests in and out --------------------------------------------------------
     def add_request(self, request: Request) -> None:

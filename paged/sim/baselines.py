@@ -145,6 +145,13 @@ class ContiguousKVCacheManager(KVCacheManager):
     def take_tier_ops(self) -> tuple[BlockMapping, BlockMapping, int]:
         return [], [], 0
 
+    # block compaction: every reservation is one contiguous range already, nothing to move
+    def block_fragmentation(self, order=None) -> float:
+        return 0.0
+
+    def compact(self, order=None, **kw) -> BlockMapping:
+        return []
+
     def find_cached_prefix(self, request: Request) -> list[Block]:
         return []
 
