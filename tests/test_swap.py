@@ -229,6 +229,34 @@ def test_greedy_outputs_identical_sync_overlap_under_swap_pressure(tiny):
     assert len(comp) == len(ref)  # lossy: outputs may differ; the error is measured in paged.sim/quant studies
 
 
+def test_overlap_with_host_tier_and_swap_preemption_is_lossless(tiny):
+    """Tier copies and swaps share the executor (and the CPU pool): overlap == sync == no tier."""
+    import random
+    from paged.engine.sampling import SamplingParams
+    rng = random.Random(0)
+    prefixes = [[rng.randrange(256) for _ in range(12)] for _ in range(4)]
+    waves = [[prefixes[p] + [rng.randrange(256) for _ in range(rng.randrange(1, 6))] for p in w]
+             for w in ([0, 1], [2, 3], [0, 1], [2, 3], [0, 2])]
+    cfg = dict(block_size=4, num_blocks=9, max_num_batched_tokens=64, max_model_len=64, max_num_seqs=2,
+               preemption_mode="swap", num_cpu_blocks=8)
+
+    def run(**kw):
+        eng = LLM(model=tiny, **cfg, **kw).engine
+        outs = []
+        for i, wave in enumerate(waves):
+            for j, p in enumerate(wave):
+                eng.add_request(f"{i}.{j}", p, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+            while eng.has_unfinished_requests():
+                st = eng.step()
+                outs += [(o.request_id, o.outputs[0].token_ids) for o in st.finished]
+        return sorted(outs), eng.runner.swap
+    base, _ = run()
+    sync, a = run(enable_host_tier=True)
+    over, b = run(enable_host_tier=True, swap_mode="overlap")
+    assert base == sync == over
+    assert b.bytes_in == a.bytes_in > 0
+
+
 def test_engine_config_rejects_unknown_swap_settings(tiny):
     with pytest.raises(ConfigError, match="swap_mode"):
         LLM(model=tiny, num_blocks=8, swap_mode="fast")
