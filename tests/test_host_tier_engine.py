@@ -118,3 +118,12 @@ def test_failed_cache_ops_drop_the_tier_copies(path):
         i, j = rid.split(".")
         assert toks == ref[f"{int(i) % n}.{j}"], rid
     assert eng.kv_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4_kivi"])
+def test_host_tier_lossless_over_quantized_caches(path, dtype):
+    """Tier copies move a block's quantized payload and its scales (and int4_kivi's staging
+    never holds a full block): outputs equal the same cache format without the tier."""
+    base, _, _ = _run(path, kv_cache_dtype=dtype)
+    tier, st, kv = _run(path, kv_cache_dtype=dtype, enable_host_tier=True, num_cpu_blocks=16)
+    assert tier == base and st["num_tier_in_blocks"].sum() > 0 and kv.num_used_blocks == 0
