@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from paged.sim.cost_model import CostModel, StepShape
+from paged.sim.cost_model import CostModel, StepShape, swap_bytes_ratio
 from paged.sim.specs import get_model, kv_cache_sizing
 from paged.sim.studies import run_grid
 
@@ -55,7 +55,8 @@ def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_par
     TBT/TTFT of a loaded but not overloaded server). Ratios are against recompute and against
     synchronous uncompressed swap at the same pressure and rate.
     """
-    fit = kv_cache_sizing(model, gpu, 16, tensor_parallel=tensor_parallel).num_blocks
+    sizing = kv_cache_sizing(model, gpu, 16, tensor_parallel=tensor_parallel)
+    fit = sizing.num_blocks
     base = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, workload=workload,
                 num_requests=num_requests, seed=seed, enable_prefix_caching=False, swap_space_gib=swap_space_gib)
 
@@ -71,6 +72,8 @@ def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_par
         df, pts = pd.concat([df, run_grid(more, jobs=jobs)], ignore_index=True), pts + more
     df.insert(0, "variant", [p["_variant"] for p in pts])
     df.insert(1, "kv_fraction", [p["_pressure"] for p in pts])
+    ratio = [swap_bytes_ratio(p["swap_compression"], get_model(model).head_dim) for p in pts]
+    df["link_gb"] = df["num_swapped_blocks"].to_numpy() * sizing.bytes_per_block * np.array(ratio) / 1e9
     keys = ["kv_fraction", "rate"]
     idx = pd.MultiIndex.from_frame(df[keys])
     for ref, col in (("recompute", "vs_recompute"), ("swap sync", "vs_swap_sync")):
@@ -81,7 +84,7 @@ def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_par
     cols = ["variant", "kv_fraction", "rate", "num_kv_blocks", "throughput_tok_s", "throughput_vs_recompute",
             "throughput_vs_swap_sync", "tbt_p50_s", "tbt_p99_s", "tbt_p50_vs_recompute", "tbt_p99_vs_recompute",
             "tbt_p99_vs_swap_sync", "ttft_p50_s", "ttft_p99_s", "ttft_p50_vs_recompute", "num_preemptions",
-            "num_swapped_blocks", "mean_batch_size", "duration_s"]
+            "num_swapped_blocks", "link_gb", "mean_batch_size", "duration_s"]
     out = df[cols].reset_index(drop=True)
     out.attrs["config"] = dict(base, blocks_that_fit=fit, latency_load=latency_load)
     return out
