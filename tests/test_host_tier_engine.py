@@ -7,6 +7,8 @@ off; with it on, the last wave is served from host copies (tier_in > 0) and noth
 """
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from paged import telemetry
@@ -18,7 +20,6 @@ CACHE = dict(block_size=BS, num_blocks=14, max_num_batched_tokens=64, max_model_
 
 
 def _prompts():
-    import random
     rng = random.Random(0)
     prefixes = [[rng.randrange(256) for _ in range(3 * BS)] for _ in range(4)]
     waves = [[0, 1], [2, 3], [0, 1], [2, 3], [0, 2]]
@@ -127,3 +128,37 @@ def test_host_tier_lossless_over_quantized_caches(path, dtype):
     base, _, _ = _run(path, kv_cache_dtype=dtype)
     tier, st, kv = _run(path, kv_cache_dtype=dtype, enable_host_tier=True, num_cpu_blocks=16)
     assert tier == base and st["num_tier_in_blocks"].sum() > 0 and kv.num_used_blocks == 0
+
+
+# the engine and the simulator on one tiered workload: the same schedule, tier columns included
+SIM_CACHE = dict(block_size=BS, num_blocks=12, max_num_batched_tokens=32, max_model_len=128, max_num_seqs=2,
+                 enable_host_tier=True)
+PREFIX = 3 * BS
+# (prefix id, own prompt tokens, output tokens), all arriving at t=0
+REQS = [(0, 3, 4), (1, 2, 5), (2, 5, 3), (0, 1, 4), (3, 4, 2), (1, 3, 3), (2, 2, 4), (0, 6, 2)]
+
+
+def test_engine_and_simulator_make_the_same_tiered_schedule(path):
+    import pandas as pd
+
+    from paged.engine import LLM, SamplingParams
+    from paged.sim.simulator import SimConfig, Simulator
+
+    rng = random.Random(0)
+    prefixes = [[rng.randrange(256) for _ in range(PREFIX)] for _ in range(4)]
+    llm = LLM(path, device="cpu", num_cpu_blocks=16, **SIM_CACHE)
+    for i, (p, own, out) in enumerate(REQS):
+        llm.engine.add_request(str(i), prefixes[p] + [rng.randrange(256) for _ in range(own)],
+                               SamplingParams(max_tokens=out, temperature=0.0, ignore_eos=True))
+    steps = []
+    while llm.engine.has_unfinished_requests():
+        steps.append(llm.engine.step())
+    trace = pd.DataFrame({"arrival_time": 0.0, "prompt_tokens": [PREFIX + own for _, own, _ in REQS],
+                          "output_tokens": [o for *_, o in REQS], "prefix_id": [p for p, *_ in REQS],
+                          "prefix_tokens": PREFIX})
+    gib = 16 * Simulator(SimConfig(model=f"{path}/config.json", **SIM_CACHE)).block_bytes / 2**30
+    res = Simulator(SimConfig(model=f"{path}/config.json", swap_space_gib=gib, **SIM_CACHE)).run(trace)
+    cols = [c for c in telemetry.STEP_COLUMNS if c not in ("time_s", "step_time_s")]
+    eng = telemetry.steps_frame(steps)[cols]
+    assert eng["num_tier_in_blocks"].sum() > 0 and eng["num_tier_out_blocks"].sum() > 0
+    pd.testing.assert_frame_equal(eng, res.steps[cols].reset_index(drop=True), check_dtype=False)
