@@ -68,7 +68,8 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
         # host tier (0 without one): share of prompt tokens served from it, blocks moved GPU <-> host
         "host_cache_hit_rate": (getattr(kv, "host_cache_hits", 0) / kv.prefix_cache_queries
                                 if kv.prefix_cache_queries else 0.0),
-        "num_tier_moved_blocks": int(st["num_tier_out_blocks"].sum() + st["num_tier_in_blocks"].sum()) if len(st) else 0,
+        "num_tier_moved_blocks": (int(st["num_tier_out_blocks"].sum() + st["num_tier_in_blocks"].sum())
+                                  if len(st) else 0),
         "num_blocks_in_use_at_end": int(kv.num_used_blocks),
         "num_steps": len(st), "wall_s": wall, "sim_requests_per_wall_s": int(ok.sum()) / max(wall, 1e-9),
     }
