@@ -89,13 +89,15 @@ def test_shared_layer_reads_owner_cache(tiny, planned, chunk):
     assert any(not torch.allclose(a, b, atol=1e-3) for a, b in zip(lps, plain_lps))  # the map took effect
 
 
-def test_sharing_under_swap_preemption_is_lossless(tiny):
-    roomy = LLM(tiny, device="cpu", num_blocks=64, block_size=4, kv_share_with={2: 1})
-    tight = LLM(roomy.loaded, num_blocks=14, block_size=4, kv_share_with={2: 1}, preemption_mode="swap")
+@pytest.mark.parametrize("swap_mode", ["sync", "overlap"])
+def test_sharing_under_swap_preemption_is_lossless(loaded, swap_mode):
+    roomy = LLM(loaded, num_blocks=64, block_size=4, kv_share_with={2: 1})
+    tight = LLM(loaded, num_blocks=14, block_size=4, kv_share_with={2: 1}, preemption_mode="swap",
+                swap_mode=swap_mode)  # 14 blocks: the three requests swap (7 blocks out)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in roomy.generate(PROMPTS, sp)]
     got = [o.outputs[0].token_ids for o in tight.generate(PROMPTS, sp)]
-    assert got == want
+    assert got == want and tight.engine.runner.swap.host_layers and len(tight.engine.runner.cpu_layers) == 3
 
 
 @pytest.mark.parametrize("share, needle", [
