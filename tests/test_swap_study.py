@@ -35,8 +35,13 @@ def test_swap_error_study_measures_only_the_codec(tiny):
     assert (after["swapped_out_bytes"] > 0).all()
 
 
-def test_offload_study_overlap_never_slower_at_saturation():
-    df = offload_study(num_requests=40, pressures=(0.25,), latency_load=None)
+@pytest.fixture(scope="module")
+def off():
+    return offload_study(num_requests=60, pressures=(0.25,), latency_load=None)
+
+
+def test_offload_study_overlap_never_slower_at_saturation(off):
+    df = off
     assert list(df["variant"]) == [v[0] for v in VARIANTS]
     t = df.set_index("variant")["throughput_tok_s"]
     assert df.loc[df["variant"] == "recompute", "throughput_vs_recompute"].item() == 1.0
@@ -52,3 +57,15 @@ def test_streaming_study_orders_the_variants():
     assert r["stream overlap int4"] > r["stream overlap fp8"] > r["stream overlap"] > r["stream sync"] >= 1.0
     assert np.isnan(df.loc["device only", "tbt_2x_s"]) and df.loc["stream sync", "tbt_2x_vs_device"] > 1
     assert "KV streaming" in verdicts(streaming=df.reset_index())[0]
+
+
+def test_engine_swap_study_and_claim_table(tiny, off):
+    from paged.engine.swap_study import claim_table, engine_swap_study
+    df = engine_swap_study(tiny, num_requests=6, prompt_len=24, max_tokens=16, block_size=4, max_num_seqs=4)
+    v = df.set_index("variant")
+    assert v.loc["swap sync", "num_preemptions"] > 0 and v.loc["swap sync", "swapped_blocks"] > 0
+    assert v.loc[["recompute", "swap sync", "swap overlap"], "same_outputs"].all()  # lossless variants
+    assert v.loc["swap overlap int4", "link_mb"] < v.loc["swap overlap", "link_mb"]
+    st = streaming_study(contexts=(1024,), kv_fractions=(0.25,), max_batch=64)
+    table = claim_table(off, st, df)
+    assert list(table.columns) == ["claim", "ours", "where", "conditions"] and len(table) == 4
