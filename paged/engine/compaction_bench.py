@@ -199,11 +199,11 @@ def verdict(reads, copies) -> dict:
     between = c["steps"] / c["passes"] if c["passes"] else 0.0
     cost = c["plan_ms"] + c["apply_ms"]
     gain = saved_per_step * between
-    return dict(ctx=int(near["ctx"]), block=int(near["block"]), slots_ratio=float(near["slots_ratio"]),
-                decode_ratio=float(near["decode_ratio"]), per_decode_layer_us=per_decode_ms * 1e3,
-                breaks_fixed=fixed, saved_per_step_ms=saved_per_step, steps_per_pass=between,
-                saved_per_pass_ms=gain, pass_ms=cost, payback=gain / cost if cost else float("nan"),
-                pays=bool(gain > cost))
+    out = dict(ctx=int(near["ctx"]), block=int(near["block"]), slots_ratio=near["slots_ratio"],
+               decode_ratio=near["decode_ratio"], per_decode_layer_us=per_decode_ms * 1e3, breaks_fixed=fixed,
+               saved_per_step_ms=saved_per_step, steps_per_pass=between, saved_per_pass_ms=gain, pass_ms=cost,
+               payback=gain / cost if cost else float("nan"))
+    return {**{k: (v if isinstance(v, int) else float(v)) for k, v in out.items()}, "pays": bool(gain > cost)}
 
 
 def engine_table(model=None, *, layers: int = 2, requests: int = 16, max_tokens: int = 96, num_blocks: int = 400,
