@@ -1,18 +1,22 @@
 """The measurements behind docs/quant.md: the KV-quantization study on SmolLM2 at ctx 512 and 2048.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quant_table.py t512   # or t2048, x512, x2048
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quant_table.py t512   # or t2048, x512, x2048, x45, x45b
 
 Each job writes reports/quant_<job>.csv and prints the table (tens of minutes on 2 CPU cores).
-ctx 512 scores 2 chunks of kjv and python and 4 of licenses; ctx 2048 one chunk of kjv and python.
+ctx 512 (t512, x512, x45) scores 2 chunks of kjv and python and 4 of licenses; ctx 2048 one chunk of kjv and python.
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
+from pathlib import Path
 
-import paged.quant as pq
-from paged.quant.runs import load
+# run as a script, sys.path[0] is benchmarks/ (whose kernels.py would shadow the kernels package)
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import paged.quant as pq  # noqa: E402
+from paged.quant.runs import load  # noqa: E402
 
 JOBS = {
     "t512": (["fp16", "bf16", "fp8_e4m3", "fp8_e4m3_cal", "fp8_e5m2", "int8", "int8/fp16", "fp16/int8",
@@ -21,6 +25,11 @@ JOBS = {
                "int4_g64+rot"], 2048),
     "x512": (["kivi_g32/int4", "kivi_g32/int4_g64", "kivi/int4_g64"], 512),
     "x2048": (["kivi_g32/int4", "kivi_g32/int4_g64", "kivi/int4_g64"], 2048),
+    # 4.5-bit candidates: KIVI keys over 64 tokens (4 + 32/64) with 4.5-bit values, V-only or Q/K/V rotation
+    "x45": (["kivi_g64/int4_g64", "kivi_g64/int4_g64+vrot", "kivi_g64/int4sym", "kivi_g64/int4sym+vrot",
+             "int4sym", "kivi_g64/int4_g64+rot"], 512),
+    # V-only rotation at 4.75 bits; K alone at 4.5 bits (V fp16) splits the 4.5-bit error between K and V
+    "x45b": (["kivi_g32/int4_g64+vrot", "kivi_g64/fp16", "fp16/int4_g64+vrot"], 512),
 }
 
 

@@ -8,7 +8,8 @@ nothing). Calls append: prefill a prompt, then decode one token at a time; ``res
 
 With ``rotate`` the cache stores ``kH`` and ``vH`` for an orthonormal Hadamard ``H`` on head_dim,
 queries are rotated the same way and the output is rotated back: attention is unchanged in exact
-arithmetic, only the quantization error moves. ``layers`` limits quantization to some layers
+arithmetic, only the quantization error moves; with ``+vrot`` only V is rotated (and the output
+rotated back), so keys keep their channels. ``layers`` limits quantization to some layers
 (the others keep fp32), for one-layer-at-a-time sensitivity.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ class QuantKVAttention:
         self.num_layers = num_layers
         self.fp8_scales = fp8_scales or {}
         self.quant_layers = set(range(num_layers)) if layers is None else set(layers)
-        self.rot = hadamard(head_dim) if self.scheme.rotate else None
+        self.rot = hadamard(head_dim) if self.scheme.rotate_v else None
         self.reset()
 
     def reset(self) -> None:
@@ -90,7 +91,9 @@ class QuantKVAttention:
         quant = layer_idx in self.quant_layers
         rot = self.rot if quant else None
         if rot is not None:
-            q, k, v = q @ rot, k @ rot, v @ rot
+            v = v @ rot
+            if self.scheme.rotate_k:
+                q, k = q @ rot, k @ rot
         ks, vs = (self.scheme.k, self.scheme.v) if quant else (_FP32, _FP32)
         self.k[layer_idx] = self._store(layer_idx, k, ks, 0)
         self.v[layer_idx] = self._store(layer_idx, v, vs, 1)

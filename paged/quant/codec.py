@@ -1,6 +1,6 @@
 """Round trips through a KV side's storage: what the cache hands back after quantize-on-write.
 
-Every codec here calls the kernels' reference quantizers (:func:`kernels.quantize_kv`,
+Every codec here except the study-only ``int4sym`` calls the kernels' reference quantizers (:func:`kernels.quantize_kv`,
 :func:`kernels.kivi.quantize_keys_per_channel`), the definitions the engine's kernels reproduce,
 so the study measures the engine's formats, not look-alikes.
 
@@ -16,7 +16,7 @@ import torch
 
 from .schemes import KIVI_BLOCK, Side
 
-__all__ = ["roundtrip", "hadamard", "KiviKeyStore"]
+__all__ = ["roundtrip", "int4sym_roundtrip", "hadamard", "KiviKeyStore"]
 
 _TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -37,7 +37,26 @@ def roundtrip(x: torch.Tensor, side: Side, scale: torch.Tensor | None = None) ->
         return dequantize_kv(quantize_kv(x, "int8"), "int8")
     if side.kind == "int4":
         return dequantize_kv(quantize_kv(x, "int4", group_size=side.group), "int4")
+    if side.kind == "int4sym":
+        return int4sym_roundtrip(x, side.group)
     raise ValueError(f"roundtrip does not take {side.kind!r}; kivi keys go through KiviKeyStore")
+
+
+def int4sym_roundtrip(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Symmetric int4 with one fp16 scale per ``group`` values (llama.cpp's q4_0 layout at 32):
+    ``d = m / -8`` with ``m`` the group's value of largest magnitude (kept with its sign), codes
+    ``clamp(round(x / d), -8, 7)``, read back as ``code * d``. The extreme value is exact (code
+    -8); the other side stops at code 7, so a value near ``-m`` clips to ``7|d| = 7|m|/8``.
+    Study only: no kernel stores it. ``x`` float ``[..., D]`` with ``D % group == 0``."""
+    d_model = x.shape[-1]
+    if group < 2 or d_model % group:
+        raise ValueError(f"int4sym group {group} must divide the last dimension {d_model}")
+    xg = x.float().reshape(*x.shape[:-1], d_model // group, group)
+    idx = xg.abs().argmax(-1, keepdim=True)
+    d = (xg.gather(-1, idx) / -8.0).to(torch.float16).float()
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    q = torch.round(xg / safe).clamp(-8, 7)
+    return (q * d).reshape(x.shape)
 
 
 def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:

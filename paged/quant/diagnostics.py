@@ -55,8 +55,8 @@ class _Probe:
         scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
         self.sink[layer] = float(torch.softmax(scores, -1)[:, 1:, 0].mean())
         for s in self.schemes:
-            rot = self.rot if s.rotate else None
-            kq, vq = _stored(k, s.k, rot), _stored(v, s.v, rot)
+            kq = _stored(k, s.k, self.rot if s.rotate_k else None)
+            vq = _stored(v, s.v, self.rot if s.rotate_v else None)
             self.rows.append({
                 "format": s.name, "layer": layer,
                 "k_rel_err": _rel(kq, k), "v_rel_err": _rel(vq, v),

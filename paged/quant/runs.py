@@ -104,9 +104,8 @@ def fp8_scales(scheme, amax: dict[tuple[int, bool], list[torch.Tensor]]
     sides of ``scheme``: ``{layer: (k_scale [H], v_scale [H])}`` for :class:`QuantKVAttention`."""
     fmax = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
     out = {}
-    for (layer, rotated), (ka, va) in amax.items():
-        if rotated != scheme.rotate:
-            continue
+    for layer in sorted({layer for layer, _ in amax}):
+        ka, va = amax[(layer, scheme.rotate_k)][0], amax[(layer, scheme.rotate_v)][1]
         pair = []
         for side, a in ((scheme.k, ka), (scheme.v, va)):
             m = fmax.get(side.kind, 1.0)

@@ -2,12 +2,16 @@
 
 A scheme name is ``SIDE`` (same format for K and V) or ``K/V`` (keys and values apart), with an
 optional ``+rot`` suffix (a normalised Hadamard rotation of K, Q and V along head_dim before
-caching; attention scores are unchanged because ``(qH)(kH)^T = q k^T`` for orthogonal ``H``)::
+caching; attention scores are unchanged because ``(qH)(kH)^T = q k^T`` for orthogonal ``H``) or
+``+vrot`` (V only: the cache stores ``vH`` and the attention output is rotated back by ``H^T``,
+exact because the output is linear in V; keys keep their channels for per-channel scales)::
 
     SIDE := fp32 | fp16 | bf16                       baselines (bits 32 / 16)
           | fp8_e4m3 | fp8_e5m2 [_cal]              fp8, per-head scale 1.0, or calibrated (_cal)
           | int8                                     symmetric, fp16 scale per token-head
           | int4 [_gN]                               asymmetric, fp16 scale + zero per N values (32)
+          | int4sym [_gN]                            symmetric (q4_0-like), fp16 scale per N values
+                                                     (32), codes -8..7, study only (no engine format)
           | kivi [_gN]                               keys only: int4 per channel over N tokens
                                                      (16 = the engine's block), the unfilled group
                                                      kept unquantized
@@ -32,7 +36,8 @@ KIVI_BLOCK = 16  # the engine's default block_size: one KIVI key group
 BASE = "fp32"
 NOISE_FLOOR = ("fp16", "bf16")
 _FP8 = {"fp8_e4m3", "fp8_e5m2"}
-_SIDE = re.compile(r"^(fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|int4|kivi)(_cal)?(?:_g(\d+))?$")
+_SIDE = re.compile(r"^(fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|int4sym|int4|kivi)(_cal)?(?:_g(\d+))?$")
+_GROUPED = ("int4", "int4sym", "kivi")
 
 # The study's default list (base first, then the noise floor, then by bits per value).
 DEFAULT_SCHEMES = (
@@ -48,19 +53,22 @@ DEFAULT_SCHEMES = (
 class Side:
     """How one of K or V is stored. ``kernel_format`` names the :mod:`kernels.formats` entry."""
 
-    kind: str              # fp32 fp16 bf16 fp8_e4m3 fp8_e5m2 int8 int4 kivi
-    group: int = 32        # int4 values per scale/zero group
+    kind: str              # fp32 fp16 bf16 fp8_e4m3 fp8_e5m2 int8 int4 int4sym kivi
+    group: int = 32        # int4/int4sym values per scale(/zero) group; kivi: tokens per key group
     calibrated: bool = False  # fp8: per-head scales from a calibration pass (else 1.0)
 
     @property
-    def kernel_format(self) -> str:
+    def kernel_format(self) -> str | None:
+        """The kernels' format name, None for study-only sides (int4sym)."""
+        if self.kind == "int4sym":
+            return None
         return "int4_kivi" if self.kind == "kivi" else self.kind
 
     @property
     def name(self) -> str:
         s = self.kind + ("_cal" if self.calibrated else "")
         default = KIVI_BLOCK if self.kind == "kivi" else 32
-        return s + (f"_g{self.group}" if self.kind in ("int4", "kivi") and self.group != default else "")
+        return s + (f"_g{self.group}" if self.kind in _GROUPED and self.group != default else "")
 
     def bits(self, head_dim: int) -> float:
         """Exact stored bits per value, side tensors included (per-head fp8 scales: 0 per token)."""
@@ -74,45 +82,74 @@ class Side:
             return 8.0 + 16.0 / head_dim
         if self.kind == "int4":
             return 4.0 + 32.0 / self.group
+        if self.kind == "int4sym":
+            return 4.0 + 16.0 / self.group  # fp16 scale, no zero point
         return 4.0 + 32.0 / self.group  # kivi: fp16 scale + zero per channel per group of tokens
 
     def check(self, head_dim: int) -> None:
         if self.kind == "kivi" and self.group < 2:
             raise ConfigError(f"kivi key group {self.group} must be >= 2 tokens (the engine uses its block size, 16)")
-        if self.kind == "int4" and (self.group < 2 or self.group % 2 or head_dim % self.group):
-            raise ConfigError(f"int4 group {self.group} must be even and divide head_dim {head_dim}; "
+        if self.kind in ("int4", "int4sym") and (self.group < 2 or self.group % 2 or head_dim % self.group):
+            raise ConfigError(f"{self.kind} group {self.group} must be even and divide head_dim {head_dim}; "
                               f"use one of {[g for g in (8, 16, 32, 64, 128) if head_dim % g == 0]}")
 
 
 @dataclass(frozen=True, slots=True)
 class Scheme:
-    """K side, V side and rotation. ``name`` round-trips through :func:`parse_scheme`."""
+    """K side, V side and rotation (``rotate``: Q, K and V; ``vrot``: V only, the output rotated
+    back). ``name`` round-trips through :func:`parse_scheme`."""
 
     k: Side
     v: Side
     rotate: bool = False
+    vrot: bool = False
+
+    @property
+    def rotate_k(self) -> bool:
+        return self.rotate
+
+    @property
+    def rotate_v(self) -> bool:
+        return self.rotate or self.vrot
 
     @property
     def name(self) -> str:
-        if self.k == Side("kivi", KIVI_BLOCK) and self.v == Side("int4") and not self.rotate:
+        if self.k == Side("kivi", KIVI_BLOCK) and self.v == Side("int4") and not (self.rotate or self.vrot):
             return "int4_kivi"
         body = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
-        return body + ("+rot" if self.rotate else "")
+        return body + ("+rot" if self.rotate else "+vrot" if self.vrot else "")
 
     @property
     def is_base(self) -> bool:
-        return self.k.kind == self.v.kind == "fp32" and not self.rotate
+        return self.k.kind == self.v.kind == "fp32" and not (self.rotate or self.vrot)
 
     @property
     def engine_format(self) -> str | None:
         """The ``kv_cache_dtype`` the engine serves this scheme with, or None if it has none."""
-        if self.rotate or self.k.calibrated or self.v.calibrated:
+        if self.rotate or self.vrot or self.k.calibrated or self.v.calibrated:
+            return None
+        if self.k.kernel_format is None or self.v.kernel_format is None:
             return None
         if self.k == Side("kivi", KIVI_BLOCK) and self.v == Side("int4"):
             return "int4_kivi"
         if self.k == self.v and self.k.kind != "kivi" and self.k.group == 32:
             return self.k.kernel_format
         return None
+
+    @property
+    def engine_kwargs(self) -> dict | None:
+        """``paged.LLM`` settings that serve exactly this scheme, or None if the engine cannot.
+
+        KIVI keys over N tokens are the engine's ``int4_kivi`` with ``block_size=N`` (its key
+        group is one block; N a power of two); other engine formats take any block size.
+        """
+        if self.k.kind == "kivi":
+            n = self.k.group
+            if (self.v != Side("int4") or self.rotate or self.vrot or n & (n - 1)):
+                return None
+            return {"kv_cache_dtype": "int4_kivi", "block_size": n}
+        fmt = self.engine_format
+        return None if fmt is None else {"kv_cache_dtype": fmt}
 
     def bits_per_value(self, head_dim: int) -> float:
         return (self.k.bits(head_dim) + self.v.bits(head_dim)) / 2
@@ -140,25 +177,29 @@ def _side(text: str, whole: str, what: str) -> Side:
     m = _SIDE.match(text)
     if not m:
         raise ConfigError(f"unknown KV format {whole!r}: {what} {text!r} is not one of fp32, fp16, bf16, "
-                          "fp8_e4m3[_cal], fp8_e5m2[_cal], int8, int4[_gN], kivi (keys only); e.g. 'int8', "
-                          "'int8/int4', 'int4_g64+rot', 'int4_kivi'")
+                          "fp8_e4m3[_cal], fp8_e5m2[_cal], int8, int4[_gN], int4sym[_gN], kivi[_gN] (keys only); "
+                          "e.g. 'int8', 'int8/int4', 'int4_g64+rot', 'kivi_g64/int4_g64+vrot', 'int4_kivi'")
     kind, cal, group = m.group(1), bool(m.group(2)), m.group(3)
     if cal and kind not in _FP8:
         raise ConfigError(f"{whole!r}: only fp8 formats take '_cal' (calibrated per-head scales)")
-    if group is not None and kind not in ("int4", "kivi"):
-        raise ConfigError(f"{whole!r}: only int4 (values per group) and kivi (tokens per key group) take '_gN'")
+    if group is not None and kind not in _GROUPED:
+        raise ConfigError(f"{whole!r}: only int4/int4sym (values per group) and kivi (tokens per key group) "
+                          "take '_gN'")
     return Side(kind, int(group) if group else (KIVI_BLOCK if kind == "kivi" else 32), cal)
 
 
 def parse_scheme(name: "str | Scheme") -> Scheme:
-    """``"int8"``, ``"int8/int4"``, ``"int4_g64+rot"``, ``"int4_kivi"``, ``"kivi/int4"`` -> Scheme."""
+    """``"int8"``, ``"int8/int4"``, ``"int4_g64+rot"``, ``"kivi_g64/int4_g64+vrot"``, ``"int4_kivi"``,
+    ``"kivi/int4"`` -> Scheme."""
     if isinstance(name, Scheme):
         return name
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"a KV format must be a non-empty string such as 'int8', got {name!r}")
     text = name.strip().lower()
-    rotate = text.endswith("+rot")
-    body = text.removesuffix("+rot")
+    rotate, vrot = text.endswith("+rot") and not text.endswith("+vrot"), text.endswith("+vrot")
+    body = text.removesuffix("+vrot") if vrot else text.removesuffix("+rot")
+    if "+" in body:
+        raise ConfigError(f"unknown KV format {name!r}: one suffix at most, '+rot' (Q, K, V) or '+vrot' (V only)")
     if body == "int4_kivi":
         body = "kivi/int4"
     parts = body.split("/")
@@ -170,4 +211,4 @@ def parse_scheme(name: "str | Scheme") -> Scheme:
         raise ConfigError(f"{name!r}: 'kivi' quantizes keys per channel; values use 'int4' (e.g. 'kivi/int4')")
     if k.kind == "kivi" and len(parts) == 1:
         k, v = k, Side("int4")
-    return Scheme(k, v, rotate)
+    return Scheme(k, v, rotate, vrot)

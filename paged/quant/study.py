@@ -54,13 +54,16 @@ def _role(s: Scheme) -> str:
 def describe_formats(formats: str | Sequence[str] | None = None, model=None,
                      context_length: int = 2048) -> pd.DataFrame:
     """Storage of each scheme on the model: bits per value (K, V, mean), bytes per token over all
-    layers (scales and zero points included), KIVI staging per sequence, tokens per GiB."""
+    layers (scales and zero points included), KIVI staging per sequence, tokens per GiB, and how
+    the engine serves it (``engine_format`` at the default block size; ``engine_block_size``
+    when a KIVI key group needs ``block_size=N``, e.g. ``kivi_g32/int4``)."""
     cfg = load(model).config if not hasattr(model, "num_layers") else model
     rows = []
     for s in resolve_schemes(formats, cfg.head_dim):
         dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-        rows.append({"format": s.name, "k_format": s.k.name, "v_format": s.v.name, "rotate": s.rotate,
+        rows.append({"format": s.name, "k_format": s.k.name, "v_format": s.v.name, "rotate": s.rotate, "vrot": s.vrot,
                      "engine_format": s.engine_format, "role": _role(s),
+                     "engine_block_size": (s.engine_kwargs or {}).get("block_size"),
                      "bits_k": s.k.bits(cfg.head_dim), "bits_v": s.v.bits(cfg.head_dim),
                      "bits_per_value": s.bits_per_value(cfg.head_dim),
                      "bytes_per_token": s.bytes_per_token(*dims), "staging_bytes_per_seq": s.staging_bytes(*dims),
