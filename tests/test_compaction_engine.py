@@ -126,3 +126,23 @@ def test_failed_compaction_copies_abort_the_moved_requests_and_drop_their_prefix
     assert llm.kv_manager.num_used_blocks == 0
     again = llm.generate(_prompts(), params)  # no prefix hit reads K/V the failed step never moved
     assert [o.outputs[0].token_ids for o in again] == reference
+
+
+def test_compaction_with_the_host_tier_stays_lossless(model):
+    """Compaction copies run before the host tier's copies (tier_out reads cached-free blocks, which
+    compaction never moves): waves of shared prefixes are demoted and brought back either way."""
+    import random
+    rng = random.Random(0)
+    pre = [[rng.randrange(256) for _ in range(12)] for _ in range(4)]
+    waves = [[0, 1, 2], [3, 0, 1], [2, 3, 0], [1, 2, 3]]
+    prompts = [[pre[p] + [rng.randrange(256) for _ in range(rng.randrange(1, 6))] for p in w] for w in waves]
+    params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+    runs = []
+    for on in (False, True):
+        llm = LLM(model=model, block_size=4, num_blocks=24, max_num_seqs=3, enable_host_tier=True, num_cpu_blocks=16,
+                  **(ON if on else {}))
+        runs.append([[o.outputs[0].token_ids for o in llm.generate(w, params)] for w in prompts])
+        kv = llm.kv_manager
+        kv.check_invariants()
+        assert kv.num_used_blocks == 0 and kv.host.num_tier_in_blocks > 0
+    assert runs[0] == runs[1] and kv.num_compaction_copies > 0
