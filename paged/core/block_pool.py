@@ -13,7 +13,7 @@ until it is used.
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Iterable
 
 from . import events as ev
 from paged.errors import BlockStateError, CacheInUseError, ConfigError
@@ -61,26 +61,30 @@ class BlockPool:
             raise BlockStateError(f"asked for {n} blocks with {self.num_free} free; check num_free first")
         out = []
         rec = self.recorder
+        emit = None if type(rec) is ev.NullRecorder else rec.emit  # no calls for a NullRecorder
+        step, clock, free_plain = rec.step, self._clock, self._free_plain
         for _ in range(n):
-            if self._free_plain:
-                block = self._free_plain.pop()
+            if free_plain:
+                block = free_plain.pop()
             elif self._next_fresh < self.num_blocks:
                 block = Block(self._next_fresh)
                 self.blocks[self._next_fresh] = block
                 self._next_fresh += 1
             else:
                 block = self.cached_free.pop()
-                if self.on_evict is None or not self.on_evict(block):
-                    rec.emit(ev.EVICT, request_id, block.block_id, None)
+                if (self.on_evict is None or not self.on_evict(block)) and emit is not None:
+                    emit(ev.EVICT, request_id, block.block_id, None)
                 self._drop_hash(block)
             block.ref_cnt = 1
             block.num_filled = 0
             block.hits = 0
-            block.alloc_step = rec.step
-            self._clock += 1
-            block.last_access = self._clock
-            rec.emit(ev.ALLOCATE, request_id, block.block_id, None)
+            block.alloc_step = step
+            clock += 1
+            block.last_access = clock
+            if emit is not None:
+                emit(ev.ALLOCATE, request_id, block.block_id, None)
             out.append(block)
+        self._clock = clock
         self.num_used += n
         return out
 
@@ -113,18 +117,41 @@ class BlockPool:
         self.freed.add(block.block_id)
         self._clock += 1
         block.last_access = self._clock
-        if block.block_hash is not None:
+        cached = block.block_hash is not None
+        if cached:
             self.cached_free.add(block)
-            self.recorder.emit(ev.FREE, request_id, block.block_id, 1)
         else:
             self._free_plain.append(block)
-            self.recorder.emit(ev.FREE, request_id, block.block_id, 0)
+        if type(self.recorder) is not ev.NullRecorder:
+            self.recorder.emit(ev.FREE, request_id, block.block_id, int(cached))
+
+    def free_blocks(self, blocks: Iterable[Block], request_id: str | None = None) -> None:
+        """``free(b)`` for each of ``blocks`` in order (one call for a request's table)."""
+        for block in blocks:
+            if block.ref_cnt > 1:  # another holder remains: the common fork/prefix-sharing case
+                block.ref_cnt -= 1
+            else:
+                self.free(block, request_id)
 
     def fill(self, block: Block, num_filled: int) -> None:
         """Record that `num_filled` slots of a used block hold tokens."""
         if num_filled > block.num_filled:
             self.num_filled_slots += num_filled - block.num_filled
             block.num_filled = num_filled
+
+    def fill_span(self, blocks: list[Block], first: int, end: int, block_size: int) -> None:
+        """``fill(blocks[i], min(block_size, end - i * block_size))`` for every block holding a
+        position below ``end`` from index ``first`` on (one call for a chunk's blocks)."""
+        added = 0
+        for i in range(first, -(-end // block_size)):
+            block = blocks[i]
+            n = end - i * block_size
+            if n > block_size:
+                n = block_size
+            if n > block.num_filled:
+                added += n - block.num_filled
+                block.num_filled = n
+        self.num_filled_slots += added
 
     # ---- hash index ----------------------------------------------------------------
     def register(self, block: Block, block_hash: Hashable, token_ids: tuple[int, ...],
@@ -143,7 +170,8 @@ class BlockPool:
             cid, self._next_cid = self._next_cid, self._next_cid + 1
         block.cid = cid
         self.index[block_hash] = block
-        self.recorder.emit(ev.CACHE_BLOCK, request_id, block.block_id, len(token_ids))
+        if type(self.recorder) is not ev.NullRecorder:
+            self.recorder.emit(ev.CACHE_BLOCK, request_id, block.block_id, len(token_ids))
         return True
 
     def lookup(self, block_hash: Hashable) -> Block | None:

@@ -247,6 +247,46 @@ class KVCacheManager:
         return dropped
 
     # ---- allocation ----------------------------------------------------------------
+    def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int) -> int:
+        """The scheduler's decode lane: for ``requests[i:stop]`` in order, while a request computes
+        exactly its one last token, into a partly filled block it alone holds or into a new block
+        the pool has free, do what ``allocate_slots(request, 1)`` does there (take the block,
+        record the fill, index the block it completes; it returns ``[]`` for each of them) and
+        go on. Returns the index of the first request not handled (``stop`` when all were): that
+        one needs the general path (copy-on-write, more tokens, a full pool: preemption). The
+        allocation-latency event of ``allocate_slots`` is not emitted here."""
+        bs, tables, pool, caching = self.block_size, self._tables, self.pool, self.enable_prefix_caching
+        while i < stop:
+            req = requests[i]
+            start = req.num_computed_tokens
+            if len(req.token_ids) - start != 1:
+                break
+            table = tables.get(req.request_id)
+            if not table:
+                break
+            offset = start % bs
+            if not offset:  # the token opens a new block: take one if the pool has it
+                if len(table) != start // bs or pool.num_used >= pool.num_blocks or self._timed:
+                    break  # general path: the table has the block, a full pool, or latency events
+                block = pool.allocate(1, req.request_id)[0]
+                table.append(block)
+                block.num_filled = 1
+                pool.num_filled_slots += 1
+                if caching:
+                    self._index_full_blocks(req, table, start + 1)
+                i += 1
+                continue
+            block = table[start // bs]
+            if block.ref_cnt != 1:
+                break
+            if offset >= block.num_filled:  # pool.fill(block, offset + 1), inlined
+                pool.num_filled_slots += offset + 1 - block.num_filled
+                block.num_filled = offset + 1
+            if offset + 1 == bs and caching:
+                self._index_full_blocks(req, table, start + 1)
+            i += 1
+        return i
+
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        cached_blocks: Sequence[Block] = ()) -> BlockMapping | None:
         """Make room for tokens [computed + cached, + num_new_tokens) of `request`.
@@ -322,8 +362,7 @@ class KVCacheManager:
         missing = -(-end // bs) - len(table)
         if missing > 0:
             table.extend(pool.allocate(missing, rid))
-        for i in range(start // bs, -(-end // bs)):
-            pool.fill(table[i], min(bs, end - i * bs))
+        pool.fill_span(table, start // bs, end, bs)
         if self.enable_prefix_caching:
             self._index_full_blocks(request, table, end)
         if self._timed:
@@ -404,8 +443,7 @@ class KVCacheManager:
                 self._cpu_free.append(cpu)
         elif request_id in self._tables:
             table = self._tables.pop(request_id)
-            for b in reversed(table):
-                self.pool.free(b, request_id)
+            self.pool.free_blocks(reversed(table), request_id)
         else:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks (already freed or never allocated)")
         self._hashes.pop(request_id, None)

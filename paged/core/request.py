@@ -79,7 +79,8 @@ class Request:
         return self.num_prompt_tokens + self.max_tokens
 
     def append_token(self, token_id: int) -> RequestStatus | None:
-        """Append a sampled token; return the finished status if it ends the request."""
+        """Append a sampled token; return the finished status if it ends the request.
+        (``Scheduler.update`` inlines these two rules on its hot path: change both together.)"""
         tokens = self.token_ids
         tokens.append(token_id)
         if token_id in self.stop_token_ids:

@@ -198,8 +198,17 @@ class Scheduler:
         if cfg.enable_block_compaction and self.step_index - self._compaction_checked >= cfg.compaction_interval:
             self._compact(out)
         scheduled, chunked, allocate = out.scheduled, cfg.enable_chunked_prefill, kv.allocate_slots
+        lane = getattr(kv, "append_decode_slots", None)  # decode lane (the contiguous baselines lack it)
+        chunk = ScheduledChunk
         i = 0
         while i < len(running) and budget > 0:  # the hot loop: one pass per running request
+            if lane is not None:  # a run of decodes into blocks they own: no copies, nobody preempted
+                j = lane(running, i, min(len(running), i + budget))
+                if j > i:
+                    scheduled.extend([chunk(r, r.num_computed_tokens, 1, True) for r in running[i:j]])
+                    budget -= j - i
+                    i = j
+                    continue
             req = running[i]
             total, done = len(req.token_ids), req.num_computed_tokens
             n = total - done
@@ -324,22 +333,32 @@ class Scheduler:
                            ev.PREEMPT_SWAP if mode == "swap" else ev.PREEMPT_RECOMPUTE)
 
     def update(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
-        """Advance every scheduled request; append sampled tokens; free finished ones."""
+        """Advance every scheduled request; append sampled tokens; free finished ones. A chunk
+        with ``samples=True`` of a still-running request without a token in ``sampled`` raises
+        PagedError with every request as it was before the call."""
         running_status = RequestStatus.RUNNING
-        for chunk in out.scheduled:  # cheapest test first: the id is almost always there
-            if chunk.samples and chunk.request.request_id not in sampled and chunk.request.status is running_status:
-                raise PagedError(f"executor returned no token for request {chunk.request_id!r}; "
-                                 "every chunk with samples=True needs one")
         done: list[tuple[Request, RequestStatus]] = []
-        for chunk in out.scheduled:
-            req = chunk.request
-            if req.status is not running_status:  # aborted or preempted since scheduling
-                continue
-            req.num_computed_tokens += chunk.num_tokens
-            if chunk.samples:
-                status = req.append_token(int(sampled[req.request_id]))
-                if status is not None:
-                    done.append((req, status))
+        chunk = None
+        try:
+            for chunk in out.scheduled:
+                req = chunk.request
+                if req.status is not running_status:  # aborted or preempted since scheduling
+                    continue
+                if chunk.samples:
+                    token = int(sampled[req.request_id])  # KeyError: undone below
+                    req.num_computed_tokens += chunk.num_tokens
+                    tokens = req.token_ids  # Request.append_token, inlined (the same two finish rules)
+                    tokens.append(token)
+                    if token in req.stop_token_ids:
+                        done.append((req, RequestStatus.FINISHED_STOPPED))
+                    elif len(tokens) - req.num_prompt_tokens >= req.max_tokens:
+                        done.append((req, RequestStatus.FINISHED_LENGTH))
+                else:
+                    req.num_computed_tokens += chunk.num_tokens
+        except KeyError:
+            self._undo_update(out.scheduled, chunk)
+            raise PagedError(f"executor returned no token for request {chunk.request_id!r}; "
+                             "every chunk with samples=True needs one") from None
         if done:
             finished_ids = {id(r) for r, _ in done}
             self.running = [r for r in self.running if id(r) not in finished_ids]
@@ -347,6 +366,18 @@ class Scheduler:
                 self._finish(req, status)
         out.finished_freed_blocks = self.kv.take_freed_blocks()
         return [r for r, _ in done]
+
+    @staticmethod
+    def _undo_update(scheduled: Sequence[ScheduledChunk], failed: ScheduledChunk) -> None:
+        """Take back what ``update`` did to the chunks before ``failed`` (nothing finished yet)."""
+        for chunk in scheduled:
+            if chunk is failed:
+                return
+            req = chunk.request
+            if req.status is RequestStatus.RUNNING:
+                req.num_computed_tokens -= chunk.num_tokens
+                if chunk.samples:
+                    req.token_ids.pop()
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self.kv.release_if_held(req.request_id)
