@@ -42,8 +42,9 @@ def _run(model, compaction: bool, **kw):
 
 
 @pytest.mark.parametrize("kw", [dict(num_blocks=40), dict(num_blocks=36, preemption_mode="swap", num_cpu_blocks=64),
+                                dict(num_blocks=36, preemption_mode="swap", num_cpu_blocks=64, swap_mode="overlap"),
                                 dict(num_blocks=40, kv_cache_dtype="int4_kivi")],
-                         ids=["fp32", "swap", "int4_kivi"])
+                         ids=["fp32", "swap", "swap-overlap", "int4_kivi"])
 def test_greedy_outputs_identical_with_compaction_on_and_off(model, kw):
     off, _ = _run(model, False, **kw)
     on, llm = _run(model, True, **kw)
