@@ -1,0 +1,132 @@
+"""The KV-manager property test (tests/test_kv_properties.py) with the host tier on.
+
+The same random add / allocate / append / fork / CoW / swap / free / prefix-hit sequences,
+with every tier copy the manager plans applied to the shadow store right after the call that
+planned it (tier-outs before the caller's own copies or swap mapping, as the runner does).
+After every step, besides the base invariants: every host entry holds the K/V its hash
+claims, a hit found in the host tier holds exactly the request's prefix, no block lives in
+two tiers (``check_invariants``), and at the end every CPU block is free or a tier entry.
+"""
+from __future__ import annotations
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import initialize, invariant, rule, run_state_machine_as_test
+
+from paged import KVCacheManager, Request
+from paged.core.host_tier import HostBlock
+from shadow import ShadowKV
+from test_kv_properties import COUNTS, KVMachine, colliding_hash
+
+
+class TieredKV(KVCacheManager):
+    """Applies each call's tier copies to ``shadow`` before the caller applies its own."""
+
+    shadow: ShadowKV
+
+    def _tier(self) -> None:
+        out, tin, _ = self.take_tier_ops()
+        self.shadow.swap_out(out)
+        self.shadow.swap_in(tin)
+        COUNTS["tier_out"] += len(out)
+        COUNTS["tier_in"] += len(tin)
+
+    def allocate_slots(self, *a, **kw):
+        r = super().allocate_slots(*a, **kw)
+        self._tier()
+        return r
+
+    def swap_out(self, request_id):
+        r = super().swap_out(request_id)
+        self._tier()
+        return r
+
+    def swap_in(self, request_id):
+        r = super().swap_in(request_id)
+        self._tier()
+        return r
+
+
+class TieredMachine(KVMachine):
+    @initialize(num_blocks=st.sampled_from([3, 8, 24]), block_size=st.sampled_from([1, 2, 4]),
+                num_cpu_blocks=st.sampled_from([4, 16]),
+                eviction=st.sampled_from(["lru", "lfu", "score", "score:size_weight=1"]),
+                hash_fn=st.sampled_from(["builtin", colliding_hash]), seed=st.integers(0, 2**16))
+    def setup(self, num_blocks, block_size, num_cpu_blocks, eviction, hash_fn, seed):
+        import random
+        from hypothesis import assume
+        assume(num_blocks * block_size >= 16)
+        self.kv = TieredKV(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks, eviction=eviction,
+                           host_eviction=eviction, hash_fn=hash_fn, max_model_len=num_blocks * block_size,
+                           host_tier=True)
+        self.shadow = self.kv.shadow = ShadowKV(self.kv)
+        self.rng = random.Random(seed)
+        self.on_gpu, self.swapped = {}, {}
+        self.history = [[1, 2, 3, 4, 5, 6, 7, 8] * 4]
+        self.counter = 0
+
+    @rule(length=st.integers(1, 40), reuse=st.booleans(), data=st.data())
+    def add(self, length, reuse, data):
+        """As the base rule; a hit in either tier holds K/V computed from exactly this prefix."""
+        if reuse:
+            base = self.rng.choice(self.history)
+            cut = data.draw(st.integers(0, len(base)))
+            tokens = base[:cut] + [self.rng.randrange(4) for _ in range(max(1, length - cut))]
+        else:
+            tokens = [self.rng.randrange(4) for _ in range(length)]
+        self._add(tokens, data)
+
+    def _add(self, tokens, data):
+        req = Request(self._new_id(), tokens[:self.kv.max_model_len], max_tokens=1)
+        if req.num_tokens + 1 > self.kv.max_model_len:
+            return
+        cached = self.kv.find_cached_prefix(req)
+        bs = self.kv.block_size
+        assert len(cached) * bs < req.num_tokens
+        for i, b in enumerate(cached):
+            store = self.shadow.cpu if isinstance(b, HostBlock) else self.shadow.gpu
+            assert store[b.block_id] == [tuple(req.token_ids[:p + 1]) for p in range(i * bs, (i + 1) * bs)]
+        COUNTS["host_hit_blocks"] += sum(isinstance(b, HostBlock) for b in cached)
+        n = data.draw(st.integers(1, req.num_tokens - len(cached) * bs))
+        if self._compute(req, n, cached):
+            self.on_gpu[req.request_id] = req
+            self.history.append(req.token_ids)
+            COUNTS["prefix_hit_blocks"] += len(cached)
+
+    @rule(data=st.data())
+    def flush_then_reuse(self, data):
+        """Fill the free blocks with a throwaway request (evicting, i.e. demoting, cached-free
+        blocks), free it, then add a request reusing most of an earlier sequence: the path of a
+        host-tier hit."""
+        bs, kv = self.kv.block_size, self.kv
+        n = min(kv.num_free_blocks * bs, kv.max_model_len - 1)
+        if n >= 1:
+            junk = Request(self._new_id(), [4 + self.rng.randrange(4) for _ in range(n)], max_tokens=1)
+            if self._compute(junk, n):
+                kv.free(junk.request_id)
+        base = self.rng.choice(self.history)
+        cut = data.draw(st.integers(0, max(0, min(len(base), kv.max_model_len - 4))))
+        self._add(base[:cut] + [self.rng.randrange(4) for _ in range(data.draw(st.integers(1, 3)))], data)
+
+    @invariant()
+    def host_entries_hold_their_content(self):
+        for e in self.kv.host.entries.values():
+            assert [slot[-1] for slot in self.shadow.cpu[e.block_id]] == list(e.token_ids)
+
+    def teardown(self):
+        if not hasattr(self, "kv"):
+            return
+        for rid in list(self.on_gpu) + list(self.swapped):
+            self.kv.free(rid)
+        kv = self.kv
+        assert kv.num_used_blocks == 0
+        assert kv.num_free_cpu_blocks + kv.num_host_cached_blocks == kv.num_cpu_blocks
+        kv.check_invariants()
+
+
+def test_kv_manager_properties_with_host_tier(record_property):
+    COUNTS.clear()
+    run_state_machine_as_test(TieredMachine, settings=settings(max_examples=50, stateful_step_count=50,
+                                                               deadline=None))
+    record_property("counts", dict(COUNTS))
+    floors = {"allocate_slots": 400, "tier_out": 40, "tier_in": 10, "host_hit_blocks": 10, "swap_ins": 10}
+    assert all(COUNTS[k] >= v for k, v in floors.items()), dict(COUNTS)
