@@ -83,8 +83,8 @@ def test_simulator_runs_compaction_and_charges_the_copies():
 
 def test_smollm2_greedy_outputs_identical_with_compaction(smollm2):
     system = "You are a helpful assistant. Answer briefly.\n"
-    prompts = [system + q for q in ("What is the capital of France?", "Name a prime number.", "Why is the sky blue?")]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [system + q for q in ("What is the capital of France?", "Why is the sky blue?")]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     outs = []
     for on in (False, True):
         llm = LLM(model=smollm2, block_size=2, num_blocks=96, **(ON if on else {}))
