@@ -2,8 +2,9 @@
 
 Real K/V at position p depends on tokens 0..p, so each shadow slot holds that tuple.
 
-Applying a plan exactly as a runner must (compaction_copies, swap_out, block_copies, swap_in, then writing
-the scheduled tokens through the slot mapping) and then reading back a request's whole
+Applying a plan exactly as a runner must (compaction_copies, tier_out, swap_out, block_copies,
+swap_in, tier_in, then writing the scheduled tokens through the slot mapping) and then reading
+back a request's whole
 context through its block table checks that the manager and scheduler never hand out
 a block whose contents are wrong: a bad copy-on-write, prefix hit, swap mapping or
 write order shows up as a wrong token.
@@ -55,9 +56,11 @@ class ShadowKV:
         As in each layer of a forward pass, every chunk's K/V is written before any
         chunk attends, so a prefix hit may use a block filled in this same step."""
         self.copy_blocks(getattr(out, "compaction_copies", ()))  # block compaction comes first
+        self.swap_out(getattr(out, "tier_out", ()))  # host tier: demoted blocks are read first
         self.swap_out(out.swap_out)
         self.copy_blocks(out.block_copies)
         self.swap_in(out.swap_in)
+        self.swap_in(getattr(out, "tier_in", ()))
         for c in out.scheduled:
             self.write(c.request_id, c.request.token_ids, c.start, c.num_tokens)
         for c in out.scheduled:

@@ -198,3 +198,31 @@ def test_reset_prefix_cache_clears_both_tiers():
     assert kv.num_host_cached_blocks == 0 and kv.num_free_cpu_blocks == 4
     assert kv.find_cached_prefix(Request("c", [1, 2, 3, 4, 5], max_tokens=1)) == []
     kv.check_invariants()
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.6])
+def test_scheduled_plans_through_the_shadow_store(threshold):
+    """Whole plans (one step's tier copies, swaps and CoW batched, applied in the runner's order)
+    through the shadow store: every chunk reads K/V computed from exactly its tokens, so no
+    tier-out lands on a host block the same plan still reads and no hit reads an empty block."""
+    from shadow import ShadowKV
+    rng = random.Random(7)
+    for policy in ("lru", "score"):
+        kv = KVCacheManager(16, 4, num_cpu_blocks=10, host_tier=True, eviction=policy, host_eviction=policy,
+                            hash_fn="builtin", host_tier_threshold=threshold)
+        shadow = ShadowKV(kv)
+        s = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=24, preemption_mode="swap"))
+        prefixes = [[rng.randrange(40) for _ in range(8)] for _ in range(6)]
+        for i in range(60):
+            s.add_request(Request(str(i), prefixes[rng.randrange(6)] + [rng.randrange(40)] * rng.randrange(1, 6),
+                                  rng.randrange(1, 6)))
+        tier_in = swaps = 0
+        while s.has_unfinished_requests():
+            plan = s.schedule()
+            shadow.apply(plan)  # asserts what each chunk would attend to
+            tier_in += len(plan.tier_in)
+            swaps += len(plan.swap_out)
+            s.update(plan, {c.request_id: 3 for c in plan.scheduled if c.samples})
+            kv.check_invariants()
+        assert tier_in > 0 and swaps > 0, (policy, tier_in, swaps)
+        assert kv.num_used_blocks == 0
