@@ -38,7 +38,7 @@ def test_engine_table_runs_both_ways(tmp_path):
     from paged.models import load_model
     from paged.models.testing import make_tiny_checkpoint
     model = load_model(make_tiny_checkpoint(tmp_path, "llama", num_heads=4, num_kv_heads=2, head_dim=16))
-    e = engine_table(model, requests=4, max_tokens=24, num_blocks=60, interval=1, threshold=0.0, repeats=1)
+    e = engine_table(model, requests=3, max_tokens=24, num_blocks=60, interval=1, threshold=0.0, repeats=1)
     assert bool(e["identical"][0]) and e["copies"][0] > 0
 
 
