@@ -126,6 +126,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="16 requests, prompts 16-128, outputs 8-64")
     ap.add_argument("--skip", default="", help="comma list of baselines to skip: static,continuous")
+    ap.add_argument("--unpacked", action="store_true",
+                    help="also run ours with plain F.linear (paged.models.packed.ENABLED = False)")
     a = ap.parse_args()
     if a.quick:
         a.num_requests, a.max_prompt, a.max_output = 16, 128, 64
@@ -144,6 +146,16 @@ def main() -> None:
     cpu = {"ours (paged engine)": c_ours}
     rows.append(("ours (paged engine)", t_ours, 1.0, 1.0, -1))
     print(f"  ours done in {t_ours:.1f}s", flush=True)
+    if a.unpacked:  # the engine before the packed linears, in the same run
+        from paged.models import packed
+        packed.ENABLED = False
+        c0 = time.process_time()
+        t, got = run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
+        cpu["ours, plain F.linear (packed off)"] = time.process_time() - c0
+        packed.ENABLED = True
+        same, first = agreement(ours, got)
+        rows.append(("ours, plain F.linear (packed off)", t, t / t_ours, same, first))
+        print(f"  ours unpacked done in {t:.1f}s", flush=True)
     skip = set(filter(None, a.skip.split(",")))
     hf = load_hf(a.model) if skip != {"static", "continuous"} else None
     if "static" not in skip:

@@ -63,3 +63,15 @@ def test_rope_rotate_once_per_pass_is_bit_identical():
     q_ref, k_ref = rope(pos, q, k)
     qk = rope.rotate(torch.cat([q, k], 1), rope.tables(pos))
     assert torch.equal(qk[:, :4], q_ref) and torch.equal(qk[:, 4:], k_ref)
+
+
+def test_rmsnorm_fused_float32_is_bit_identical_to_the_formula():
+    from paged.models.llama import RMSNorm
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(576, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576, generator=g))
+    for rows, scale in ((1, 1.0), (16, 7.0), (257, 0.01)):
+        x = torch.randn(rows, 576, generator=g) * scale
+        ref = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+        assert torch.equal(norm(x), ref)
