@@ -1,4 +1,4 @@
-"""Live dashboards: FigureWidgets that follow a run (paged.runs) while it steps.
+"""Live dashboards: live plots that follow a run (paged.runs) while it steps.
 
     dash = Dashboard(run, views=("grid", "tables", "usage", "timeline"))
     dash                       # panel + figures; press play (a background asyncio task)
@@ -9,8 +9,11 @@ at most about `draw_share` of the wall time (a frame is due when both 1/fps and
 (1/draw_share - 1) x the last frame's cost have passed since it; the last step is always drawn); every frame is one
 `batch_update()` per figure; time series come from fixed-size ring buffers whose arrays are
 assigned whole (never appended to). Counting never depends on drawing: the run records every
-step whether or not a frame is drawn. FigureWidgets are displayed one by one, never inside a
-Box (plotly #4998). Without ipywidgets/anywidget the dashboard shows static figures and says so.
+step whether or not a frame is drawn. Plots are `liveplot.LivePlot`s, not plotly's FigureWidget
+(whose 5 MB-per-model ESM can miss anywidget's 2-s start-up window on a busy machine, after which
+the browser drops all of that plot's data: an empty plot for good; see liveplot.py). They are
+displayed one by one, never inside a Box (plotly #4998). Without ipywidgets/anywidget the dashboard
+shows static figures and says so.
 """
 from __future__ import annotations
 
@@ -101,9 +104,10 @@ class Dashboard:
     def _build(self) -> None:
         figs = self._static()
         if self.no_widgets is None:
-            figs = {k: go.FigureWidget(f) for k, f in figs.items()}
+            from .liveplot import LivePlot  # needs anywidget: imported only when widgets work
+            figs = {k: LivePlot(f) for k, f in figs.items()}
             if "grid" in figs:
-                figs["grid"].data[0].on_click(self._on_grid_click)
+                figs["grid"].on_click(self._on_grid_click)
         self.figures = figs
         self._status()
 
@@ -182,12 +186,11 @@ class Dashboard:
                 figs["latency"].data[1].x = 1e3 * np.asarray(tbt, float)
         self._status()
 
-    def _on_grid_click(self, trace, points, state) -> None:
-        if not points.xs:
+    def _on_grid_click(self, x, y, trace: int = 0) -> None:
+        if x is None or y is None:
             return
         g = F.grid_shape(self.run.kv.num_blocks, self.cols)
-        block = self.page * g[0] * g[1] + int(points.ys[0]) * g[1] + int(points.xs[0])
-        self.select_block(block)
+        self.select_block(self.page * g[0] * g[1] + int(y) * g[1] + int(x))
 
     def select_block(self, block: int) -> str:
         """Highlight the table of the request owning `block`; show its tokens. Returns the text shown."""
@@ -305,7 +308,7 @@ class Dashboard:
                 display(f)
             return
         display(self.panel.widget)
-        for f in self.figures.values():  # one by one: a FigureWidget inside a Box renders broken (plotly #4998)
+        for f in self.figures.values():  # one by one (a FigureWidget inside a Box rendered broken: plotly #4998)
             display(f)
 
 
@@ -327,10 +330,11 @@ class ReplayView:
         self.no_widgets = widgets_available()
         if self.no_widgets is None:
             import ipywidgets as W
-            self.figures = {k: go.FigureWidget(v) for k, v in self.figures.items()}
             if "tables" in self.figures:
                 self.figures["tables"].update_layout(height=26 * max_requests + 100)
                 self.figures["tables"].update_yaxes(autorange=False, range=[max_requests - 0.5, -0.5])
+            from .liveplot import LivePlot
+            self.figures = {k: LivePlot(v) for k, v in self.figures.items()}
             self.slider = W.SelectionSlider(options=self.steps, value=self.steps[0], description="step",
                                             continuous_update=True, layout=W.Layout(width="600px"))
             self.play = W.Play(min=0, max=len(self.steps) - 1, interval=interval_ms, repeat=True,

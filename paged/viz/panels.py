@@ -19,6 +19,11 @@ CACHE_SETTINGS: dict[str, tuple[str, Any]] = {
     "max_num_batched_tokens": ("int", (16, 2048, 16)),
     "max_num_seqs": ("int", (1, 64, 1)),
     "preemption_mode": ("choice", ("recompute", "swap")),
+    "enable_host_tier": ("bool", None),
+    "host_tier_threshold": ("choice", (1.0, 0.9, 0.7, 0.5)),
+    "enable_block_compaction": ("bool", None),
+    "swap_mode": ("choice", ("sync", "overlap")),
+    "swap_compression": ("choice", (None, "fp8", "int4")),
 }
 WORKLOAD_SETTINGS: dict[str, tuple[int, int]] = {
     "num_requests": (1, 32), "n": (1, 8), "max_tokens": (4, 128), "arrive_every": (0, 16),

@@ -1,0 +1,136 @@
+"""LivePlot: a plotly figure in the browser that the kernel redraws, robust to a slow page.
+
+Why not ``go.FigureWidget``: plotly >= 6 builds it on anywidget with a 5 MB ESM (plotly.js
+inside) that each FigureWidget model imports on its own, and anywidget 0.11 gives a model 2 s
+to load its ESM and initialize. On a busy machine (or a CPU-throttled browser) the import takes
+longer; the model's ``ready`` promise rejects and from then on the front end drops every message
+of that model -- including the figure's data, which plotly sends as an update right after the
+comm opens. The plot stays an empty pair of axes for good (seen in JupyterLab on the 2-core CI
+machine; reproduced deterministically with Chromium's CPU throttling x12).
+
+LivePlot's ESM is a few hundred bytes (ready in milliseconds); plotly.js (the copy plotly.py
+ships) travels as a trait and is evaluated once per page, in the first view's render, outside
+the 2-s window. The figure is in the state the comm opens with, and every frame sends the whole
+figure as one JSON string (``batch_update`` -> one message); the view redraws with
+``Plotly.react`` at most once per animation frame. A view created later (a re-render, a second
+display, Voila) draws the current figure. Clicks come back as messages (``on_click``).
+
+Invariant: ``self.figure`` (a ``go.Figure``) is the truth; the browser shows the last figure sent.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import pathlib
+from typing import Callable, Iterator
+
+import anywidget
+import plotly
+import plotly.graph_objects as go
+import plotly.io as pio
+import traitlets
+
+__all__ = ["LivePlot"]
+
+_ESM = r"""
+function loadPlotly(model) {
+  if (!globalThis.__pagedPlotly) {
+    globalThis.__pagedPlotly = new Promise((resolve, reject) => {
+      setTimeout(() => {  // after the widget set-up tasks already queued
+        try {
+          const m = { exports: {} };
+          new Function("module", "exports", model.get("_plotly"))(m, m.exports);
+          resolve(m.exports);
+        } catch (e) { globalThis.__pagedPlotly = null; reject(e); }
+      }, 0);
+    });
+  }
+  return globalThis.__pagedPlotly;
+}
+async function render({ model, el }) {
+  const Plotly = await loadPlotly(model);
+  const div = document.createElement("div");
+  el.appendChild(div);
+  let queued = false;
+  const draw = () => {
+    queued = false;
+    const fig = JSON.parse(model.get("_figure") || "{}");
+    Plotly.react(div, fig.data || [], fig.layout || {}, { displaylogo: false });
+  };
+  const onChange = () => { if (!queued) { queued = true; requestAnimationFrame(draw); } };
+  draw();
+  model.on("change:_figure", onChange);
+  div.on("plotly_click", (ev) => {
+    const p = ev && ev.points && ev.points[0];
+    if (p) model.send({ event: "click", x: p.x, y: p.y, curve: p.curveNumber });
+  });
+  return () => { model.off("change:_figure", onChange); Plotly.purge(div); };
+}
+export default { render };
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _plotly_js() -> str:
+    """plotly.py's own plotly.min.js (the version its figures are validated against)."""
+    return (pathlib.Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+
+
+class LivePlot(anywidget.AnyWidget):
+    """``LivePlot(fig)``: ``.data`` / ``.layout`` / ``.update_layout`` edit the figure; the
+    browser redraws when a ``batch_update()`` block ends (or on ``send()``)."""
+
+    _esm = _ESM
+    _figure = traitlets.Unicode("{}").tag(sync=True)
+    _plotly = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, fig: go.Figure | dict | None = None) -> None:
+        figure = go.Figure(fig)
+        # the figure goes in the state the comm opens with (no first update to lose)
+        super().__init__(_figure=pio.to_json(figure, validate=False), _plotly=_plotly_js())
+        self.figure = figure
+        self._depth = 0
+        self._click: list[Callable[[float, float, int], None]] = []
+        self.on_msg(self._on_msg)
+
+    @property
+    def data(self):
+        return self.figure.data
+
+    @property
+    def layout(self):
+        return self.figure.layout
+
+    def update_layout(self, *args, **kwargs) -> "LivePlot":
+        self.figure.update_layout(*args, **kwargs)
+        self.send_figure()
+        return self
+
+    def update_yaxes(self, *args, **kwargs) -> "LivePlot":
+        self.figure.update_yaxes(*args, **kwargs)
+        self.send_figure()
+        return self
+
+    @contextlib.contextmanager
+    def batch_update(self) -> Iterator["LivePlot"]:
+        """Edits inside go to the browser as one message when the outermost block ends."""
+        self._depth += 1
+        try:
+            yield self
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.send_figure()
+
+    def send_figure(self) -> None:
+        if self._depth == 0:
+            self._figure = pio.to_json(self.figure, validate=False)
+
+    def on_click(self, callback: Callable[[float, float, int], None]) -> None:
+        """``callback(x, y, trace_index)`` for each click on a point of the plot."""
+        self._click.append(callback)
+
+    def _on_msg(self, _widget, content, _buffers) -> None:
+        if isinstance(content, dict) and content.get("event") == "click":
+            for cb in self._click:
+                cb(content.get("x"), content.get("y"), int(content.get("curve") or 0))

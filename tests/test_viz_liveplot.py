@@ -1,0 +1,54 @@
+"""LivePlot (paged.viz.liveplot): the figure travels in the comm's opening state, a batch of edits is one
+message, a view gets the whole current figure, clicks come back as callbacks; the Dashboard uses it."""
+from __future__ import annotations
+
+import json
+
+import plotly.graph_objects as go
+import pytest
+
+pytest.importorskip("anywidget")
+from paged.viz.liveplot import LivePlot  # noqa: E402
+
+
+def test_state_holds_the_figure_and_plotly_js() -> None:
+    p = LivePlot(go.Figure(go.Heatmap(z=[[1, 2], [3, 4]]), layout_title_text="pool"))
+    fig = json.loads(p._figure)
+    assert fig["data"][0]["type"] == "heatmap" and fig["layout"]["title"]["text"] == "pool"
+    assert "plotly.js" in p._plotly[:200] and len(p._plotly) > 1_000_000  # plotly.py's own bundle
+    assert len(p._esm) < 4000  # small: loads well inside anywidget's 2 s start-up window
+
+
+def test_batch_update_sends_the_whole_figure_once() -> None:
+    p = LivePlot(go.Figure(go.Scatter(x=[0], y=[0])))
+    sent = []
+    p.observe(lambda ch: sent.append(json.loads(ch["new"])), "_figure")
+    with p.batch_update():
+        p.data[0].x, p.data[0].y = [0, 1, 2], [3, 4, 5]
+        p.layout.title.text = "step 3"
+    assert len(sent) == 1 and sent[0]["data"][0]["y"] == [3, 4, 5] and sent[0]["layout"]["title"]["text"] == "step 3"
+    p.update_layout(height=300)
+    assert len(sent) == 2 and sent[1]["layout"]["height"] == 300
+
+
+def test_clicks_reach_callbacks() -> None:
+    p = LivePlot(go.Figure(go.Heatmap(z=[[1, 2]])))
+    got = []
+    p.on_click(lambda x, y, curve: got.append((x, y, curve)))
+    p._on_msg(p, {"event": "click", "x": 1, "y": 0, "curve": 0}, [])
+    p._on_msg(p, {"event": "other"}, [])
+    assert got == [(1, 0, 0)]
+
+
+def test_dashboard_grid_click_selects_the_block() -> None:
+    from paged import runs
+    from paged.sim.simulator import SimConfig
+    from paged.sim.workload import synthetic_trace
+    from paged.viz import live
+    run = runs.SimRun(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 8, rate=4.0, seed=0))
+    dash = live.Dashboard(run, views=("grid", "tables"))
+    assert isinstance(dash.figures["grid"], LivePlot) and isinstance(dash.figures["tables"], LivePlot)
+    for _ in range(6):
+        dash.step_once()
+    dash.figures["grid"]._on_msg(None, {"event": "click", "x": 0, "y": 0, "curve": 0}, [])
+    assert dash.panel.tokens.value.startswith("<b>block 0</b>")
