@@ -1,0 +1,79 @@
+"""Figures for notebook 08 (tiers, swap, sharing): pure functions, study DataFrame -> go.Figure.
+
+    tier_figure(paged.sim.tiers.tier_study(...))            blocks moved and hit rates per variant
+    streaming_figure(paged.sim.offload.streaming_study(...)) throughput vs TBT of each streaming variant
+    sharing_figure(paged.quant.sharing.sharing_study(...))  cost vs memory saved (k pairs) and vs JS distance (pairs)
+
+Each reads only the study's documented columns and draws what it finds (a study run at toy size
+still gives a figure); SVG traces only.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+__all__ = ["sharing_figure", "streaming_figure", "tier_figure"]
+
+
+def tier_figure(df: pd.DataFrame) -> go.Figure:
+    """Bars: host-tier moves (swaps) per variant; markers: prefix hit rate split by tier."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("blocks moved between tiers", "prefix hit rate"),
+                        horizontal_spacing=0.12)
+    names = list(df["variant"])
+    fig.add_trace(go.Bar(x=names, y=df["swaps"], name="blocks moved", marker_color="#4C78A8",
+                         hovertemplate="%{x}<br>%{y} blocks<extra></extra>"), 1, 1)
+    fig.add_trace(go.Bar(x=names, y=df["gpu_hit_rate"], name="GPU-tier hits", marker_color="#72B7B2"), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=df["host_hit_rate"], name="host-tier hits", marker_color="#F58518"), 1, 2)
+    fig.update_layout(barmode="group", height=420, title="host tier: what moves, what hits",
+                      legend=dict(orientation="h", y=-0.45), margin=dict(b=160))
+    fig.update_xaxes(tickangle=30)
+    fig.data[1].update(offsetgroup="hits")
+    fig.data[2].update(offsetgroup="hits", base=df["gpu_hit_rate"].tolist())
+    fig.update_yaxes(title_text="blocks", row=1, col=1)
+    fig.update_yaxes(title_text="share of prompt tokens", range=[0, 1], row=1, col=2)
+    return fig
+
+
+def streaming_figure(df: pd.DataFrame) -> go.Figure:
+    """Throughput vs TBT, both relative to the device-only run, one marker per variant and setting."""
+    fig = go.Figure()
+    for variant, g in df.groupby("variant", sort=False):
+        fig.add_trace(go.Scatter(
+            x=g["tbt_vs_device"], y=g["throughput_vs_device"], mode="markers+text", name=variant,
+            text=[f"kv {k:g}, ctx {c}" for k, c in zip(g["kv_fraction"], g["context"])], textposition="top center",
+            marker=dict(size=10), hovertemplate=variant + "<br>%{text}<br>TBT %{x:.2f}x, throughput %{y:.2f}x"
+                                                "<extra></extra>"))
+    fig.add_hrect(y0=2.0, y1=3.0, fillcolor="#F58518", opacity=0.12, line_width=0,
+                  annotation_text="the seed's 2-3x", annotation_position="top left")
+    fig.update_layout(title="KV streaming from the host: throughput vs time between tokens (vs device only)",
+                      xaxis_title="TBT / device-only TBT", yaxis_title="throughput / device-only throughput",
+                      xaxis_type="log", height=460)
+    return fig
+
+
+def sharing_figure(df: pd.DataFrame) -> go.Figure:
+    """Left: KLD vs memory saved for the k-pair configs (by order). Right: each pair's KLD vs the
+    JS distance of its two layers' attention maps (the seed's "if attention patterns are similar")."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("quality cost vs memory saved", "does attention similarity predict it?"))
+    base = df[df["kind"] == "base"]
+    kp = df[df["kind"] == "k_pairs"]
+    for order, g in kp.groupby("order", sort=False):
+        g = g.sort_values("memory_saved_pct")
+        x = [0.0, *g["memory_saved_pct"]] if len(base) else list(g["memory_saved_pct"])
+        y = [float(base["kld_mean"].iloc[0]), *g["kld_mean"]] if len(base) else list(g["kld_mean"])
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"pairs picked by {order}",
+                                 hovertemplate="%{x:.1f}% saved, KLD %{y:.3f}<extra></extra>"), 1, 1)
+    pairs = df[df["kind"] == "pair"]
+    if len(pairs):
+        fig.add_trace(go.Scatter(x=pairs["js_head"], y=pairs["kld_mean"], mode="markers+text", name="one pair",
+                                 text=[str(s) for s in pairs["share_with"]], textposition="top center",
+                                 marker=dict(size=9, color="#E45756"),
+                                 hovertemplate="%{text}<br>JS %{x:.3f}, KLD %{y:.3f}<extra></extra>"), 1, 2)
+    fig.update_xaxes(title_text="KV memory saved (%)", row=1, col=1)
+    fig.update_xaxes(title_text="JS distance of attention maps", row=1, col=2)
+    fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=2)
+    fig.update_layout(title="cross-layer KV sharing on SmolLM2-135M", height=440)
+    return fig
