@@ -67,7 +67,14 @@ class LRUPolicy:
     def pop(self) -> "Block":
         block = self._head
         assert block is not None, "pop from an empty LRU"
-        self.remove(block)
+        nxt = block.next  # remove(block) for the head, inlined (the eviction hot path)
+        self._head = nxt
+        if nxt is None:
+            self._tail = None
+        else:
+            nxt.prev = None
+        block.next = None
+        self._len -= 1
         return block
 
     def __len__(self) -> int:

@@ -56,7 +56,10 @@ def sha256_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple)
 def xxh3_128_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple) -> bytes:
     """Default: xxh3-128 (16-byte digest), stable across processes; fast, not collision
     resistant, which verified hits make harmless (see the module docstring)."""
-    data = (parent if isinstance(parent, bytes) else repr(parent).encode()) + _token_bytes(token_ids)
+    p = _PACKERS.get(len(token_ids))  # _token_bytes, inlined: this runs once per full block
+    if p is None:
+        p = _PACKERS[len(token_ids)] = struct.Struct(f"={len(token_ids)}q")
+    data = (parent if isinstance(parent, bytes) else repr(parent).encode()) + p.pack(*token_ids)
     if extra_keys:
         data += repr(extra_keys).encode()
     return xxhash.xxh3_128_digest(data)
