@@ -68,3 +68,11 @@ def test_swap_benchmark_runs_small():
     assert [(r["compression"], r["mode"]) for r in rows] == [(c, m) for c in ("none", "fp8", "int4")
                                                            for m in ("sync", "overlap")]
     assert all(r["step_ms"] > 0 and r["moved_mb"] > 0 for r in rows)
+
+
+def test_simulated_host_pool_holds_more_compressed_blocks():
+    from paged.sim.simulator import Simulator
+    n = {c: Simulator(SimConfig(model="llama-2-70b", tensor_parallel=4, preemption_mode="swap", swap_space_gib=1.0,
+                                swap_compression=c)).kv.num_cpu_blocks for c in (None, "fp8", "int4")}
+    assert n["int4"] == pytest.approx(n[None] / swap_bytes_ratio("int4", 128), rel=1e-3)
+    assert n[None] < n["fp8"] < n["int4"]

@@ -34,7 +34,7 @@ from paged.core.request import Request
 from paged.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from paged.errors import ConfigError, InvalidRequestError, PagedError
 from paged.sim.baselines import ContiguousKVCacheManager
-from paged.sim.cost_model import CostModel, step_shape
+from paged.sim.cost_model import CostModel, step_shape, swap_bytes_ratio
 from paged.sim.specs import GiB, ModelSpec, get_gpu, get_model, kv_cache_sizing
 from paged.sim.summary import summarize
 from paged.sim.workload import normalize_trace
@@ -206,7 +206,9 @@ class Simulator:
         self.block_bytes = self.sizing.bytes_per_block  # kv_bytes_per_token(fmt, tp, block_size) x block_size
         self.recorder: Recorder = Recorder() if cfg.record_events else NullRecorder()
         if cfg.allocator == "paged":
-            num_cpu = (int(cfg.swap_space_gib * GiB // self.block_bytes)
+            host_block = self.block_bytes * swap_bytes_ratio(cfg.swap_compression, self.model.head_dim, cfg.kv_format,
+                                                             cfg.block_size)  # compressed host blocks are smaller
+            num_cpu = (int(cfg.swap_space_gib * GiB // host_block)
                        if cfg.preemption_mode == "swap" or cfg.enable_host_tier else 0)
             self.kv: KVCacheManager = KVCacheManager(
                 self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
