@@ -1,6 +1,6 @@
 """The measurements behind docs/quant.md: the KV-quantization study on SmolLM2 at ctx 512 and 2048.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quant_table.py t512   # or t2048, x512, x2048, x45, x45b
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quant_table.py t512   # or t2048, x512, x2048, x45, x45b, x45c
 
 Each job writes reports/quant_<job>.csv and prints the table (tens of minutes on 2 CPU cores).
 ctx 512 (t512, x512, x45) scores 2 chunks of kjv and python and 4 of licenses; ctx 2048 one chunk of kjv and python.
@@ -30,6 +30,8 @@ JOBS = {
              "int4sym", "kivi_g64/int4_g64+rot"], 512),
     # V-only rotation at 4.75 bits; K alone at 4.5 bits (V fp16) splits the 4.5-bit error between K and V
     "x45b": (["kivi_g32/int4_g64+vrot", "kivi_g64/fp16", "fp16/int4_g64+vrot"], 512),
+    # KIVI over 32 tokens with 8-bit scale / 7-bit zero codes (4.49 bits with int4_g64 values)
+    "x45c": (["kiviq_g32/int4_g64", "kiviq_g32/int4_g64+vrot"], 512),
 }
 
 

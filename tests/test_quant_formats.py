@@ -76,3 +76,24 @@ def test_int4sym_error_bound_and_extremes():
     assert torch.equal(int4sym_roundtrip(torch.zeros(2, 1, 32), 32), torch.zeros(2, 1, 32))
     with pytest.raises(ValueError, match="divide"):
         int4sym_roundtrip(x, 48)
+
+
+def test_kiviq_compressed_scales_cover_the_range():
+    """kiviq: each channel's 16 codes still span [min, max] (zero floored to a 7-bit multiple of
+    Z = max|min|/63, step ceiled to an 8-bit multiple of S = max step/255), so the error per value
+    is at most half a step: <= ((max - min) + Z) / 30 + S / 2, i.e. plain KIVI's half step plus
+    one zero and one scale quantum. 4 + 15/N + 32/(N*D) bits; study only."""
+    from paged.quant.codec import kiviq_roundtrip
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(32, 3, 64, generator=g) * torch.logspace(-1, 1, 64) + 5 * torch.randn(64, generator=g)
+    y = kiviq_roundtrip(k)
+    lo, hi = k.amin(0), k.amax(0)
+    z_q = lo.abs().amax(-1, keepdim=True) / 63
+    s_q = ((hi - lo + z_q) / 15).amax(-1, keepdim=True) / 255
+    bound = (hi - lo + z_q) / 30 + s_q / 2
+    assert ((y - k).abs().amax(0) <= bound * 1.01 + 1e-6).all()
+    s = parse_scheme("kiviq_g32/int4_g64+vrot")
+    assert s.name == "kiviq_g32/int4_g64+vrot" and s.engine_kwargs is None
+    assert s.k.bits(64) == 4 + 15 / 32 + 32 / (32 * 64) and s.bits_per_value(64) < 4.5
+    with pytest.raises(ConfigError, match="keys per channel"):
+        parse_scheme("int4/kiviq")

@@ -57,7 +57,8 @@ class QuantKVAttention:
         """Empty the cache (llama-perplexity clears it per chunk)."""
         self.k: list[torch.Tensor | None] = [None] * self.num_layers
         self.v: list[torch.Tensor | None] = [None] * self.num_layers
-        self.kivi = [KiviKeyStore(self.scheme.k.group) for _ in range(self.num_layers)]
+        self.kivi = [KiviKeyStore(self.scheme.k.group, compact=self.scheme.k.kind == "kiviq")
+                     for _ in range(self.num_layers)]
 
     def truncate(self, n: int) -> None:
         """Forget every token from position ``n`` on (a prefill of ``n`` tokens would store the
@@ -65,7 +66,7 @@ class QuantKVAttention:
         for layer in range(self.num_layers):
             if self.k[layer] is None:
                 continue
-            if self.scheme.k.kind == "kivi" and layer in self.quant_layers:
+            if self.scheme.k.per_channel and layer in self.quant_layers:
                 self.k[layer] = self.kivi[layer].truncate(n)
             else:
                 self.k[layer] = self.k[layer][:n]
@@ -76,7 +77,7 @@ class QuantKVAttention:
         return 0 if self.v[0] is None else self.v[0].shape[0]
 
     def _store(self, layer: int, x: torch.Tensor, side: Side, which: int) -> torch.Tensor:
-        if side.kind == "kivi":
+        if side.per_channel:
             return self.kivi[layer].append(x)
         scale = None
         if side.calibrated and layer in self.fp8_scales:

@@ -16,7 +16,7 @@ import torch
 
 from .schemes import KIVI_BLOCK, Side
 
-__all__ = ["roundtrip", "int4sym_roundtrip", "hadamard", "KiviKeyStore"]
+__all__ = ["roundtrip", "int4sym_roundtrip", "kiviq_roundtrip", "hadamard", "KiviKeyStore"]
 
 _TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -59,6 +59,23 @@ def int4sym_roundtrip(x: torch.Tensor, group: int) -> torch.Tensor:
     return (q * d).reshape(x.shape)
 
 
+def kiviq_roundtrip(k: torch.Tensor) -> torch.Tensor:
+    """KIVI keys of one full group ``[N, H, D]`` with compressed scales (study only): per (head,
+    channel) the zero is ``zc * Z`` with a 7-bit code ``zc = floor(min / Z)`` (so zero <= min) and
+    ``Z = max|min| / 63`` in fp16 per head; the step is ``sc * S`` with an 8-bit code ``sc =
+    ceil(((max - zero) / 15) / S)`` and ``S = max step / 255`` in fp16 per head, so the 16 codes
+    still cover [min, max] up to the fp16 rounding of ``S``. Codes as in kernels.kivi."""
+    x = k.float()
+    lo, hi = x.amin(0), x.amax(0)                                        # [H, D]
+    big = (lo.abs().amax(-1, keepdim=True) / 63.0).half().float()
+    z = torch.floor(lo / torch.where(big == 0, torch.ones_like(big), big)).clamp(-64, 63) * big
+    step = (hi - z) / 15.0
+    sup = (step.amax(-1, keepdim=True) / 255.0).half().float()
+    s = torch.ceil(step / torch.where(sup == 0, torch.ones_like(sup), sup)).clamp(1, 255) * sup
+    safe = torch.where(s == 0, torch.ones_like(s), s)
+    return torch.round((x - z) / safe).clamp(0, 15) * s + z
+
+
 def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Orthonormal Sylvester-Hadamard matrix ``[n, n]`` (``H @ H.T = I``); n a power of two."""
     if n < 1 or n & (n - 1):
@@ -73,8 +90,9 @@ class KiviKeyStore:
     """KIVI keys of one layer of one sequence: full 16-token blocks int4 per channel, the
     newest unfilled block kept as written (the engine's staging pool)."""
 
-    def __init__(self, group: int = KIVI_BLOCK) -> None:
+    def __init__(self, group: int = KIVI_BLOCK, compact: bool = False) -> None:
         self.group = group
+        self.compact = compact  # kiviq: compressed scales (kiviq_roundtrip)
         self.done: list[torch.Tensor] = []   # dequantized full blocks
         self.tail: torch.Tensor | None = None
         self.raw: list[torch.Tensor] = []    # keys as written (for truncate)
@@ -93,7 +111,9 @@ class KiviKeyStore:
         self.raw.append(k)
         tail = k if self.tail is None else torch.cat([self.tail, k])
         full = (tail.shape[0] // self.group) * self.group
-        if full:
+        if full and self.compact:
+            self.done += [kiviq_roundtrip(g) for g in tail[:full].split(self.group)]
+        elif full:
             q = quantize_keys_per_channel(tail[:full], group_size=self.group)
             self.done.append(dequantize_keys_per_channel(q))
         self.tail = tail[full:]

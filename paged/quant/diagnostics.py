@@ -29,7 +29,7 @@ __all__ = ["layer_errors", "layer_sensitivity", "key_outliers"]
 def _stored(x: torch.Tensor, side, rot: torch.Tensor | None) -> torch.Tensor:
     """What the cache returns for ``x`` [T, H, D], in the unrotated frame."""
     y = x @ rot if rot is not None else x
-    y = KiviKeyStore(side.group).append(y) if side.kind == "kivi" else roundtrip(y, side)
+    y = KiviKeyStore(side.group, compact=side.kind == "kiviq").append(y) if side.per_channel else roundtrip(y, side)
     return y @ rot.T if rot is not None else y
 
 

@@ -15,6 +15,9 @@ exact because the output is linear in V; keys keep their channels for per-channe
           | kivi [_gN]                               keys only: int4 per channel over N tokens
                                                      (16 = the engine's block), the unfilled group
                                                      kept unquantized
+          | kiviq [_gN]                              kivi with compressed scales: per channel an
+                                                     8-bit scale code and a 7-bit zero code under
+                                                     fp16 super-scales per (group, head); study only
 
 ``int4_kivi`` is the engine's name for ``kivi/int4``. Every side maps to a format of
 :mod:`kernels.formats` and is quantized with the kernels' own reference codecs, so a scheme whose
@@ -36,8 +39,9 @@ KIVI_BLOCK = 16  # the engine's default block_size: one KIVI key group
 BASE = "fp32"
 NOISE_FLOOR = ("fp16", "bf16")
 _FP8 = {"fp8_e4m3", "fp8_e5m2"}
-_SIDE = re.compile(r"^(fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|int4sym|int4|kivi)(_cal)?(?:_g(\d+))?$")
-_GROUPED = ("int4", "int4sym", "kivi")
+_SIDE = re.compile(r"^(fp32|fp16|bf16|fp8_e4m3|fp8_e5m2|int8|int4sym|int4|kiviq|kivi)(_cal)?(?:_g(\d+))?$")
+_GROUPED = ("int4", "int4sym", "kivi", "kiviq")
+_PER_CHANNEL = ("kivi", "kiviq")
 
 # The study's default list (base first, then the noise floor, then by bits per value).
 DEFAULT_SCHEMES = (
@@ -59,15 +63,20 @@ class Side:
 
     @property
     def kernel_format(self) -> str | None:
-        """The kernels' format name, None for study-only sides (int4sym)."""
-        if self.kind == "int4sym":
+        """The kernels' format name, None for study-only sides (int4sym, kiviq)."""
+        if self.kind in ("int4sym", "kiviq"):
             return None
         return "int4_kivi" if self.kind == "kivi" else self.kind
 
     @property
+    def per_channel(self) -> bool:
+        """Keys quantized per channel over groups of tokens (KIVI)."""
+        return self.kind in _PER_CHANNEL
+
+    @property
     def name(self) -> str:
         s = self.kind + ("_cal" if self.calibrated else "")
-        default = KIVI_BLOCK if self.kind == "kivi" else 32
+        default = KIVI_BLOCK if self.per_channel else 32
         return s + (f"_g{self.group}" if self.kind in _GROUPED and self.group != default else "")
 
     def bits(self, head_dim: int) -> float:
@@ -84,10 +93,12 @@ class Side:
             return 4.0 + 32.0 / self.group
         if self.kind == "int4sym":
             return 4.0 + 16.0 / self.group  # fp16 scale, no zero point
+        if self.kind == "kiviq":  # 8 + 7 bits per channel and group, two fp16 super-scales per group-head
+            return 4.0 + 15.0 / self.group + 32.0 / (self.group * head_dim)
         return 4.0 + 32.0 / self.group  # kivi: fp16 scale + zero per channel per group of tokens
 
     def check(self, head_dim: int) -> None:
-        if self.kind == "kivi" and self.group < 2:
+        if self.per_channel and self.group < 2:
             raise ConfigError(f"kivi key group {self.group} must be >= 2 tokens (the engine uses its block size, 16)")
         if self.kind in ("int4", "int4sym") and (self.group < 2 or self.group % 2 or head_dim % self.group):
             raise ConfigError(f"{self.kind} group {self.group} must be even and divide head_dim {head_dim}; "
@@ -143,8 +154,10 @@ class Scheme:
         KIVI keys over N tokens are the engine's ``int4_kivi`` with ``block_size=N`` (its key
         group is one block; N a power of two); other engine formats take any block size.
         """
-        if self.k.kind == "kivi":
+        if self.k.per_channel:
             n = self.k.group
+            if self.k.kind != "kivi":
+                return None
             if (self.v != Side("int4") or self.rotate or self.vrot or n & (n - 1)):
                 return None
             return {"kv_cache_dtype": "int4_kivi", "block_size": n}
@@ -160,7 +173,7 @@ class Scheme:
 
     def staging_bytes(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         """Per-sequence bytes of unquantized KIVI key staging (one fp16 group), else 0."""
-        return num_layers * num_kv_heads * head_dim * self.k.group * 2 if self.k.kind == "kivi" else 0
+        return num_layers * num_kv_heads * head_dim * self.k.group * 2 if self.k.per_channel else 0
 
     def tokens_per_gib(self, num_layers: int, num_kv_heads: int, head_dim: int, context: int) -> float:
         """Tokens a GiB of cache holds for sequences of ``context`` tokens (staging amortised)."""
@@ -207,8 +220,8 @@ def parse_scheme(name: "str | Scheme") -> Scheme:
         raise ConfigError(f"unknown KV format {name!r}: use 'K/V' with one '/' at most")
     k = _side(parts[0], name, "K side" if len(parts) == 2 else "format")
     v = _side(parts[-1], name, "V side") if len(parts) == 2 else k
-    if v.kind == "kivi":
+    if v.per_channel:
         raise ConfigError(f"{name!r}: 'kivi' quantizes keys per channel; values use 'int4' (e.g. 'kivi/int4')")
-    if k.kind == "kivi" and len(parts) == 1:
+    if k.per_channel and len(parts) == 1:
         k, v = k, Side("int4")
     return Scheme(k, v, rotate, vrot)
