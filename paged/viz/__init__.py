@@ -24,13 +24,13 @@ Three layers (each usable alone):
 
    `snap` is a `paged.core.snapshot.KVSnapshot` (`run.snapshot()` / `KVCacheManager.snapshot()`).
 
-3. Live dashboards (`paged.viz.live`, FigureWidgets + an ipywidgets panel from `paged.viz.panels`)::
+3. Live dashboards (`paged.viz.live`, `liveplot.LivePlot`s + an ipywidgets panel from `paged.viz.panels`)::
 
        dash = live.Dashboard(run, views=("grid", "tables", "usage", "timeline"), fps=15)
        dash                      # displays: panel (play/pause/step/reset/speed/settings) + figures
        dash.play()               # background asyncio task: controls respond while it runs
        dash.run_to_completion()  # blocking; draws frames at <= fps (for headless execution)
-       dash.frames, dash.figures # frames drawn so far; {name: FigureWidget}
+       dash.frames, dash.figures # frames drawn so far; {name: LivePlot}
        dash.select_block(b)      # what a click on block b does (highlight its table, show tokens)
        live.ReplayView(run)      # slider + Play over run.keep_snapshots(1) snapshots (ticks in the browser)
 

@@ -63,6 +63,7 @@ class Dashboard:
         self.draw_share = draw_share
         self._task: asyncio.Task | None = None
         self._playing = False
+        self._stepping = False  # run_to_completion is stepping from a cell
         self._workload = workload
         self.no_widgets = widgets_available()
         self._decoder = CachedDecoder(run.tokenizer) if run.tokenizer is not None else None
@@ -119,7 +120,8 @@ class Dashboard:
         t = f"{last['time_s'] + last['step_time_s']:.2f} s" if last else "-"
         self.panel.show_status(
             f"<b>{html.escape(self.title or r.label)}</b> · {html.escape(r.backend)}<br>"
-            f"step {len(r.rows)} · clock {t} · {'done' if r.done else 'running' if self._playing else 'paused'}"
+            f"step {len(r.rows)} · clock {t} · "
+            f"{'done' if r.done else 'running' if self._playing or self._stepping else 'paused'}"
             f" · frames drawn {self.frames} (≤ {self.fps:g}/s)")
 
     def draw(self) -> None:
@@ -274,13 +276,17 @@ class Dashboard:
         """Step to the end from here (blocking); frames still go out at <= fps (a cell running
         this shows the motion live; returns None so the dashboard is not displayed twice)."""
         self._playing = False
-        for _ in range(max_steps):
-            if self.run.done:
-                break
-            t = time.perf_counter()
-            self.step_once()
-            if pace and self.steps_per_second:
-                time.sleep(self._pause_s(t))
+        self._stepping = True
+        try:
+            for _ in range(max_steps):
+                if self.run.done:
+                    break
+                t = time.perf_counter()
+                self.step_once()
+                if pace and self.steps_per_second:
+                    time.sleep(self._pause_s(t))
+        finally:
+            self._stepping = False
         self.draw()
 
     def reset(self, workload: dict | None = None, **settings) -> None:
