@@ -97,3 +97,15 @@ def test_kiviq_compressed_scales_cover_the_range():
     assert s.k.bits(64) == 4 + 15 / 32 + 32 / (32 * 64) and s.bits_per_value(64) < 4.5
     with pytest.raises(ConfigError, match="keys per channel"):
         parse_scheme("int4/kiviq")
+
+
+def test_engine_settings_for_served_and_study_only_names():
+    from paged.quant.schemes import engine_settings
+    assert engine_settings("kivi_g32/int4") == {"kv_cache_dtype": "int4_kivi", "block_size": 32}
+    assert engine_settings("int8") == {"kv_cache_dtype": "int8"}
+    assert engine_settings("auto") == {"kv_cache_dtype": "auto"}
+    for bad in ("int4+rot", "int8/int4", "kiviq_g32/int4_g64", "kivi_g64/int4_g64"):
+        with pytest.raises(ConfigError, match="only in the study"):
+            engine_settings(bad)
+    with pytest.raises(ConfigError, match="unknown KV format"):
+        engine_settings("bogus")

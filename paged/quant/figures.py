@@ -95,13 +95,16 @@ def key_outlier_heatmap(channels: pd.DataFrame) -> go.Figure:
 def side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), max_tokens: int = 40, *,
                  model=None, on_token=None) -> pd.DataFrame:
     """Generate ``prompt`` greedily with the real engine under each engine format
-    (``paged.LLM(kv_cache_dtype=...)``), stepping the engines in lockstep; ``on_token(texts)``
+    (``paged.LLM(kv_cache_dtype=...)``, or a served study name such as ``"kivi_g32/int4"``: see
+    :func:`paged.quant.schemes.engine_settings`), stepping the engines in lockstep; ``on_token(texts)``
     is called after every step with the texts so far (for a live view, see :func:`render`)."""
     from paged.engine.llm import LLM
     from paged.engine.sampling import SamplingParams
     from .runs import load
     lm = load(model)
-    engines = [LLM(lm, kv_cache_dtype=f, num_blocks=64, block_size=16).engine for f in formats]
+    from .schemes import engine_settings
+    settings = [{"block_size": 16, **engine_settings(f)} for f in formats]  # study-only names fail here
+    engines = [LLM(lm, num_blocks=64, **kw).engine for kw in settings]
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     for e in engines:
         e.add_request("same-prompt", prompt, sp)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from paged.errors import ConfigError
 
-__all__ = ["Side", "Scheme", "parse_scheme", "DEFAULT_SCHEMES", "NOISE_FLOOR", "BASE", "KIVI_BLOCK"]
+__all__ = ["Side", "Scheme", "parse_scheme", "engine_settings", "DEFAULT_SCHEMES", "NOISE_FLOOR", "BASE", "KIVI_BLOCK"]
 
 KIVI_BLOCK = 16  # the engine's default block_size: one KIVI key group
 BASE = "fp32"
@@ -225,3 +225,24 @@ def parse_scheme(name: "str | Scheme") -> Scheme:
     if k.per_channel and len(parts) == 1:
         k, v = k, Side("int4")
     return Scheme(k, v, rotate, vrot)
+
+
+def engine_settings(name: "str | Scheme") -> dict:
+    """``paged.LLM`` keyword arguments that serve ``name``: a study scheme the engine stores exactly
+    (``"kivi_g32/int4"`` -> ``kv_cache_dtype="int4_kivi", block_size=32``), or an engine format
+    name the study does not spell (``"auto"``, ``"kivi"``) passed through as ``kv_cache_dtype``.
+    A study-only scheme (rotation, K/V apart, int4sym, kiviq, int4 groups other than 32) is a
+    ConfigError naming the nearest served format."""
+    try:
+        s = parse_scheme(name)
+    except ConfigError:
+        if isinstance(name, str) and name.strip().lower() in ("auto", "kivi", "float16", "bfloat16", "float32",
+                                                              "half", "fp8", "e4m3", "e5m2"):
+            return {"kv_cache_dtype": name}
+        raise
+    kw = s.engine_kwargs
+    if kw is None:
+        raise ConfigError(f"{s.name!r} exists only in the study's cache (rotations, separate K/V formats, "
+                          "int4sym, kiviq and int4 groups other than 32 are not engine formats); serve e.g. "
+                          "'int8', 'int4', 'int4_kivi' or 'kivi_g32/int4' (int4_kivi with block_size=32)")
+    return dict(kw)
