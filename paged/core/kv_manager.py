@@ -256,12 +256,13 @@ class KVCacheManager:
         one needs the general path (copy-on-write, more tokens, a full pool: preemption). The
         allocation-latency event of ``allocate_slots`` is not emitted here."""
         bs, tables, pool, caching = self.block_size, self._tables, self.pool, self.enable_prefix_caching
+        added = 0  # pool.num_filled_slots, added once at the end
         while i < stop:
             req = requests[i]
             start = req.num_computed_tokens
-            if len(req.token_ids) - start != 1:
+            if len(req.token_ids) - start != 1 or req.request_id not in tables:
                 break
-            table = tables.get(req.request_id)
+            table = tables[req.request_id]
             if not table:
                 break
             offset = start % bs
@@ -271,7 +272,7 @@ class KVCacheManager:
                 block = pool.allocate(1, req.request_id)[0]
                 table.append(block)
                 block.num_filled = 1
-                pool.num_filled_slots += 1
+                added += 1
                 if caching:
                     self._index_full_blocks(req, table, start + 1)
                 i += 1
@@ -280,11 +281,12 @@ class KVCacheManager:
             if block.ref_cnt != 1:
                 break
             if offset >= block.num_filled:  # pool.fill(block, offset + 1), inlined
-                pool.num_filled_slots += offset + 1 - block.num_filled
+                added += offset + 1 - block.num_filled
                 block.num_filled = offset + 1
             if offset + 1 == bs and caching:
                 self._index_full_blocks(req, table, start + 1)
             i += 1
+        pool.num_filled_slots += added
         return i
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
