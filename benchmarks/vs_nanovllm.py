@@ -186,7 +186,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--quick", action="store_true", help="3 rounds, smaller work")
+    ap.add_argument("--run-only", metavar="SYSTEM:BATCH:STEPS",
+                    help="set up one scheduler (ours|nano) and run STEPS decode steps, printing nothing: for "
+                         "deterministic instruction counts, e.g. valgrind --tool=cachegrind --cache-sim=no ... "
+                         "with STEPS=64 minus STEPS=0, divided by 64 x BATCH")
     a = ap.parse_args(argv)
+    if a.run_only:
+        system, batch, steps = a.run_only.split(":")
+        batch, steps = int(batch), int(steps)
+        st = NanoSched(load_nano(), batch, steps + 64) if system == "nano" else OursSched(batch, steps + 64)
+        if steps:
+            st.run(steps)
+        return 0
     rounds, cycles, req_steps = (3, 8, 4096) if a.quick else (a.rounds, 64, 32768)
     nano = load_nano()
     print("nano-vllm:", "not found (set NANO_VLLM_SRC); our rows only" if nano is None else
