@@ -25,7 +25,7 @@ def test_streaming_figure_one_trace_per_variant() -> None:
     assert list(fig.data[1].y) == [1.47, 2.93] and fig.layout.xaxis.type == "log"
 
 
-def test_sharing_figure_k_pairs_start_at_base_and_pairs_scatter() -> None:
+def test_sharing_figure_k_pairs_lines_and_pairs_scatter() -> None:
     df = pd.DataFrame({"kind": ["base", "pair", "pair", "k_pairs", "k_pairs"],
                        "order": [math.nan, math.nan, math.nan, "cost", "similarity"], "k": [0, 1, 1, 2, 2],
                        "share_with": [None, "{1: 0}", "{10: 9}", "{1: 0, 10: 9}", "{1: 0, 10: 9}"],
@@ -33,6 +33,6 @@ def test_sharing_figure_k_pairs_start_at_base_and_pairs_scatter() -> None:
                        "js_head": [math.nan, 0.56, 0.54, math.nan, math.nan]})
     fig = tiers.sharing_figure(df)
     lines = [t for t in fig.data if t.mode == "lines+markers"]
-    assert len(lines) == 2 and list(lines[0].x) == [0.0, 6.7]
+    assert len(lines) == 2 and list(lines[0].x) == [6.7] and list(lines[0].y) == [0.34]
     scatter = [t for t in fig.data if t.mode == "markers+text"][0]
     assert list(scatter.x) == [0.56, 0.54] and list(scatter.text) == ["{1: 0}", "{10: 9}"]

@@ -36,13 +36,15 @@ def tier_figure(df: pd.DataFrame) -> go.Figure:
 
 
 def streaming_figure(df: pd.DataFrame) -> go.Figure:
-    """Throughput vs TBT, both relative to the device-only run, one marker per variant and setting."""
+    """Throughput vs TBT, both relative to the device-only run, one marker per variant and setting
+    (circles: the full KV pool on the device; diamonds: a fraction of it)."""
     fig = go.Figure()
     for variant, g in df.groupby("variant", sort=False):
         fig.add_trace(go.Scatter(
-            x=g["tbt_vs_device"], y=g["throughput_vs_device"], mode="markers+text", name=variant,
-            text=[f"kv {k:g}, ctx {c}" for k, c in zip(g["kv_fraction"], g["context"])], textposition="top center",
-            marker=dict(size=10), hovertemplate=variant + "<br>%{text}<br>TBT %{x:.2f}x, throughput %{y:.2f}x"
+            x=g["tbt_vs_device"], y=g["throughput_vs_device"], mode="markers", name=variant,
+            text=[f"KV on device {k:g}, ctx {c}" for k, c in zip(g["kv_fraction"], g["context"])],
+            marker=dict(size=11, symbol=["circle" if k >= 1 else "diamond" for k in g["kv_fraction"]]),
+            hovertemplate=variant + "<br>%{text}<br>TBT %{x:.2f}x, throughput %{y:.2f}x"
                                                 "<extra></extra>"))
     fig.add_hrect(y0=2.0, y1=3.0, fillcolor="#F58518", opacity=0.12, line_width=0,
                   annotation_text="the seed's 2-3x", annotation_position="top left")
@@ -53,16 +55,14 @@ def streaming_figure(df: pd.DataFrame) -> go.Figure:
 
 
 def sharing_figure(df: pd.DataFrame) -> go.Figure:
-    """Left: KLD vs memory saved for the k-pair configs (by order). Right: each pair's KLD vs the
+    """Left: KLD vs memory saved for the k-pair configs (by order; x from 0). Right: each pair's KLD vs the
     JS distance of its two layers' attention maps (the seed's "if attention patterns are similar")."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=("quality cost vs memory saved", "does attention similarity predict it?"))
-    base = df[df["kind"] == "base"]
     kp = df[df["kind"] == "k_pairs"]
-    for order, g in kp.groupby("order", sort=False):
+    for order, g in kp.groupby("order", sort=False):  # the unshared base (KLD 0) has no place on a log axis
         g = g.sort_values("memory_saved_pct")
-        x = [0.0, *g["memory_saved_pct"]] if len(base) else list(g["memory_saved_pct"])
-        y = [float(base["kld_mean"].iloc[0]), *g["kld_mean"]] if len(base) else list(g["kld_mean"])
+        x, y = list(g["memory_saved_pct"]), list(g["kld_mean"])
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"pairs picked by {order}",
                                  hovertemplate="%{x:.1f}% saved, KLD %{y:.3f}<extra></extra>"), 1, 1)
     pairs = df[df["kind"] == "pair"]
@@ -71,7 +71,7 @@ def sharing_figure(df: pd.DataFrame) -> go.Figure:
                                  text=[str(s) for s in pairs["share_with"]], textposition="top center",
                                  marker=dict(size=9, color="#E45756"),
                                  hovertemplate="%{text}<br>JS %{x:.3f}, KLD %{y:.3f}<extra></extra>"), 1, 2)
-    fig.update_xaxes(title_text="KV memory saved (%)", row=1, col=1)
+    fig.update_xaxes(title_text="KV memory saved (%)", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="JS distance of attention maps", row=1, col=2)
     fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=1)
     fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=2)
