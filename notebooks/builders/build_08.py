@@ -38,12 +38,12 @@ cells.append(code("""import os
 SMOKE = os.environ.get("PAGED_SMOKE") == "1"  # toy sizes for the headless test run
 # 1 · host tier (simulated Llama-2-70B on 4 x A100-80GB; the real engine on SmolLM2)
 TIER_SIM_REQUESTS = 60 if SMOKE else None      # None: the study's full trace (1000 requests, 64 shared prefixes)
-TIER_ENGINE = (dict(num_requests=4, num_prefixes=2, prefix_blocks=2, num_blocks=6, max_num_seqs=2, max_tokens=2)
+TIER_ENGINE = (dict(num_requests=3, num_prefixes=2, prefix_blocks=2, num_blocks=6, max_num_seqs=2, max_tokens=2)
                if SMOKE else dict(num_blocks=32))
 # 2 · swap: overlap and compression
 OFFLOAD_REQUESTS, OFFLOAD_PRESSURES = (60, (0.25,)) if SMOKE else (1000, (1.0, 0.5, 0.25))
 STREAM_CONTEXTS = (1024,) if SMOKE else (512, 1024, 2048, 4000)
-SWAP_ENGINE = (dict(num_requests=2, prompt_len=8, max_tokens=6, block_size=4, max_num_seqs=2) if SMOKE
+SWAP_ENGINE = (dict(num_requests=2, prompt_len=8, max_tokens=4, block_size=4, max_num_seqs=2) if SMOKE
                else dict(num_requests=12, prompt_len=96, max_tokens=48))
 SWAP_ERROR = (dict(num_requests=2, context_length=32, greedy_tokens=4, check_lossless=False) if SMOKE else {})
 # 3 · cross-layer sharing (SmolLM2's 30 layers)
