@@ -22,8 +22,8 @@ baseline's. "same outputs" is the share of requests whose greedy tokens equal ou
 
 Measured here (2 shared cores, OMP_NUM_THREADS=1, float32, 2026-12-01) on the anchor workload
 ``--num-requests 32 --max-prompt 256 --max-output 128``: ours 42-47 CPU s; transformers static
-batch 16 1.75x ours in CPU time (1.91x wall), its continuous batching 1.99x (1.94x wall); outputs
-identical (100%). The "cpu" columns are the CPU seconds of all threads (transformers' continuous
+batch 16 1.97x ours in CPU time, its continuous batching 2.41x (wall 1.60x / 1.46x under heavy
+neighbours); outputs identical (100%). ``--ab 2``: packed linears vs plain F.linear 0.93. The "cpu" columns are the CPU seconds of all threads (transformers' continuous
 batching runs its own thread): trust them over wall time when other jobs share the cores.
 """
 from __future__ import annotations
@@ -126,6 +126,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="16 requests, prompts 16-128, outputs 8-64")
     ap.add_argument("--skip", default="", help="comma list of baselines to skip: static,continuous")
+    ap.add_argument("--ab", type=int, default=0, metavar="N",
+                    help="only ours: N alternating pairs with packed linears on/off, CPU seconds")
     ap.add_argument("--unpacked", action="store_true",
                     help="also run ours with plain F.linear (paged.models.packed.ENABLED = False)")
     a = ap.parse_args()
@@ -146,6 +148,20 @@ def main() -> None:
     cpu = {"ours (paged engine)": c_ours}
     rows.append(("ours (paged engine)", t_ours, 1.0, 1.0, -1))
     print(f"  ours done in {t_ours:.1f}s", flush=True)
+    if a.ab:  # ours with packed linears vs plain F.linear, alternating, then stop
+        from paged.models import packed
+        got = {True: [], False: []}
+        for r in range(2 * a.ab):
+            on = (r % 2 == 0) == (r // 2 % 2 == 0)
+            packed.ENABLED = on
+            c0 = time.process_time()
+            run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
+            got[on].append(time.process_time() - c0)
+        packed.ENABLED = True
+        print("CPU s, packed:", " ".join(f"{x:.1f}" for x in got[True]),
+              "| plain F.linear:", " ".join(f"{x:.1f}" for x in got[False]),
+              f"| ratio of sums {sum(got[True]) / sum(got[False]):.3f}")
+        return
     if a.unpacked:  # the engine before the packed linears, in the same run
         from paged.models import packed
         packed.ENABLED = False
