@@ -76,7 +76,10 @@ def main(formats: list[str]) -> None:
                **summarize(stats_in_pieces(base, q, targets)), "divergence_tokens": HORIZON,
                "first_div_median": float(fd), "first_div_mean": float(fd), "first_div": [fd],
                "wall_s": time.time() - t}
-        pd.DataFrame([row]).to_csv(OUT, mode="a", header=not os.path.exists(OUT), index=False)
+        new = pd.DataFrame([row])
+        if os.path.exists(OUT):  # one table: rewrite it when the columns changed since it was started
+            new = pd.concat([pd.read_csv(OUT), new], ignore_index=True)
+        new.to_csv(OUT, index=False)
         print(f"{name}: kld {row['kld_mean']:.3g} p99 {row['kld_p99']:.3g} dnll {row['delta_nll']:+.4f} "
               f"top1 {row['same_top1_pct']:.2f} div {fd} ({row['wall_s']:.0f} s)", flush=True)
         del cache
