@@ -125,8 +125,9 @@ class TieredMachine(KVMachine):
 
 def test_kv_manager_properties_with_host_tier(record_property):
     COUNTS.clear()
+    # derandomize: the same 50 examples every run, so the coverage floors below are a fixed check
     run_state_machine_as_test(TieredMachine, settings=settings(max_examples=50, stateful_step_count=50,
-                                                               deadline=None))
+                                                               derandomize=True, deadline=None))
     record_property("counts", dict(COUNTS))
     floors = {"allocate_slots": 400, "tier_out": 40, "tier_in": 10, "host_hit_blocks": 10, "swap_ins": 10}
     assert all(COUNTS[k] >= v for k, v in floors.items()), dict(COUNTS)
