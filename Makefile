@@ -68,6 +68,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py
 	$(BIN)/python benchmarks/kernels.py
 	$(BIN)/python benchmarks/viz.py
+	$(BIN)/python benchmarks/host_tier.py
+	$(BIN)/python benchmarks/swap.py
+	$(BIN)/python benchmarks/compaction.py
 
 clean:
 	rm -rf $(VENV) .cache reports

