@@ -223,10 +223,9 @@ def test_greedy_outputs_identical_sync_overlap_under_swap_pressure(tiny):
     assert sync == over == ref
     assert a.engine.runner.swap.bytes_out > 0 and b.engine.runner.swap.bytes_out == a.engine.runner.swap.bytes_out
     assert b.engine.runner.swap.num_prefetch_hits > 0  # the overlap run swapped some blocks in from prefetches
-    comp, c = _run(tiny, prompts, swap_mode="overlap", swap_compression="int4", **pressure)
-    sw = c.engine.runner.swap
+    _, c = _run(tiny, prompts, swap_mode="overlap", swap_compression="int4", **pressure)
+    sw = c.engine.runner.swap  # lossy: outputs may differ (paged.quant.swap_error measures by how much)
     assert sw.bytes_in > 0 and sw.host_block_bytes() < sw.device_block_bytes()
-    assert len(comp) == len(ref)  # lossy: outputs may differ; the error is measured in paged.sim/quant studies
 
 
 def test_overlap_with_host_tier_and_swap_preemption_is_lossless(tiny):
@@ -265,28 +264,5 @@ def test_engine_config_rejects_unknown_swap_settings(tiny):
     assert set(CODECS) == {"fp8", "int4"}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_overlap_streams_roundtrip_and_greedy_identical(tiny):
-    dev = [kernels.allocate_kv_cache(NB, BS, H, D, dtype=torch.float16, device="cuda") for _ in range(2)]
-    for layer in dev:
-        layer.k.normal_()
-        layer.v.normal_()
-    ref = [(layer.k.clone(), layer.v.clone()) for layer in dev]
-    host = [kernels.allocate_kv_cache(6, BS, H, D, dtype=torch.float16) for _ in dev]
-    sw = SwapExecutor.build(dev, 6, mode="overlap", host_layers=host)
-    assert sw.streams.kind == "cuda" and all(h.k.is_pinned() for h in sw.host_layers)
-    sw.swap_out([(7, 2), (3, 0)])
-    for layer in dev:  # the main stream reuses the blocks at once
-        layer.k[[7, 3]] = 0
-    sw.swap_in([(0, 10), (2, 11)])
-    sw.fence()
-    torch.cuda.synchronize()
-    for layer, (k, _) in zip(dev, ref):
-        assert torch.equal(layer.k[[10, 11]], k[[3, 7]])
-    g = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (21, 17, 25, 19, 23, 15)]
-    cuda_model = load_model(tiny.source, device="cuda", dtype=torch.float32)
-    pressure = dict(num_blocks=14, block_size=4, preemption_mode="swap", max_num_batched_tokens=24)
-    sync, _ = _run(cuda_model, prompts, **pressure)
-    over, llm = _run(cuda_model, prompts, swap_mode="overlap", **pressure)
-    assert sync == over and llm.engine.runner.swap.bytes_in > 0
+# The CUDA check of the overlap path (side streams, pinned host layers, greedy sync == overlap) is
+# benchmarks/gpu_checks.py: it needs a GPU, and the collected suite runs on CPU with no skips.
