@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paged.errors import ConfigError
 from paged.sim.cost_model import CostModel, StepShape, swap_bytes_ratio
 from paged.sim.simulator import SimConfig, build_cost_model
 from paged.sim.specs import get_model
@@ -42,8 +43,10 @@ def test_compression_shrinks_link_time_and_defaults_are_unchanged():
     assert swap_bytes_ratio("int4", 128, "int8") == 1.0  # an already quantized cache is not recompressed
     cfg = SimConfig(model="llama-2-70b", tensor_parallel=4)
     assert build_cost_model(cfg, get_model("llama-2-70b")).step_time(s) == pytest.approx(plain.step_time(s))
-    with pytest.raises(Exception, match="swap_compression"):
+    with pytest.raises(ConfigError, match="swap_compression"):
         _cm(swap_compression="int2")
+    with pytest.raises(ConfigError, match="swap_compression"):  # checked before the quantized-cache shortcut
+        swap_bytes_ratio("int2", 128, "int8")
 
 
 @pytest.mark.parametrize("codec", ["fp8", "int4"])

@@ -317,17 +317,14 @@ def swap_bytes_ratio(compression: str | None, head_dim: int, kv_format: str | KV
     quantized is not compressed again (the engine refuses it; here the ratio is 1)."""
     if compression is None:
         return 1.0
+    if compression not in ("fp8", "int4"):
+        raise ConfigError(f"swap_compression must be None, 'fp8' or 'int4', got {compression!r}")
     from kernels.format_table import bytes_per_token, int4_group, lookup
     fmt = lookup(kv_format.name if isinstance(kv_format, KVFormat) else kv_format)
     if fmt.quantized:
         return 1.0
     device = bytes_per_token(fmt, 1, head_dim) / 2  # per token-head, K or V
-    if compression == "fp8":
-        host = head_dim + 4 / block_size
-    elif compression == "int4":
-        host = head_dim / 2 + 4 * (head_dim // int4_group(head_dim))
-    else:
-        raise ConfigError(f"swap_compression must be None, 'fp8' or 'int4', got {compression!r}")
+    host = head_dim + 4 / block_size if compression == "fp8" else head_dim / 2 + 4 * (head_dim // int4_group(head_dim))
     return host / device
 
 
