@@ -101,10 +101,11 @@ def read_table(contexts: Sequence[int] = (256, 1024, 4096), block_sizes: Sequenc
             kc0, vc0 = lc.k.view(-1, h, d), lc.v.view(-1, h, d)
             memcpy = lambda: [(kc0[i * per:i * per + ctx].clone(), vc0[i * per:i * per + ctx].clone())  # noqa: E731
                               for i in range(batch)]
-            t, per = _times([slots(ls, ts), slots(lc, tc), decode(ls, ts), decode(lc, tc), memcpy], rounds)
+            t, rounds_ms = _times([slots(ls, ts), slots(lc, tc), decode(ls, ts), decode(lc, tc), memcpy], rounds)
             rows.append(dict(ctx=ctx, block=bs, batch=batch, slots_scat_ms=t[0], slots_contig_ms=t[1],
-                             slots_ratio=_ratio(per, 0, 1), decode_scat_ms=t[2], decode_contig_ms=t[3],
-                             decode_ratio=_ratio(per, 2, 3), memcpy_ms=t[4], slots_vs_memcpy=_ratio(per, 1, 4)))
+                             slots_ratio=_ratio(rounds_ms, 0, 1), decode_scat_ms=t[2], decode_contig_ms=t[3],
+                             decode_ratio=_ratio(rounds_ms, 2, 3), memcpy_ms=t[4],
+                             slots_vs_memcpy=_ratio(rounds_ms, 1, 4)))
     if gpu if gpu is not None else torch.cuda.is_available():
         rows += _triton_rows(contexts, block_sizes, q_heads, kv_heads, head_dim)
     return pd.DataFrame(rows)

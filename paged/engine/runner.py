@@ -111,7 +111,7 @@ class ModelRunner:
                                        host_layers=self.cpu_layers)
         self.cpu_layers = self.swap.host_layers
         owner = {id(c): i for i, c in enumerate(self.layers)}
-        self.swap_layer_of = [owner[id(c)] for c in getattr(self, "layer_caches", self.layers)]
+        self.swap_layer_of = [owner[id(c)] for c in self.layer_caches]
 
     def cache_bytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)

@@ -53,6 +53,14 @@ MODES = ("sync", "overlap")
 COMPRESSIONS = (None, "fp8", "int4")
 
 
+def check_swap_settings(mode: str, compression: str | None) -> None:
+    """ConfigError unless ``mode`` is one of MODES and ``compression`` one of COMPRESSIONS."""
+    if mode not in MODES:
+        raise ConfigError(f"swap_mode must be one of {MODES}, got {mode!r}")
+    if compression not in COMPRESSIONS:
+        raise ConfigError(f"swap_compression must be one of {COMPRESSIONS}, got {compression!r}")
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
@@ -83,10 +91,7 @@ class SwapExecutor:
     def __init__(self, device_layers: Sequence[kernels.KVCacheLayer], host_layers: Sequence[Any], *,
                  mode: str = "sync", compression: str | None = None, streams: Any = None,
                  prefetch_blocks: int = 64) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"swap_mode must be one of {MODES}, got {mode!r}")
-        if compression not in COMPRESSIONS:
-            raise ConfigError(f"swap_compression must be one of {COMPRESSIONS}, got {compression!r}")
+        check_swap_settings(mode, compression)
         self.device_layers, self.host_layers = list(device_layers), list(host_layers)
         self.mode, self.compression = mode, compression
         self.codec: Codec | None = CODECS[compression] if compression else None
@@ -114,10 +119,9 @@ class SwapExecutor:
               host_layers: Sequence[kernels.KVCacheLayer] | None = None) -> "SwapExecutor":
         """Allocate the host layers (pinned on CUDA in overlap mode) and the executor.
         ``host_layers``: already allocated uncompressed host layers to use (no compression)."""
+        check_swap_settings(mode, compression)  # before anything is allocated
         pin = mode == "overlap" and bool(device_layers) and device_layers[0].device.type == "cuda"
         if compression:
-            if compression not in CODECS:
-                raise ConfigError(f"swap_compression must be one of {COMPRESSIONS}, got {compression!r}")
             hosts = [CompressedHostLayer.allocate(CODECS[compression], num_host_blocks, layer, pin=pin)
                      for layer in device_layers] if num_host_blocks else []
         else:

@@ -74,7 +74,7 @@ def engine_tier_study(model: str | None = None, *, num_requests: int = 48, num_p
         wall = time.perf_counter() - t0
         st = telemetry.steps_frame(steps)
         first = outs if first is None else first
-        block_bytes = eng.runner.swap.device_block_bytes() if hasattr(eng.runner, "swap") else 0
+        block_bytes = eng.runner.swap.device_block_bytes()
         gen = sum(len(v) for v in outs.values())
         rows.append({"variant": name, "num_gpu_blocks": num_blocks, "num_cpu_blocks": eng.kv_manager.num_cpu_blocks,
                      **telemetry.tier_metrics(st, block_bytes),

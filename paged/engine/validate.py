@@ -13,6 +13,7 @@ import torch
 from paged.checks import need_flag, need_int, need_real
 from paged.errors import ConfigError
 from .kv_sharing import check_share_map
+from .swap import COMPRESSIONS as SWAP_COMPRESSIONS, MODES as SWAP_MODES
 
 # name -> (minimum, optional) for integer fields
 _INTS = {"block_size": (1, False), "num_blocks": (1, True), "kv_cache_memory": (1, True),
@@ -22,7 +23,7 @@ _FLAGS = ("enable_block_compaction", "compaction_drop_cached", "enable_prefix_ca
           "split_prefill_decode", "record_events",
           "enable_host_tier")
 _CHOICES = {"preemption_mode": ("recompute", "swap"), "policy": ("fcfs", "priority"),
-            "swap_mode": ("sync", "overlap"), "swap_compression": (None, "fp8", "int4")}
+            "swap_mode": SWAP_MODES, "swap_compression": SWAP_COMPRESSIONS}
 
 
 def check_engine_config(c: Any) -> None:
