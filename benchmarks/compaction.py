@@ -27,14 +27,7 @@ from paged.engine.compaction_bench import copy_table, engine_table, read_table, 
 
 
 def _print(df) -> None:
-    df = df.dropna(axis=1, how="all")
-    fmt = lambda v: (f"{v:.3g}" if isinstance(v, float) else str(v))  # noqa: E731
-    cells = [[fmt(v) for v in row] for row in df.itertuples(index=False)]
-    cols = list(df.columns)
-    widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
-    for x in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(x, widths)))
+    print(df.dropna(axis=1, how="all").to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
 def main(argv=None) -> None:

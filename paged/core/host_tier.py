@@ -74,9 +74,6 @@ class HostTier:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def lookup(self, block_hash: Hashable) -> HostBlock | None:
-        return self.entries.get(block_hash)
-
     @property
     def room(self) -> int:
         """CPU blocks a demotion or swap-out could get now (free + evictable entries)."""

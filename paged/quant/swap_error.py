@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from paged.errors import PagedError
+
 from .metrics import TokenStats, summarize, token_stats
 from .runs import load
 from .text import load_texts, make_chunks
@@ -71,7 +73,7 @@ def _lockstep(loaded, prompts, sp, comps, cfg, max_steps: int):
         outs = {c: e.engine.step() for c, e in engines.items()}
         sched = {c: [(x.request_id, x.start, x.num_tokens) for x in o.scheduled] for c, o in outs.items()}
         if any(v != sched[None] for v in sched.values()):
-            raise RuntimeError("compressed and uncompressed runs were scheduled differently; the comparison "
+            raise PagedError("compressed and uncompressed runs were scheduled differently; the comparison "
                                "needs identical schedules (ignore_eos, fixed lengths)")
         for c, o in outs.items():
             for f in o.finished:
@@ -130,7 +132,7 @@ def swap_error_study(model=None, compressions: Sequence[str] = ("fp8", "int4"), 
         exact = [o.outputs[0].token_ids for o in roomy.generate(prompts, SamplingParams(
             temperature=0.0, max_tokens=greedy_tokens, ignore_eos=True))]
         if [list(t) for t in exact] != toks[None]:
-            raise RuntimeError("the uncompressed swap run differs from a run without pressure: the transport "
+            raise PagedError("the uncompressed swap run differs from a run without pressure: the transport "
                                "is not lossless")
     mcfg = loaded.config
     fp16_block = mcfg.num_layers * 2 * block_size * mcfg.num_kv_heads * mcfg.head_dim * 2
