@@ -8,7 +8,6 @@ kiviq_g32/int4_g64+vrot (4.49) 2.1e-2, int4sym (q4_0-like) 0.13.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -99,15 +98,13 @@ def test_study_baseline_is_exact_and_formats_within_bounds(table):
 
 
 def test_study_ci_sized_run_time(smol):
-    """The CI-sized case runs in under a minute on one free CPU core (not checked on a box
-    busier than twice its core count: the time would measure the neighbours; 15 s measured)."""
-    t0 = time.perf_counter()
+    """The CI-sized case costs under a minute of CPU (this process's CPU time, all threads: what
+    neighbours on a busy box do not inflate, unlike wall time; 15 s measured)."""
+    t0 = time.process_time()
     df = study(smol, formats=["int8", "int4"], context_lengths=(256,), max_chunks=1, divergence_tokens=8,
                progress=False)
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     assert len(df) == 4 * 3
-    if os.getloadavg()[0] > 2 * (os.cpu_count() or 1):
-        pytest.skip(f"machine busy (load {os.getloadavg()[0]:.1f}); took {seconds:.0f} s")
     assert seconds < 60, seconds
 
 
