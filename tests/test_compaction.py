@@ -156,7 +156,8 @@ def test_shared_blocks_are_contiguous_for_their_first_holder():
     assert shadow.holds("c0", reqs[0].token_ids, reqs[0].num_computed_tokens)
 
 
-def test_dropping_cached_free_blocks_evicts_them():
+def _r0_beside_a_cached_free_block():
+    """r0 holds blocks [0, 2] (3 tokens, block size 2); r2's freed block 1 stays cached-free."""
     rec = Recorder()
     kv = KVCacheManager(5, 2, recorder=rec)
     shadow = ShadowKV(kv)
@@ -169,7 +170,12 @@ def test_dropping_cached_free_blocks_evicts_them():
     kv.allocate_slots(r0, 1)
     shadow.write("r0", r0.token_ids, 2, 1)
     r0.num_computed_tokens = 3
-    kv.free("r2")                                                # block 1 stays cached-free
+    kv.free("r2")
+    return kv, shadow, rec, r0
+
+
+def test_dropping_cached_free_blocks_evicts_them():
+    kv, shadow, rec, r0 = _r0_beside_a_cached_free_block()
     assert kv.block_table("r0") == [0, 2] and kv.num_cached_free_blocks == 1
     assert kv.compact(["r0"]) == [(0, 3), (2, 4)]                # keeps the cached block: moves both
     kv.check_invariants()
@@ -181,18 +187,7 @@ def test_dropping_cached_free_blocks_evicts_them():
 
 
 def test_drop_cached_takes_the_cached_window():
-    rec = Recorder()
-    kv = KVCacheManager(5, 2, recorder=rec)
-    shadow = ShadowKV(kv)
-    r0, r2 = Request("r0", [1, 2], max_tokens=3), Request("r2", [5, 6], max_tokens=3)
-    for r in (r0, r2):
-        kv.allocate_slots(r, 2)
-        shadow.write(r.request_id, r.token_ids, 0, 2)
-        r.num_computed_tokens = 2
-    r0.append_token(9)
-    kv.allocate_slots(r0, 1)
-    shadow.write("r0", r0.token_ids, 2, 1)
-    kv.free("r2")
+    kv, shadow, rec, r0 = _r0_beside_a_cached_free_block()
     mark = len(rec)
     copies = kv.compact(["r0"], drop_cached=True)
     assert copies == [(2, 1)] and kv.last_compaction.dropped_cached == [1]
