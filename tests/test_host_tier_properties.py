@@ -52,30 +52,15 @@ class TieredMachine(KVMachine):
                 eviction=st.sampled_from(["lru", "lfu", "score", "score:size_weight=1"]),
                 hash_fn=st.sampled_from(["builtin", colliding_hash]), seed=st.integers(0, 2**16))
     def setup(self, num_blocks, block_size, num_cpu_blocks, eviction, hash_fn, seed):
-        import random
         from hypothesis import assume
         assume(num_blocks * block_size >= 16)
-        self.kv = TieredKV(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks, eviction=eviction,
-                           host_eviction=eviction, hash_fn=hash_fn, max_model_len=num_blocks * block_size,
-                           host_tier=True)
-        self.shadow = self.kv.shadow = ShadowKV(self.kv)
-        self.rng = random.Random(seed)
-        self.on_gpu, self.swapped = {}, {}
-        self.history = [[1, 2, 3, 4, 5, 6, 7, 8] * 4]
-        self.counter = 0
-
-    @rule(length=st.integers(1, 40), reuse=st.booleans(), data=st.data())
-    def add(self, length, reuse, data):
-        """As the base rule; a hit in either tier holds K/V computed from exactly this prefix."""
-        if reuse:
-            base = self.rng.choice(self.history)
-            cut = data.draw(st.integers(0, len(base)))
-            tokens = base[:cut] + [self.rng.randrange(4) for _ in range(max(1, length - cut))]
-        else:
-            tokens = [self.rng.randrange(4) for _ in range(length)]
-        self._add(tokens, data)
+        self._start(TieredKV(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks, eviction=eviction,
+                             host_eviction=eviction, hash_fn=hash_fn, max_model_len=num_blocks * block_size,
+                             host_tier=True), seed)
+        self.kv.shadow = self.shadow
 
     def _add(self, tokens, data):
+        """As the base rule's; a hit in either tier holds K/V computed from exactly this prefix."""
         req = Request(self._new_id(), tokens[:self.kv.max_model_len], max_tokens=1)
         if req.num_tokens + 1 > self.kv.max_model_len:
             return

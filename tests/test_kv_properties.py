@@ -42,8 +42,12 @@ class KVMachine(RuleBasedStateMachine):
                 hash_fn=st.sampled_from(["sha256", "builtin", colliding_hash]), seed=st.integers(0, 2**16))
     def setup(self, num_blocks, block_size, num_cpu_blocks, eviction, hash_fn, seed):
         assume(num_blocks * block_size >= 16)  # otherwise almost nothing is admitted
-        self.kv = KVCacheManager(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks, eviction=eviction,
-                                 hash_fn=hash_fn, max_model_len=num_blocks * block_size)
+        self._start(KVCacheManager(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks, eviction=eviction,
+                                   hash_fn=hash_fn, max_model_len=num_blocks * block_size), seed)
+
+    def _start(self, kv: KVCacheManager, seed: int) -> None:
+        """The machine's state around a fresh manager ``kv`` (subclasses build their own)."""
+        self.kv = kv
         self.shadow = ShadowKV(self.kv)
         self.rng = random.Random(seed)
         self.on_gpu: dict[str, Request] = {}
@@ -94,6 +98,9 @@ class KVMachine(RuleBasedStateMachine):
             tokens = base[:cut] + [self.rng.randrange(4) for _ in range(max(1, length - cut))]
         else:
             tokens = [self.rng.randrange(4) for _ in range(length)]
+        self._add(tokens, data)
+
+    def _add(self, tokens: list[int], data) -> None:
         req = Request(self._new_id(), tokens[:self.kv.max_model_len], max_tokens=1)
         if req.num_tokens + 1 > self.kv.max_model_len:
             return
