@@ -11,11 +11,12 @@ import pytest
 from paged import KVCacheManager, NullRecorder, PagedError, Recorder, Request, Scheduler, SchedulerConfig
 
 
-def _drive(lane: bool, seed: int, block_size: int, recorder) -> list:
+def _drive(lane: bool, seed: int, block_size: int, recorder, host_tier: bool = False) -> list:
     """A workload with forks (shared blocks: copy-on-write), prefix hits, block boundaries and
-    preemption; returns one record per step of everything observable."""
+    preemption (and, with ``host_tier``, demotions the lane's allocations make); returns one
+    record per step of everything observable."""
     rng = random.Random(seed)
-    kv = KVCacheManager(-(-200 // block_size), block_size, num_cpu_blocks=8, recorder=recorder)
+    kv = KVCacheManager(-(-200 // block_size), block_size, num_cpu_blocks=8, recorder=recorder, host_tier=host_tier)
     if not lane:
         kv.append_decode_slots = None  # the scheduler falls back to allocate_slots for every request
     s = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=12,
@@ -41,7 +42,7 @@ def _drive(lane: bool, seed: int, block_size: int, recorder) -> list:
                       out.block_copies, out.swap_out, out.swap_in, out.preempted, out.freed_blocks,
                       out.finished_freed_blocks, {r: kv.block_table(r) for r in sorted(kv._tables)},
                       kv.pool.num_filled_slots, sorted(b.block_id for b in kv.pool.index.values()),
-                      kv.prefix_cache_hits))
+                      kv.prefix_cache_hits, out.tier_out, out.tier_in, kv.host_cache_hits))
     assert not s.has_unfinished_requests()
     return trace
 
@@ -50,6 +51,12 @@ def _drive(lane: bool, seed: int, block_size: int, recorder) -> list:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_decode_lane_equals_the_general_path(block_size, seed):
     assert _drive(True, seed, block_size, NullRecorder()) == _drive(False, seed, block_size, NullRecorder())
+
+
+def test_decode_lane_equals_the_general_path_with_the_host_tier():
+    lane, general = (_drive(on, 0, 4, NullRecorder(), host_tier=True) for on in (True, False))
+    assert lane == general
+    assert sum(len(step[-3]) for step in lane) > 0  # the workload did demote blocks to the tier
 
 
 def test_decode_lane_events_equal_the_general_path():
