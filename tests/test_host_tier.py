@@ -181,7 +181,7 @@ def test_make_policy_specs():
     p = make_policy("score:decay=0.95,size_weight=-1,freq_weight=2")
     assert isinstance(p, ScorePolicy) and (p.decay, p.size_weight, p.freq_weight) == (0.95, -1.0, 2.0)
     assert isinstance(make_policy("lru"), LRUPolicy)
-    for bad in ("score:decay", "score:nope=1", "score:decay=2", "mru"):
+    for bad in ("score:decay", "score:nope=1", "score:decay=2", "score:freq_weight=0", "mru"):
         with pytest.raises(ConfigError):
             make_policy(bad)
 

@@ -178,8 +178,9 @@ class ScorePolicy:
     def __init__(self, freq_weight: float = 1.0, decay: float = 0.999, size_weight: float = -0.5) -> None:
         if not 0.0 < decay < 1.0:
             raise ConfigError(f"decay must be in (0, 1), got {decay}; e.g. 0.999")
-        if not freq_weight >= 0 or math.isinf(freq_weight):
-            raise ConfigError(f"freq_weight must be a finite number >= 0, got {freq_weight}")
+        if not freq_weight > 0 or math.isinf(freq_weight):  # 0 would leave each depth's heap order meaningless
+            raise ConfigError(f"freq_weight must be a finite number > 0, got {freq_weight}; "
+                              "a larger size_weight weighs depth more")
         if math.isnan(size_weight) or math.isinf(size_weight):
             raise ConfigError(f"size_weight must be a finite number, got {size_weight}")
         self.freq_weight, self.decay, self.size_weight = float(freq_weight), float(decay), float(size_weight)
