@@ -77,6 +77,11 @@ def runs(dst: Sequence[int]) -> list[tuple[int, int, int]]:
     return out
 
 
+def _block_bytes(layers: Sequence[Any]) -> int:
+    """Bytes of one block summed over ``layers`` (every tensor of each layer's block)."""
+    return sum(sum(t[0].numel() * t.element_size() for t in layer.block_tensors()) for layer in layers)
+
+
 class SwapExecutor:
     """Moves blocks between ``device_layers`` and ``host_layers`` (one per model layer).
 
@@ -112,6 +117,7 @@ class SwapExecutor:
         self._prefetched: dict[int, tuple[list[list[torch.Tensor]], int]] = {}  # host block -> (bufs, row)
         self.num_prefetch_hits = 0
         self.bytes_out = self.bytes_in = 0         # host-side bytes moved (what crosses the link)
+        self._host_bytes = _block_bytes(self.host_layers)  # layers' shapes are fixed: once, not per swap
 
     @classmethod
     def build(cls, device_layers: Sequence[kernels.KVCacheLayer], num_host_blocks: int, *,
@@ -142,24 +148,19 @@ class SwapExecutor:
 
     def device_block_bytes(self) -> int:
         """Bytes of one block over all device layers (what an uncompressed swap moves)."""
-        return sum(sum(t[0].numel() * t.element_size() for t in layer.block_tensors())
-                   for layer in self.device_layers)
+        return _block_bytes(self.device_layers)
 
     def host_block_bytes(self) -> int:
         """Bytes of one block over all host layers (what a swap moves over the link)."""
-        if not self.host_layers:
-            return 0
-        return sum(sum(t[0].numel() * t.element_size() for t in h.block_tensors()) for h in self.host_layers)
+        return self._host_bytes
 
     # ---- moves -------------------------------------------------------------------------
     def swap_out(self, pairs) -> None:
         """Copy device blocks to host blocks: ``[(device_block, host_block), ...]``."""
-        m = normalize_block_mapping(pairs).cpu()
-        if m.shape[0] == 0:
+        m = self._mapping(pairs, self.device_layers, self.host_layers, "swap_out")
+        if m is None:
             return
-        self._check(m[:, 0], self.device_layers, "swap_out device")
-        self._check(m[:, 1], self.host_layers, "swap_out host")
-        self.bytes_out += m.shape[0] * self.host_block_bytes()
+        self.bytes_out += m.shape[0] * self._host_bytes
         if not self._scheduled:
             kernels.swap_blocks(self.device_layers, self.host_layers, m)
             return
@@ -187,12 +188,10 @@ class SwapExecutor:
     def swap_in(self, pairs) -> None:
         """Copy host blocks to device blocks: ``[(host_block, device_block), ...]``; the forward
         must call :meth:`wait_layer` (or :meth:`fence`) before reading them."""
-        m = normalize_block_mapping(pairs).cpu()
-        if m.shape[0] == 0:
+        m = self._mapping(pairs, self.host_layers, self.device_layers, "swap_in")
+        if m is None:
             return
-        self._check(m[:, 0], self.host_layers, "swap_in host")
-        self._check(m[:, 1], self.device_layers, "swap_in device")
-        self.bytes_in += m.shape[0] * self.host_block_bytes()
+        self.bytes_in += m.shape[0] * self._host_bytes
         if not self._scheduled:
             kernels.swap_blocks(self.host_layers, self.device_layers, m)
             return
@@ -304,6 +303,16 @@ class SwapExecutor:
         n = self.codec.num_parts
         layer.k.index_copy_(0, dev_idx, self.codec.decode(parts[:n], layer.k.dtype))
         layer.v.index_copy_(0, dev_idx, self.codec.decode(parts[n:], layer.v.dtype))
+
+    def _mapping(self, pairs, src: Sequence[Any], dst: Sequence[Any], what: str) -> torch.Tensor | None:
+        """``pairs`` as an (n, 2) CPU tensor checked against both sides' block counts; None if empty."""
+        m = normalize_block_mapping(pairs).cpu()
+        if m.shape[0] == 0:
+            return None
+        src_name, dst_name = ("device", "host") if src is self.device_layers else ("host", "device")
+        self._check(m[:, 0], src, f"{what} {src_name}")
+        self._check(m[:, 1], dst, f"{what} {dst_name}")
+        return m
 
     @staticmethod
     def _check(ids: torch.Tensor, layers: Sequence[Any], what: str) -> None:
