@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 export TRITON_CACHE_DIR := $(CURDIR)/.cache/triton
+export PAGED_NATIVE_DIR := $(CURDIR)/.cache/native
 export HF_HOME := $(CURDIR)/.cache/hf
 export IPYTHONDIR := $(CURDIR)/.cache/ipython
 export JUPYTER_CONFIG_DIR := $(CURDIR)/.cache/jupyter/config

@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--batch 16] [--prompt 128] [--rounds 6]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py --profile   # top ops of our step
+    ... --unpacked --torch-only   # also ours with plain F.linear / without kernels.native
 
 ``--batch`` prompts of ``--prompt`` random token ids each (seeded, equal length: no padding on
 either side). Ours: ``LLMEngine.step()`` after the prefill step (scheduling, batch building,
@@ -72,6 +73,19 @@ class Unpacked(Ours):
             packed.ENABLED = True
 
 
+class TorchOnly(Ours):
+    """Ours with the compiled CPU kernels off (``kernels.native.ENABLED = False``): decode rows
+    gather K/V and call SDPA, norms and SiLU are torch ops; measured in the same rounds."""
+
+    def steps(self, k: int) -> tuple[float, float]:
+        from kernels import native
+        native.ENABLED = False
+        try:
+            return super().steps(k)
+        finally:
+            native.ENABLED = True
+
+
 class HF:
     def __init__(self, hf, prompts: list[list[int]]) -> None:
         self.hf = hf
@@ -121,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="profile our decode steps and stop")
     ap.add_argument("--unpacked", action="store_true",
                     help="also run ours with plain F.linear (paged.models.packed.ENABLED = False)")
+    ap.add_argument("--torch-only", action="store_true",
+                    help="also run ours with the compiled CPU kernels off (kernels.native.ENABLED = False)")
     a = ap.parse_args(argv)
     g = torch.Generator().manual_seed(a.seed)
     prompts = torch.randint(100, 10000, (a.batch, a.prompt), generator=g).tolist()
@@ -130,8 +146,14 @@ def main(argv=None) -> int:
     if a.profile:
         profile(ours, a.steps)
         return 0
+    from kernels import native
     hf = HF(load_hf(), prompts)
-    systems = [ours, hf] + ([Unpacked(loaded, prompts, total + 8)] if a.unpacked else [])
+    variants = [("ours (LLMEngine.step)", ours)]
+    if a.unpacked:
+        variants.append(("ours, plain F.linear (packed off)", Unpacked(loaded, prompts, total + 8)))
+    if a.torch_only:
+        variants.append(("ours, torch ops only (native off)", TorchOnly(loaded, prompts, total + 8)))
+    systems = [hf] + [v for _, v in variants]
     for s in systems:
         s.steps(1)  # warm-up
     rows = []
@@ -141,19 +163,20 @@ def main(argv=None) -> int:
         rows.append([got[id(s)] for s in systems])
     ms = lambda xs: 1e3 * statistics.median(xs) / a.steps  # noqa: E731
     print(f"decode step, batch {a.batch}, context {a.prompt}..{a.prompt + total}, SmolLM2 fp32, "
-          f"torch threads {torch.get_num_threads()}, {a.rounds} interleaved rounds x {a.steps} steps")
+          f"torch threads {torch.get_num_threads()}, {a.rounds} interleaved rounds x {a.steps} steps; "
+          f"compiled CPU kernels: {'on' if native.available() else 'unavailable (' + native.unavailable_reason() + ')'}")
     print(f"{'system':<40} {'cpu ms/step':>11} {'wall ms/step':>12}")
-    names = ["ours (LLMEngine.step)", "transformers forward + argmax", "ours, plain F.linear (packed off)"]
-    for j, name in enumerate(names[:len(systems)]):
+    names = ["transformers forward + argmax"] + [n for n, _ in variants]
+    for j, name in enumerate(names):
         print(f"{name:<40} {ms([r[j][0] for r in rows]):11.1f} {ms([r[j][1] for r in rows]):12.1f}")
-    for j, name in [(0, "ours"), (2, "ours, packed off")][:len(systems) - 1]:
-        ratio = [r[j][0] / r[1][0] for r in rows]
-        wall = [r[j][1] / r[1][1] for r in rows]
+    for j, (name, _) in enumerate(variants, start=1):
+        ratio = [r[j][0] / r[0][0] for r in rows]
+        wall = [r[j][1] / r[0][1] for r in rows]
         print(f"{name} / transformers per step (cpu): median {statistics.median(ratio):.3f}, "
               f"range {min(ratio):.3f}-{max(ratio):.3f} over rounds; wall median {statistics.median(wall):.3f}")
     n = min(len(ours.tokens[0]), len(hf.tokens[0]))
-    for s, name in zip(systems[::2], ["ours", "ours, packed off"]):
-        same = sum(x == y for x, y in zip(s.tokens, hf.tokens))
+    for name, v in variants:
+        same = sum(x == y for x, y in zip(v.tokens, hf.tokens))
         print(f"same greedy tokens, {name} vs transformers: {same}/{a.batch} sequences over {n} tokens each")
     return 0
 

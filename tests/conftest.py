@@ -8,6 +8,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TRITON_CACHE_DIR", "/tmp/paged-triton-cache")
+os.environ.setdefault("PAGED_NATIVE_DIR", "/tmp/paged-native-cache")  # kernels/native's compiled library
 
 
 import pytest  # noqa: E402

@@ -15,7 +15,10 @@ everything that depends on the batch and not on the layer is built and checked o
   slots once per layer with a causal mask built once per step.
 
 Per layer, :meth:`TorchAttentionPlan.__call__` writes K and V with one ``index_copy_`` each,
-gathers only real positions (no whole-block over-read, no masked fill) and calls SDPA. The
+gathers only real positions (no whole-block over-read, no masked fill) and calls SDPA. On a
+float32 CPU cache the decode rows skip the gather and SDPA when the compiled kernel is there
+(:mod:`kernels.native`: reads the blocks in place; ``PAGED_NATIVE=0`` or
+``kernels.native.ENABLED = False`` keeps torch). The
 math is that of :mod:`kernels.reference` (float32 attention, output in the query's dtype);
 only the order of float additions over padding differs, so greedy outputs stay the same.
 Quantized formats keep the general kernels path (:class:`paged.engine.runner.PagedAttention`).
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from paged._kernels import kernels
+from kernels import native as native_kernel
 from kernels.reference import causal_attention
 from .batch import BatchMetadata
 
@@ -37,6 +41,11 @@ def supports(layers: Sequence[kernels.KVCacheLayer], backend: str) -> bool:
     """Whether the planned path applies: the torch backend on a plain (unquantized) cache."""
     return backend == "torch" and bool(layers) and not layers[0].kv_format.quantized \
         and not layers[0].kv_format.k_per_channel
+
+
+def native_uses(layer: kernels.KVCacheLayer) -> bool:
+    """Whether decode rows over ``layer`` go through the compiled CPU kernel (float32 on CPU, built)."""
+    return layer.device.type == "cpu" and layer.k.dtype == torch.float32 and native_kernel.available()
 
 
 class TorchAttentionPlan:
@@ -76,8 +85,12 @@ class TorchAttentionPlan:
         tables = meta.block_tables.to(device=dev, dtype=torch.long)
         self.dec_rows = None if self.all_decode else torch.tensor([qsl[i] for i in dec], dtype=torch.long,
                                                                  device=dev)
-        self.gather = self.mask = None
-        if dec:
+        self.gather = self.mask = self.native = None
+        if dec and native_uses(first):
+            rows = tables if self.all_decode else tables[torch.tensor(dec, device=dev)]
+            self.native = native_kernel.DecodePlan(rows, torch.tensor([lens[i] for i in dec]), first.num_blocks,
+                                                   bs, self.scale)
+        elif dec:
             dl = [lens[i] for i in dec]
             t = max(dl)
             pos = torch.arange(t, device=dev)
@@ -115,7 +128,7 @@ class TorchAttentionPlan:
         if self.all_decode:
             return self._decode(q, kc, vc)
         out = torch.empty_like(q)
-        if self.gather is not None:
+        if self.native is not None or self.gather is not None:
             out[self.dec_rows] = self._decode(q[self.dec_rows], kc, vc)
         for lo, hi, ctx_slots, mask in self.prefills:
             if ctx_slots is None:  # fresh prompt: its context is exactly the new K/V, as stored
@@ -126,6 +139,10 @@ class TorchAttentionPlan:
         return out
 
     def _decode(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            bs = self.layers[0].block_size
+            o = self.native(q.float(), kc.view(-1, bs, self.h, self.d), vc.view(-1, bs, self.h, self.d))
+            return o.to(q.dtype)
         s, t = self.num_dec, self.t
         kk = kc.index_select(0, self.gather).view(s, t, self.h, self.d).float()
         vv = vc.index_select(0, self.gather).view(s, t, self.h, self.d).float()

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paged._kernels import kernels  # noqa: F401  (checks it is the workbench's package)
+from kernels import native
 from .config import ModelConfig
 from . import packed
 from .packed import PackedLinear
@@ -36,7 +38,8 @@ class AttentionBackend(Protocol):
 
 
 class RMSNorm(nn.Module):
-    """``x / rms(x) * weight`` computed in float32, returned in the input dtype."""
+    """``x / rms(x) * weight`` computed in float32, returned in the input dtype (float32 CPU rows:
+    :func:`kernels.native.rms_norm` where built, else ``F.rms_norm``; equal up to float rounding)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -45,6 +48,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32 and x.device.type == "cpu":
+            if x.dim() == 2 and x.is_contiguous() and native.available():
+                return native.rms_norm(x, self.weight, self.eps)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op; same bits (CPU fp32)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -88,7 +93,10 @@ class MLP(nn.Module):
         self.down_proj = PackedLinear(self.inter, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        gu = self.gate_up_proj(x)
+        if gu.dtype == torch.float32 and gu.device.type == "cpu" and gu.dim() == 2 and native.available():
+            return self.down_proj(native.silu_mul(gu.contiguous()))  # one pass instead of silu, split, mul
+        gate, up = gu.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
