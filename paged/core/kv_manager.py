@@ -257,34 +257,34 @@ class KVCacheManager:
         allocation-latency event of ``allocate_slots`` is not emitted here."""
         bs, tables, pool, caching = self.block_size, self._tables, self.pool, self.enable_prefix_caching
         added = 0  # pool.num_filled_slots, added once at the end
-        while i < stop:
-            req = requests[i]
+        get = tables.get
+        for req in requests[i:stop]:  # the common case (room in the last block) first, in few bytecodes
             start = req.num_computed_tokens
-            if len(req.token_ids) - start != 1 or req.request_id not in tables:
+            if len(req.token_ids) - start != 1:
                 break
-            table = tables[req.request_id]
+            table = get(req.request_id)
             if not table:
                 break
             offset = start % bs
-            if not offset:  # the token opens a new block: take one if the pool has it
+            if offset:
+                block = table[start // bs]
+                if block.ref_cnt != 1:
+                    break
+                filled = block.num_filled
+                if offset >= filled:  # pool.fill(block, offset + 1), inlined
+                    added += offset + 1 - filled
+                    block.num_filled = offset + 1
+                if offset + 1 == bs and caching:
+                    self._index_full_blocks(req, table, start + 1)
+            else:  # the token opens a new block: take one if the pool has it
                 if len(table) != start // bs or pool.num_used >= pool.num_blocks or self._timed:
                     break  # general path: the table has the block, a full pool, or latency events
                 block = pool.allocate(1, req.request_id)[0]
                 table.append(block)
                 block.num_filled = 1
                 added += 1
-                if caching:
+                if bs == 1 and caching:  # one slot: the new block is also full (earlier ones are indexed)
                     self._index_full_blocks(req, table, start + 1)
-                i += 1
-                continue
-            block = table[start // bs]
-            if block.ref_cnt != 1:
-                break
-            if offset >= block.num_filled:  # pool.fill(block, offset + 1), inlined
-                added += offset + 1 - block.num_filled
-                block.num_filled = offset + 1
-            if offset + 1 == bs and caching:
-                self._index_full_blocks(req, table, start + 1)
             i += 1
         pool.num_filled_slots += added
         return i

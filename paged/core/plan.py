@@ -77,13 +77,33 @@ class SchedulerConfig:
         return cls(**kw)
 
 
-@dataclass(slots=True)
 class ScheduledChunk:
-    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached)."""
-    request: Request
-    start: int
-    num_tokens: int
-    samples: bool  # the chunk reaches the end of the known tokens: sample one
+    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached).
+
+    A plain ``__slots__`` class, not a dataclass: one is built per scheduled request per step, and
+    the generated dataclass ``__init__`` cost ~325 ns against ~205 ns for this one (CPython 3.11).
+    Compares by value, like the dataclass it replaces.
+    """
+
+    __slots__ = ("request", "start", "num_tokens", "samples")
+
+    def __init__(self, request: Request, start: int, num_tokens: int, samples: bool) -> None:
+        self.request = request
+        self.start = start
+        self.num_tokens = num_tokens
+        self.samples = samples  # the chunk reaches the end of the known tokens: sample one
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not ScheduledChunk:
+            return NotImplemented
+        return (self.request, self.start, self.num_tokens, self.samples) == \
+            (other.request, other.start, other.num_tokens, other.samples)
+
+    __hash__ = None  # mutable and compared by value
+
+    def __repr__(self) -> str:
+        return (f"ScheduledChunk(request={self.request!r}, start={self.start}, num_tokens={self.num_tokens}, "
+                f"samples={self.samples})")
 
     @property
     def request_id(self) -> str:
