@@ -123,3 +123,18 @@ def test_engine_greedy_outputs_equal_with_and_without_native(smollm2, monkeypatc
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
     lp = lambda outs: torch.tensor([next(iter(d.values())) for o in outs for d in o.logprobs])  # noqa: E731
     torch.testing.assert_close(lp(on), lp(off), atol=1e-4, rtol=0)
+
+
+def test_rope_is_bit_identical_to_the_torch_ops():
+    """Compiled without FMA contraction: each product and the sum round as torch's ops round them."""
+    g = torch.Generator().manual_seed(3)
+    t, h, d = 7, 5, 64
+    fused = torch.randn(t, h * d + 32, generator=g) * 10  # heads as a strided view of a wider row
+    x = fused[:, :h * d].view(t, h, d)
+    cos, sin = torch.randn(t, d, generator=g), torch.randn(t, d, generator=g)
+    ref = x * cos[:, None] + x.roll(d // 2, -1) * sin[:, None]
+    assert torch.equal(native.rope(x, cos, sin), ref)
+    with pytest.raises(ShapeError, match="cos must be"):
+        native.rope(x, cos[:3], sin)
+    with pytest.raises(ShapeError, match="x must be"):
+        native.rope(x.double(), cos, sin)

@@ -34,11 +34,13 @@ import torch
 
 from ..errors import BackendUnavailableError, ShapeError
 
-__all__ = ["available", "unavailable_reason", "DecodePlan", "rms_norm", "silu_mul"]
+__all__ = ["available", "unavailable_reason", "DecodePlan", "rms_norm", "silu_mul", "rope"]
 
-_SOURCES = [os.path.join(os.path.dirname(__file__), f) for f in ("paged_decode.c", "norm_act.c")]
-_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-ffast-math",
-          "-fopenmp"]  # fast-math: dot products and expf (libmvec) vectorize
+_HERE = os.path.dirname(__file__)
+_FLAGS = ["-O3", "-march=native", "-fPIC", "-fopenmp"]
+_FAST = ["-ffast-math"]  # reassociated sums and vectorized expf (libmvec)
+_EXACT = ["-ffp-contract=off"]  # torch's rounding: no fused multiply-adds
+_SOURCES = [("paged_decode.c", _FAST), ("norm_act.c", _FAST), ("rope.c", _EXACT)]
 ENABLED = os.environ.get("PAGED_NATIVE", "1") != "0"
 _reason = ""
 
@@ -62,21 +64,25 @@ def _cpu_key() -> str:
 
 
 def _build(cc: str) -> str:
-    src = b"".join(open(f, "rb").read() for f in _SOURCES)
+    src = b"".join(open(os.path.join(_HERE, f), "rb").read() + " ".join(x).encode() for f, x in _SOURCES)
     key = hashlib.sha256(src + " ".join([cc] + _FLAGS).encode() + _cpu_key().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
     lib = os.path.join(out_dir, f"paged_native_{key}.so")
     if os.path.exists(lib):
         return lib
     os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)  # built aside, renamed into place: atomic
-    os.close(fd)
+    tmp = tempfile.mkdtemp(dir=out_dir)  # built aside, renamed into place: atomic
     try:
-        subprocess.run([cc, *_FLAGS, *_SOURCES, "-o", tmp, "-lm"], check=True, capture_output=True, timeout=120)
-        os.replace(tmp, lib)
+        objs = []
+        for f, extra in _SOURCES:  # one object per file: each with its own float rules
+            objs.append(os.path.join(tmp, f + ".o"))
+            subprocess.run([cc, *_FLAGS, *extra, "-c", os.path.join(_HERE, f), "-o", objs[-1]], check=True,
+                           capture_output=True, timeout=120)
+        subprocess.run([cc, "-shared", "-fopenmp", *objs, "-o", os.path.join(tmp, "lib.so"), "-lm"], check=True,
+                       capture_output=True, timeout=120)
+        os.replace(os.path.join(tmp, "lib.so"), lib)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
     return lib
 
 
@@ -100,7 +106,8 @@ def _library() -> ctypes.CDLL | None:
     for name, args in (("paged_decode_f32", [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
                                              f32, ptr, ptr, ptr, i64, ptr, i64]),
                        ("rms_norm_f32", [ptr, ptr, f32, i64, i64, ptr]),
-                       ("silu_mul_f32", [ptr, i64, i64, ptr])):
+                       ("silu_mul_f32", [ptr, i64, i64, ptr]),
+                       ("rope_f32", [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr])):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
     return lib
@@ -208,4 +215,22 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     n = gate_up.shape[1] // 2
     out = torch.empty(gate_up.shape[0], n)
     _lib().silu_mul_f32(gate_up.data_ptr(), gate_up.shape[0], n, out.data_ptr())
+    return out
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """``x * cos + roll(x, d/2) * sin_signed`` for ``x`` float32 ``[T, heads, d]`` (any token and
+    head stride, unit stride in ``d``; e.g. q and k as a view of a fused projection) and tables
+    ``[T, d]``; bit-identical to those torch ops. Returns a contiguous ``[T, heads, d]``."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 3 or x.stride(2) != 1 or x.shape[2] % 2:
+        raise ShapeError(f"x must be float32 [T, heads, even d] on CPU with unit stride in d; got {x.dtype} "
+                         f"{tuple(x.shape)} strides {x.stride()}")
+    t, h, d = x.shape
+    for name, tab in (("cos", cos), ("sin_signed", sin_signed)):
+        if tab.dtype != torch.float32 or tab.shape != (t, d) or not tab.is_contiguous() or tab.device.type != "cpu":
+            raise ShapeError(f"{name} must be a contiguous float32 CPU tensor [{t}, {d}]; got {tab.dtype} "
+                             f"{tuple(tab.shape)}")
+    out = torch.empty(t, h, d)
+    _lib().rope_f32(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin_signed.data_ptr(), t, h, d,
+                    out.data_ptr())
     return out

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from paged._kernels import kernels  # noqa: F401  (checks it is the workbench's package)
+from kernels import native
 from .config import ModelConfig
 
 
@@ -82,8 +84,12 @@ class RotaryEmbedding(torch.nn.Module):
     def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Rotate ``x`` ``[T, heads, D]`` (q and k heads side by side in one call) by ``tables``:
         ``x * cos + rotate_half(x) * sin`` in float32 (bit-identical to :meth:`forward`: the roll
-        moves halves, the signed sin carries rotate_half's negation), returned in ``x``'s dtype."""
+        moves halves, the signed sin carries rotate_half's negation), returned in ``x``'s dtype.
+        Float32 on CPU: :func:`kernels.native.rope` where built (same bits, no intermediates)."""
         cos, sin = tables
+        if x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(-1) == 1 and native.available():
+            t, d = x.shape[0], x.shape[-1]
+            return native.rope(x, cos.reshape(t, d), sin.reshape(t, d))  # the same bits, one pass
         xf = x.float()
         out = xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin
         return out.to(x.dtype)
