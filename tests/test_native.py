@@ -138,3 +138,21 @@ def test_rope_is_bit_identical_to_the_torch_ops():
         native.rope(x, cos[:3], sin)
     with pytest.raises(ShapeError, match="x must be"):
         native.rope(x.double(), cos, sin)
+
+
+def test_a_compiler_without_march_native_or_openmp_still_builds(tmp_path, monkeypatch):
+    """The flag variants: a cc that rejects -march=native and -fopenmp (some clang builds) gets
+    the plain -O3 library, and its kernels still compute the reference."""
+    real = native.shutil.which("cc") or native.shutil.which("gcc")
+    picky = tmp_path / "picky-cc"
+    picky.write_text(f'#!/bin/sh\nfor a in "$@"; do case "$a" in -march=native|-fopenmp) exit 1;; esac; done\n'
+                     f'exec {real} "$@"\n')
+    picky.chmod(0o755)
+    monkeypatch.setenv("PAGED_NATIVE_DIR", str(tmp_path / "cache"))
+    lib = native.ctypes.CDLL(native._build(str(picky)))
+    x, w = torch.randn(3, 40), torch.randn(40)
+    out = torch.empty_like(x)
+    lib.rms_norm_f32.argtypes = [native.ctypes.c_void_p] * 2 + [native.ctypes.c_float, native.ctypes.c_int64,
+                                                                 native.ctypes.c_int64, native.ctypes.c_void_p]
+    lib.rms_norm_f32(x.data_ptr(), w.data_ptr(), 1e-5, 3, 40, out.data_ptr())
+    torch.testing.assert_close(out, w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)))

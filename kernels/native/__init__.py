@@ -1,12 +1,13 @@
 """Compiled CPU kernels: paged decode attention read straight from the block-layout cache, and
-the row-wise RMSNorm and SiLU-gate of a decoder layer.
+the row-wise RMSNorm, SiLU-gate and RoPE of a decoder layer.
 
 On CPU the torch path gathers every sequence's K/V into a padded copy per layer and calls SDPA
 (~0.6-1 ms per layer at batch 16, context ~150, for ~6 MFLOP of arithmetic). ``paged_decode.c``
 reads the blocks in place, one pass over a sequence's K slots and one over its V slots for all
 its query heads. torch's CPU ``rms_norm`` and ``silu`` cost 35-110 us on a [16, 576] decode
-batch (a few us of arithmetic); ``norm_act.c`` does each in one pass. Both files are compiled on
-first use with the machine's C compiler (``cc``, ``-O3 -march=native``) into one library in a
+batch (a few us of arithmetic); ``norm_act.c`` does each in one pass, ``rope.c`` rotates q and k
+with torch's exact rounding. The files are compiled on first use with the machine's C compiler
+(``cc``, ``-O3 -march=native -fopenmp``, falling back to fewer flags) into one library in a
 cache folder: ``$PAGED_NATIVE_DIR``, else ``$XDG_CACHE_HOME/paged-kv`` (``~/.cache/paged-kv``).
 Plain C called through :mod:`ctypes`: no torch headers, about a second to build.
 
@@ -37,7 +38,10 @@ from ..errors import BackendUnavailableError, ShapeError
 __all__ = ["available", "unavailable_reason", "DecodePlan", "rms_norm", "silu_mul", "rope"]
 
 _HERE = os.path.dirname(__file__)
-_FLAGS = ["-O3", "-march=native", "-fPIC", "-fopenmp"]
+_FLAGS = ["-O3", "-fPIC"]
+# tried in order: a compiler without -march=native (some clang builds) or OpenMP (Apple clang)
+# still builds the kernels (the OpenMP pragma is then ignored: one thread)
+_VARIANTS = [["-march=native", "-fopenmp"], ["-fopenmp"], []]
 _FAST = ["-ffast-math"]  # reassociated sums and vectorized expf (libmvec)
 _EXACT = ["-ffp-contract=off"]  # torch's rounding: no fused multiply-adds
 _SOURCES = [("paged_decode.c", _FAST), ("norm_act.c", _FAST), ("rope.c", _EXACT)]
@@ -64,22 +68,30 @@ def _cpu_key() -> str:
 
 
 def _build(cc: str) -> str:
+    """The library's path in the cache folder, compiled first if it is not there (raises
+    subprocess.CalledProcessError with the compiler's stderr when no flag variant builds)."""
     src = b"".join(open(os.path.join(_HERE, f), "rb").read() + " ".join(x).encode() for f, x in _SOURCES)
-    key = hashlib.sha256(src + " ".join([cc] + _FLAGS).encode() + _cpu_key().encode()).hexdigest()[:16]
+    flags = repr([cc, _FLAGS, _VARIANTS]).encode()
+    key = hashlib.sha256(src + flags + _cpu_key().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
     lib = os.path.join(out_dir, f"paged_native_{key}.so")
     if os.path.exists(lib):
         return lib
     os.makedirs(out_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=out_dir)  # built aside, renamed into place: atomic
+    run = lambda args: subprocess.run(args, check=True, capture_output=True, timeout=120)  # noqa: E731
     try:
-        objs = []
-        for f, extra in _SOURCES:  # one object per file: each with its own float rules
-            objs.append(os.path.join(tmp, f + ".o"))
-            subprocess.run([cc, *_FLAGS, *extra, "-c", os.path.join(_HERE, f), "-o", objs[-1]], check=True,
-                           capture_output=True, timeout=120)
-        subprocess.run([cc, "-shared", "-fopenmp", *objs, "-o", os.path.join(tmp, "lib.so"), "-lm"], check=True,
-                       capture_output=True, timeout=120)
+        for i, variant in enumerate(_VARIANTS):
+            try:
+                objs = []
+                for f, extra in _SOURCES:  # one object per file: each with its own float rules
+                    objs.append(os.path.join(tmp, f + ".o"))
+                    run([cc, *_FLAGS, *variant, *extra, "-c", os.path.join(_HERE, f), "-o", objs[-1]])
+                run([cc, "-shared", *variant, *objs, "-o", os.path.join(tmp, "lib.so"), "-lm"])
+                break
+            except subprocess.CalledProcessError:
+                if i == len(_VARIANTS) - 1:
+                    raise
         os.replace(os.path.join(tmp, "lib.so"), lib)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
