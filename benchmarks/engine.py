@@ -20,16 +20,18 @@ Output tok/s = requested output tokens / wall time. The ratio columns divide our
 baseline's. "same outputs" is the share of requests whose greedy tokens equal ours exactly
 (padding and batch shape can flip near-ties in float arithmetic; the first divergence is shown).
 
-Measured here (2 shared cores, OMP_NUM_THREADS=1, float32, 2026-12-01) on the anchor workload
-``--num-requests 32 --max-prompt 256 --max-output 128``: ours 42-47 CPU s; transformers static
-batch 16 1.97x ours in CPU time, its continuous batching 2.41x (wall 1.60x / 1.46x under heavy
-neighbours); outputs identical (100%). ``--ab 2``: packed linears vs plain F.linear 0.93. The "cpu" columns are the CPU seconds of all threads (transformers' continuous
-batching runs its own thread): trust them over wall time when other jobs share the cores.
+Measured here (2 shared cores, OMP_NUM_THREADS=1, float32) on the anchor workload
+``--num-requests 32 --max-prompt 256 --max-output 128``: README, Speed (the numbers move with
+the machine; this script prints them). ``--bf16`` adds ours in bfloat16 and where its greedy
+outputs leave the float32 ones. The "cpu" columns are the CPU seconds of all threads
+(transformers' continuous batching runs its own thread): trust them over wall time when other
+jobs share the cores.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -66,6 +68,42 @@ def run_ours(loaded, prompts, outs, block_size: int, budget: int):
     t = time.perf_counter()
     res = llm.generate(prompts, params)
     return time.perf_counter() - t, [r.outputs[0].token_ids for r in res]
+
+
+def top2_gaps(loaded, prompts, outs, block_size: int, budget: int) -> list[list[float]]:
+    """Per request and output position, our fp32 model's log-prob gap between its top two tokens
+    (how close greedy decoding was to a tie there)."""
+    llm = LLM(loaded, block_size=block_size, max_num_batched_tokens=budget, record_events=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True, logprobs=2) for o in outs]
+    gaps = []
+    for r in llm.generate(prompts, params):
+        top = [sorted(d.values(), reverse=True) for d in r.outputs[0].logprobs]
+        gaps.append([t[0] - t[1] for t in top])
+    return gaps
+
+
+def bf16_report(loaded, prompts, outs, ours, a, rows, cpu, t_ours) -> None:
+    """Ours with bfloat16 weights and KV: its speed, its share of greedy outputs equal to our
+    float32 ones, and how near a tie the float32 model was where they first differ."""
+    b16 = load_model(a.model, dtype=torch.bfloat16)
+    c0 = time.process_time()
+    t, got = run_ours(b16, prompts, outs, a.block_size, a.max_num_batched_tokens)
+    name = "ours, bfloat16 (vs ours fp32)"
+    cpu[name] = time.process_time() - c0
+    same, first = agreement(ours, got)
+    rows.append((name, t, t / t_ours, same, first))
+    print(f"  ours bf16 done in {t:.1f}s", flush=True)
+    gaps = top2_gaps(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
+    at_div = [g[next(k for k, (u, v) in enumerate(zip(x, y)) if u != v)]
+              for x, y, g in zip(ours, got, gaps) if x != y]
+    every = sorted(v for g in gaps for v in g)
+    if at_div:
+        below = sum(v <= max(at_div) for v in every) / len(every)
+        print(f"  bf16 vs fp32: {len(at_div)}/{len(ours)} requests differ; fp32 top-1 minus top-2 log-prob at each "
+              f"first difference: median {statistics.median(at_div):.3f}, max {max(at_div):.3f} (all positions: "
+              f"median {statistics.median(every):.3f}; {below:.1%} of positions are that close)", flush=True)
+    else:
+        print(f"  bf16 vs fp32: all {len(ours)} requests identical", flush=True)
 
 
 def run_static(hf, prompts, outs, batch: int, pad_id: int):
@@ -130,6 +168,8 @@ def main() -> None:
                     help="only ours: N alternating pairs with packed linears on/off, CPU seconds")
     ap.add_argument("--unpacked", action="store_true",
                     help="also run ours with plain F.linear (paged.models.packed.ENABLED = False)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also run ours in bfloat16: speed, outputs equal to fp32, fp32 top-2 gap where they differ")
     a = ap.parse_args()
     if a.quick:
         a.num_requests, a.max_prompt, a.max_output = 16, 128, 64
@@ -172,6 +212,8 @@ def main() -> None:
         same, first = agreement(ours, got)
         rows.append(("ours, plain F.linear (packed off)", t, t / t_ours, same, first))
         print(f"  ours unpacked done in {t:.1f}s", flush=True)
+    if a.bf16:
+        bf16_report(loaded, prompts, outs, ours, a, rows, cpu, t_ours)
     skip = set(filter(None, a.skip.split(",")))
     hf = load_hf(a.model) if skip != {"static", "continuous"} else None
     if "static" not in skip:
