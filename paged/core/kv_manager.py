@@ -258,7 +258,8 @@ class KVCacheManager:
         bs, tables, pool, caching = self.block_size, self._tables, self.pool, self.enable_prefix_caching
         added = 0  # pool.num_filled_slots, added once at the end
         get = tables.get
-        for req in requests[i:stop]:  # the common case (room in the last block) first, in few bytecodes
+        run = requests if i == 0 and stop == len(requests) else requests[i:stop]  # no copy in the usual case
+        for req in run:  # the common case (room in the last block) first, in few bytecodes
             start = req.num_computed_tokens
             if len(req.token_ids) - start != 1:
                 break

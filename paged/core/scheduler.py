@@ -205,7 +205,8 @@ class Scheduler:
             if lane is not None:  # a run of decodes into blocks they own: no copies, nobody preempted
                 j = lane(running, i, min(len(running), i + budget))
                 if j > i:
-                    scheduled.extend([chunk(r, r.num_computed_tokens, 1, True) for r in running[i:j]])
+                    run = running if i == 0 and j == len(running) else running[i:j]
+                    scheduled.extend([chunk(r, r.num_computed_tokens, 1, True) for r in run])
                     budget -= j - i
                     i = j
                     continue
