@@ -4,8 +4,8 @@ Small-batch float32 GEMMs (a decode step multiplies 1-64 rows by each weight) ar
 compute-bound on this kind of CPU, and MKL's ``sgemm`` on a row-major ``[out, in]`` weight
 reaches ~40% of the FMA peak at 16 rows. oneDNN's inner-product on a weight reordered once
 into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the op PyTorch's own
-CPU freezing pass uses) is faster: a SmolLM2 decode step at batch 16 costs 0.84x
-transformers' CPU time with it and 1.10x with plain ``F.linear`` in the same rounds
+CPU freezing pass uses) is faster: a SmolLM2 decode step at batch 16 costs 0.75x
+transformers' CPU time with it and 0.90x with plain ``F.linear`` in the same rounds
 (``benchmarks/engine_step.py --unpacked``; README, Speed), and its result for a row does not depend on how many rows share the call (batch-invariant,
 checked in ``tests/test_packed_linear.py``), which keeps greedy outputs independent of the
 batch composition. Results differ from ``F.linear`` only by float32 summation order
