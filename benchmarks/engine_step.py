@@ -60,30 +60,21 @@ class Ours:
         return c1 - c0, w1 - w0
 
 
-class Unpacked(Ours):
-    """Ours with ``paged.models.packed.ENABLED = False`` (plain ``F.linear``): the step before
-    the packed weights, measured in the same rounds."""
+class SwitchedOff(Ours):
+    """Ours with a process-wide ``ENABLED`` switch off during its own steps, measured in the same
+    rounds: ``paged.models.packed`` (plain ``F.linear``) or ``kernels.native`` (decode rows gather
+    K/V and call SDPA; norms, SiLU and RoPE are torch ops)."""
+
+    def __init__(self, module, *args) -> None:
+        self.module = module
+        super().__init__(*args)
 
     def steps(self, k: int) -> tuple[float, float]:
-        from paged.models import packed
-        packed.ENABLED = False
+        self.module.ENABLED = False
         try:
             return super().steps(k)
         finally:
-            packed.ENABLED = True
-
-
-class TorchOnly(Ours):
-    """Ours with the compiled CPU kernels off (``kernels.native.ENABLED = False``): decode rows
-    gather K/V and call SDPA, norms and SiLU are torch ops; measured in the same rounds."""
-
-    def steps(self, k: int) -> tuple[float, float]:
-        from kernels import native
-        native.ENABLED = False
-        try:
-            return super().steps(k)
-        finally:
-            native.ENABLED = True
+            self.module.ENABLED = True
 
 
 class HF:
@@ -150,9 +141,10 @@ def main(argv=None) -> int:
     hf = HF(load_hf(), prompts)
     variants = [("ours (LLMEngine.step)", ours)]
     if a.unpacked:
-        variants.append(("ours, plain F.linear (packed off)", Unpacked(loaded, prompts, total + 8)))
+        from paged.models import packed
+        variants.append(("ours, plain F.linear (packed off)", SwitchedOff(packed, loaded, prompts, total + 8)))
     if a.torch_only:
-        variants.append(("ours, torch ops only (native off)", TorchOnly(loaded, prompts, total + 8)))
+        variants.append(("ours, torch ops only (native off)", SwitchedOff(native, loaded, prompts, total + 8)))
     systems = [hf] + [v for _, v in variants]
     for s in systems:
         s.steps(1)  # warm-up
