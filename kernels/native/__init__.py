@@ -13,7 +13,8 @@ Plain C called through :mod:`ctypes`: no torch headers, about a second to build.
 
 Optional by design: without a compiler, on a build error, with ``PAGED_NATIVE=0`` in the
 environment or ``ENABLED = False`` (process-wide; benchmarks compare both paths), :func:`available`
-is False (:func:`unavailable_reason` says why) and callers keep the torch path. Only float32 CPU tensors.
+is False (:func:`unavailable_reason` says why) and callers keep the torch path. Only float32
+CPU tensors.
 
 Memory safety: C trusts its indices, so :class:`DecodePlan` checks them once per step (every
 table entry a sequence reads inside the cache, every length within its row's blocks) and each
@@ -197,7 +198,8 @@ class DecodePlan:
         _lib().paged_decode_f32(
             q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
             self.tables.data_ptr(), w, self.lens.data_ptr(), s, hq, hkv, d, self.block_size, self.scale,
-            self._scores.data_ptr(), self._norms.data_ptr(), self._offsets.data_ptr(), t, out.data_ptr(), torch.get_num_threads())
+            self._scores.data_ptr(), self._norms.data_ptr(), self._offsets.data_ptr(), t, out.data_ptr(),
+            torch.get_num_threads())
         return out
 
 
