@@ -29,6 +29,24 @@ def test_xxh3_chains_parent_and_extra_keys():
     assert h(b"a", (1, 2), ()) != h(b"b", (1, 2), ()) != h(b"b", (1, 2), ("salt",))
 
 
+@pytest.mark.parametrize("bs", [1, 3, 16])
+def test_xxh3_bulk_chain_equals_one_call_per_block(bs):
+    """BlockHasher.extend packs all new blocks at once for xxh3: the same digests as chaining
+    xxh3_128_hash block by block, also when it resumes after earlier hashes."""
+    import random
+    rng = random.Random(bs)
+    toks = [rng.randrange(0, 2**40) for _ in range(7 * bs + bs // 2)]  # 7 full blocks and a partial one
+    hasher = pc.BlockHasher(bs, "xxh3_128")
+    want, parent = [], hasher.seed(("salt",))
+    for i in range(7):
+        parent = pc.xxh3_128_hash(parent, tuple(toks[i * bs:(i + 1) * bs]), ())
+        want.append(parent)
+    got: list = []
+    hasher.extend(got, toks, ("salt",), 3 * bs + bs // 2)  # 3 blocks, then resume to 7
+    hasher.extend(got, toks, ("salt",), len(toks))
+    assert got == want
+
+
 def test_unknown_hash_is_a_config_error():
     with pytest.raises(ConfigError, match="xxh3_128"):
         KVCacheManager(4, 2, hash_fn="md5")

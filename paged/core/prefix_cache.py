@@ -102,7 +102,17 @@ class BlockHasher:
         """Append hashes for every full block within the first `num_tokens` tokens."""
         bs = self.block_size
         parent = hashes[-1] if hashes else self.seed(extra_keys)
-        for i in range(len(hashes), num_tokens // bs):
+        first, last = len(hashes), num_tokens // bs
+        if self.hash_fn is xxh3_128_hash:  # xxh3_128_hash inlined: the same digests, no tuple per block
+            p = _PACKERS.get(bs)
+            if p is None:
+                p = _PACKERS[bs] = struct.Struct(f"={bs}q")
+            pack, digest = p.pack, xxhash.xxh3_128_digest
+            for i in range(first, last):
+                parent = digest(parent + pack(*token_ids[i * bs:(i + 1) * bs]))
+                hashes.append(parent)
+            return
+        for i in range(first, last):
             parent = self.hash_fn(parent, tuple(token_ids[i * bs:(i + 1) * bs]), ())
             hashes.append(parent)
 
