@@ -156,3 +156,21 @@ def test_a_compiler_without_march_native_or_openmp_still_builds(tmp_path, monkey
                                                                  native.ctypes.c_int64, native.ctypes.c_void_p]
     lib.rms_norm_f32(x.data_ptr(), w.data_ptr(), 1e-5, 3, 40, out.data_ptr())
     torch.testing.assert_close(out, w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)))
+
+
+def test_decode_with_openmp_threads_equals_one_thread():
+    """Rows are split across OpenMP threads (torch.get_num_threads()); each row's arithmetic is the
+    same on any thread, so the result is bit-identical to one thread."""
+    g = torch.Generator().manual_seed(4)
+    lens = [17, 1, 40, 0, 33, 8, 25, 16]
+    layer, tables, seq_lens, q = _case(g, len(lens), 3, 9, 64, 16, lens)
+    plan = native.DecodePlan(tables, seq_lens, layer.num_blocks, 16, 0.125)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = plan(q, layer.k, layer.v)
+        torch.set_num_threads(2)
+        two = plan(q, layer.k, layer.v)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
