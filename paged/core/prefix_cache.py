@@ -36,12 +36,17 @@ HashFn = Callable[[Hashable, tuple[int, ...], tuple], Hashable]
 _PACKERS: dict[int, struct.Struct] = {}
 
 
+def _packer(n: int) -> struct.Struct:
+    """The cached packer of ``n`` token ids as native-order int64 (one per block length)."""
+    p = _PACKERS.get(n)
+    if p is None:
+        p = _PACKERS[n] = struct.Struct(f"={n}q")
+    return p
+
+
 def _token_bytes(token_ids: tuple[int, ...]) -> bytes:
     """Token ids as native-order int64 bytes (what ``array("q", ids).tobytes()`` gives, ~3x faster)."""
-    p = _PACKERS.get(len(token_ids))
-    if p is None:
-        p = _PACKERS[len(token_ids)] = struct.Struct(f"={len(token_ids)}q")
-    return p.pack(*token_ids)
+    return _packer(len(token_ids)).pack(*token_ids)
 
 
 def sha256_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple) -> bytes:
@@ -56,10 +61,7 @@ def sha256_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple)
 def xxh3_128_hash(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple) -> bytes:
     """Default: xxh3-128 (16-byte digest), stable across processes; fast, not collision
     resistant, which verified hits make harmless (see the module docstring)."""
-    p = _PACKERS.get(len(token_ids))  # _token_bytes, inlined: this runs once per full block
-    if p is None:
-        p = _PACKERS[len(token_ids)] = struct.Struct(f"={len(token_ids)}q")
-    data = (parent if isinstance(parent, bytes) else repr(parent).encode()) + p.pack(*token_ids)
+    data = (parent if isinstance(parent, bytes) else repr(parent).encode()) + _token_bytes(token_ids)
     if extra_keys:
         data += repr(extra_keys).encode()
     return xxhash.xxh3_128_digest(data)
@@ -104,10 +106,7 @@ class BlockHasher:
         parent = hashes[-1] if hashes else self.seed(extra_keys)
         first, last = len(hashes), num_tokens // bs
         if self.hash_fn is xxh3_128_hash:  # xxh3_128_hash inlined: the same digests, no tuple per block
-            p = _PACKERS.get(bs)
-            if p is None:
-                p = _PACKERS[bs] = struct.Struct(f"={bs}q")
-            pack, digest = p.pack, xxhash.xxh3_128_digest
+            pack, digest = _packer(bs).pack, xxhash.xxh3_128_digest
             for i in range(first, last):
                 parent = digest(parent + pack(*token_ids[i * bs:(i + 1) * bs]))
                 hashes.append(parent)

@@ -236,8 +236,8 @@ def engine_settings(name: "str | Scheme") -> dict:
     try:
         s = parse_scheme(name)
     except ConfigError:
-        if isinstance(name, str) and name.strip().lower() in ("auto", "kivi", "float16", "bfloat16", "float32",
-                                                              "half", "fp8", "e4m3", "e5m2"):
+        from kernels.format_table import ALIASES  # the engine's other spellings of its formats
+        if isinstance(name, str) and (name.strip().lower() == "auto" or name.strip().lower() in ALIASES):
             return {"kv_cache_dtype": name}
         raise
     kw = s.engine_kwargs
