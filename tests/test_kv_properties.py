@@ -236,7 +236,10 @@ class KVMachine(RuleBasedStateMachine):
 
 def test_kv_manager_properties(record_property):
     COUNTS.clear()
-    run_state_machine_as_test(KVMachine, settings=settings(max_examples=80, stateful_step_count=50, deadline=None))
+    # derandomize (as the host-tier machine): the same examples every run, so the floors below are a fixed
+    # check; randomized, about 1 run in 8 fell under a floor (e.g. 34 prefix-hit blocks)
+    run_state_machine_as_test(KVMachine, settings=settings(max_examples=80, stateful_step_count=50, deadline=None,
+                                                           derandomize=True, database=None))
     record_property("counts", dict(COUNTS))
     # the rare paths ran often enough to mean something; typical runs: 1,200-1,500 allocate_slots,
     # 85-155 CoW copies, 450-650 forks, 90-340 swap-ins, 180-380 prefix-hit blocks
