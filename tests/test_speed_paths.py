@@ -1,14 +1,18 @@
 """The scheduler's fast paths (issue 12) change nothing but speed: the decode lane
-(``KVCacheManager.append_decode_slots``) gives the same plans, tables, fills, prefix index and
-events as the general ``allocate_slots`` path, and ``update`` leaves every request as it was
-when the executor's tokens miss one."""
+(``KVCacheManager.append_decode_slots``, planned as ``DecodeRun``s) gives the same plans, counts,
+step shapes, tables, fills, prefix index and events as the general ``allocate_slots`` path, and
+``update`` leaves every request as it was when the executor's tokens miss one."""
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
+from paged.core.plan import DecodeRun
+from paged.sim.cost_model import plan_shape, step_shape
 from paged import KVCacheManager, NullRecorder, PagedError, Recorder, Request, Scheduler, SchedulerConfig
+from paged.core.plan import ScheduledChunk
 
 
 def _drive(lane: bool, seed: int, block_size: int, recorder, host_tier: bool = False) -> list:
@@ -24,13 +28,21 @@ def _drive(lane: bool, seed: int, block_size: int, recorder, host_tier: bool = F
     system = [rng.randrange(40) for _ in range(20)]
     reqs = [Request(f"r{i}", (system if i % 2 else []) + [rng.randrange(40) for _ in range(rng.randint(1, 30))],
                     max_tokens=rng.randint(1, 40)) for i in range(24)]
-    trace, forks = [], 0
+    trace, forks, lane_runs = [], 0, 0
     for step in range(2000):
         if reqs and step % 2 == 0:
             s.add_request(reqs.pop(0))
         if not s.has_unfinished_requests() and not reqs:
             break
         out = s.schedule()
+        runs = sum(w.__class__ is DecodeRun for w in out.work)
+        assert runs == 0 or lane
+        lane_runs += runs
+        a, b = plan_shape(out.work), step_shape(out.scheduled)
+        assert np.array_equal(a.q, b.q) and np.array_equal(a.ctx, b.ctx) and a.num_sampled == b.num_sampled
+        counts = (out.num_seqs, out.num_batched_tokens, out.num_decode_tokens, out.is_empty)
+        assert counts == (len(out.scheduled), sum(c.num_tokens for c in out.scheduled),
+                          sum(c.is_decode for c in out.scheduled), not out.scheduled)
         sampled = {c.request_id: rng.randrange(40) for c in out.scheduled if c.samples}
         s.update(out, sampled)
         running = [r for r in s.running if r.num_computed_tokens < r.num_tokens]
@@ -38,12 +50,13 @@ def _drive(lane: bool, seed: int, block_size: int, recorder, host_tier: bool = F
             forks += 1
             s.fork(running[0].request_id, f"f{forks}")
         kv.check_invariants()
-        trace.append(([(c.request_id, c.start, c.num_tokens, c.samples) for c in out.scheduled],
+        trace.append(([(c.request_id, c.start, c.num_tokens, c.samples) for c in out.scheduled], counts,
                       out.block_copies, out.swap_out, out.swap_in, out.preempted, out.freed_blocks,
                       out.finished_freed_blocks, {r: kv.block_table(r) for r in sorted(kv._tables)},
                       kv.pool.num_filled_slots, sorted(b.block_id for b in kv.pool.index.values()),
                       kv.prefix_cache_hits, out.tier_out, out.tier_in, kv.host_cache_hits))
     assert not s.has_unfinished_requests()
+    assert not lane or lane_runs > 0
     return trace
 
 
@@ -81,3 +94,16 @@ def test_update_with_a_missing_token_changes_nothing():
     assert [(r.request_id, r.num_computed_tokens, list(r.token_ids)) for r in s.running] == before
     s.update(out, {"r0": 1, "r1": 2, "r2": 3})  # and the step can still be completed
     assert [r.num_computed_tokens for r in s.running] == [n + 1 for _, n, _ in before]
+
+
+def test_a_lane_chunk_that_ends_a_prompt_counts_as_prefill():
+    s = Scheduler(KVCacheManager(16, 4), SchedulerConfig(max_num_batched_tokens=8))
+    s.add_request(Request("p", list(range(9)), max_tokens=2))
+    s.update(s.schedule(), {})  # tokens 0-7: no sample
+    out = s.schedule()  # the last prompt token, through the lane
+    assert [w.__class__ for w in out.work] == [DecodeRun] and out.work[0].starts == [8]
+    assert (out.num_decode_tokens, out.num_prefill_tokens, out.num_seqs) == (0, 1, 1)
+    s.update(out, {"p": 5})
+    out = s.schedule()  # the first output token: a decode
+    assert (out.num_decode_tokens, out.num_prefill_tokens) == (1, 0)
+    assert out.scheduled == [ScheduledChunk(s.running[0], 9, 1, True)]

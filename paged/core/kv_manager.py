@@ -247,17 +247,18 @@ class KVCacheManager:
         return dropped
 
     # ---- allocation ----------------------------------------------------------------
-    def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int) -> int:
+    def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int, starts: list[int]) -> int:
         """The scheduler's decode lane: for ``requests[i:stop]`` in order, while a request computes
         exactly its one last token, into a partly filled block it alone holds or into a new block
         the pool has free, do what ``allocate_slots(request, 1)`` does there (take the block,
-        record the fill, index the block it completes; it returns ``[]`` for each of them) and
-        go on. Returns the index of the first request not handled (``stop`` when all were): that
-        one needs the general path (copy-on-write, more tokens, a full pool: preemption). The
-        allocation-latency event of ``allocate_slots`` is not emitted here."""
+        record the fill, index the block it completes; it returns ``[]`` for each of them), append
+        the token's position to ``starts`` and go on. Returns the index of the first request not
+        handled (``stop`` when all were): that one needs the general path (copy-on-write, more
+        tokens, a full pool: preemption). The allocation-latency event of ``allocate_slots`` is
+        not emitted here."""
         bs, tables, pool, caching = self.block_size, self._tables, self.pool, self.enable_prefix_caching
         added = 0  # pool.num_filled_slots, added once at the end
-        get = tables.get
+        get, mark = tables.get, starts.append
         run = requests if i == 0 and stop == len(requests) else requests[i:stop]  # no copy in the usual case
         for req in run:  # the common case (room in the last block) first, in few bytecodes
             start = req.num_computed_tokens
@@ -286,6 +287,7 @@ class KVCacheManager:
                 added += 1
                 if bs == 1 and caching:  # one slot: the new block is also full (earlier ones are indexed)
                     self._index_full_blocks(req, table, start + 1)
+            mark(start)
             i += 1
         pool.num_filled_slots += added
         return i

@@ -13,7 +13,7 @@ from paged.errors import ConfigError
 from .kv_manager import BlockMapping
 from .request import Request
 
-__all__ = ["DEFAULT_TOKEN_BUDGET", "PoolCounts", "SchedulerConfig", "ScheduledChunk", "StepCounts",
+__all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "PoolCounts", "SchedulerConfig", "ScheduledChunk", "StepCounts",
            "SchedulerOutput"]
 
 DEFAULT_TOKEN_BUDGET = 2048
@@ -114,6 +114,37 @@ class ScheduledChunk:
         return self.num_tokens == 1 and self.samples and self.start >= self.request.num_prompt_tokens
 
 
+class DecodeRun:
+    """Consecutive running requests that each compute their one last token, as the scheduler's
+    decode lane planned them: the chunks ``ScheduledChunk(r, start, 1, True)`` for ``r, start`` in
+    ``zip(requests, starts)``, held as two lists instead of one object per request (a step plans
+    hundreds of them; executors that read plans in bulk, such as the simulator, iterate the lists).
+    ``starts`` are the positions at planning time (``update`` moves the requests on afterwards).
+    """
+
+    __slots__ = ("requests", "starts")
+
+    def __init__(self, requests: list[Request], starts: list[int]) -> None:
+        self.requests = requests
+        self.starts = starts
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def chunks(self) -> list[ScheduledChunk]:
+        return [ScheduledChunk(r, s, 1, True) for r, s in zip(self.requests, self.starts)]
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not DecodeRun:
+            return NotImplemented
+        return self.requests == other.requests and self.starts == other.starts
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"DecodeRun({len(self.requests)} requests: {[r.request_id for r in self.requests[:4]]}...)"
+
+
 class StepCounts:
     """Counts a step record derives from its lists (``scheduled`` chunks, ``preempted`` ids);
     shared by the plan and the engine's ``StepOutput``."""
@@ -154,8 +185,12 @@ class PoolCounts:
 
 @dataclass
 class SchedulerOutput(StepCounts, PoolCounts):
+    """One step's plan. ``work`` is what to compute, in batch order: ``ScheduledChunk``s and
+    ``DecodeRun``s (the decode lane's runs); ``scheduled`` is the same as one list of chunks,
+    built on first use (then kept: a plan is not changed once ``schedule`` returned it)."""
+
     step: int
-    scheduled: list[ScheduledChunk] = field(default_factory=list)
+    work: list[ScheduledChunk | DecodeRun] = field(default_factory=list)
     block_copies: BlockMapping = field(default_factory=list)
     # block compaction, applied FIRST (before swap_out): every other id of the plan is post-compaction
     compaction_copies: BlockMapping = field(default_factory=list)
@@ -172,6 +207,25 @@ class SchedulerOutput(StepCounts, PoolCounts):
     freed_blocks: list[int] = field(default_factory=list)
     # filled by `update`: blocks the step's finished (or mid-step aborted) sequences freed
     finished_freed_blocks: list[int] = field(default_factory=list)
+
+    _chunks: list[ScheduledChunk] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def scheduled(self) -> list[ScheduledChunk]:
+        """Every chunk of ``work`` in order (decode runs unrolled)."""
+        if self._chunks is None:
+            out: list[ScheduledChunk] = []
+            for w in self.work:
+                if w.__class__ is DecodeRun:
+                    out.extend(w.chunks())
+                else:
+                    out.append(w)
+            self._chunks = out
+        return self._chunks
+
+    @property
+    def num_seqs(self) -> int:
+        return sum(len(w.requests) if w.__class__ is DecodeRun else 1 for w in self.work)
 
     @property
     def num_block_copies(self) -> int:
@@ -199,11 +253,17 @@ class SchedulerOutput(StepCounts, PoolCounts):
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.scheduled)
+        return sum(len(w.requests) if w.__class__ is DecodeRun else w.num_tokens for w in self.work)
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for c in self.scheduled if c.is_decode)
+        n = 0
+        for w in self.work:
+            if w.__class__ is DecodeRun:  # a lane chunk is a decode unless it ends a prompt
+                n += sum(s >= r.num_prompt_tokens for r, s in zip(w.requests, w.starts))
+            elif w.is_decode:
+                n += 1
+        return n
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -211,4 +271,4 @@ class SchedulerOutput(StepCounts, PoolCounts):
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.work

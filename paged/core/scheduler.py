@@ -34,10 +34,10 @@ from typing import Callable, Iterator, Mapping, Sequence
 from . import events as ev
 from paged.errors import DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
 from .kv_manager import KVCacheManager
-from .plan import DEFAULT_TOKEN_BUDGET, ScheduledChunk, SchedulerConfig, SchedulerOutput, StepCounts
+from .plan import DEFAULT_TOKEN_BUDGET, DecodeRun, ScheduledChunk, SchedulerConfig, SchedulerOutput, StepCounts
 from .request import Request, RequestStatus
 
-__all__ = ["DEFAULT_TOKEN_BUDGET", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepCounts",
+__all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepCounts",
            "VictimPolicy", "lowest_priority_first", "newest_first"]
 
 VictimPolicy = Callable[[Sequence[Request], int], int]
@@ -197,16 +197,15 @@ class Scheduler:
         running = self.running
         if cfg.enable_block_compaction and self.step_index - self._compaction_checked >= cfg.compaction_interval:
             self._compact(out)
-        scheduled, chunked, allocate = out.scheduled, cfg.enable_chunked_prefill, kv.allocate_slots
+        work, chunked, allocate = out.work, cfg.enable_chunked_prefill, kv.allocate_slots
         lane = getattr(kv, "append_decode_slots", None)  # decode lane (the contiguous baselines lack it)
-        chunk = ScheduledChunk
         i = 0
         while i < len(running) and budget > 0:  # the hot loop: one pass per running request
             if lane is not None:  # a run of decodes into blocks they own: no copies, nobody preempted
-                j = lane(running, i, min(len(running), i + budget))
+                starts: list[int] = []
+                j = lane(running, i, min(len(running), i + budget), starts)
                 if j > i:
-                    run = running if i == 0 and j == len(running) else running[i:j]
-                    scheduled.extend([chunk(r, r.num_computed_tokens, 1, True) for r in run])
+                    work.append(DecodeRun(running[i:j], starts))
                     budget -= j - i
                     i = j
                     continue
@@ -229,7 +228,7 @@ class Scheduler:
                 continue
             if copies:
                 out.block_copies.extend(copies)
-            scheduled.append(ScheduledChunk(req, done, n, done + n == total))
+            work.append(ScheduledChunk(req, done, n, done + n == total))
             budget -= n
             i += 1
         if not out.preempted:
@@ -237,7 +236,7 @@ class Scheduler:
             if not self.swapped:
                 budget = self._admit_waiting(out, budget)
         if getattr(kv, "host", None) is not None:  # host tier: proactive demotion, then this plan's tier copies
-            if out.scheduled:
+            if out.work:
                 kv.demote_above_threshold()
             out.tier_out, out.tier_in, out.num_host_evicted_blocks = kv.take_tier_ops()
             out.num_host_cached_blocks, out.host_cache_hits = kv.num_host_cached_blocks, kv.host_cache_hits
@@ -278,7 +277,7 @@ class Scheduler:
             out.swap_in.extend(mapping)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.scheduled.append(ScheduledChunk(req, req.num_computed_tokens, n,
+            out.work.append(ScheduledChunk(req, req.num_computed_tokens, n,
                                                 req.num_computed_tokens + n == req.num_tokens))
             budget -= n
         return budget
@@ -304,7 +303,7 @@ class Scheduler:
             self.running.append(req)
             self.recorder.emit(ev.ADMIT, req.request_id, None, start)
             out.block_copies.extend(copies)
-            out.scheduled.append(ScheduledChunk(req, start, n, start + n == req.num_tokens))
+            out.work.append(ScheduledChunk(req, start, n, start + n == req.num_tokens))
             budget -= n
         return budget
 
@@ -337,28 +336,43 @@ class Scheduler:
         """Advance every scheduled request; append sampled tokens; free finished ones. A chunk
         with ``samples=True`` of a still-running request without a token in ``sampled`` raises
         PagedError with every request as it was before the call."""
-        running_status = RequestStatus.RUNNING
+        running_status, length_status = RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH
         done: list[tuple[Request, RequestStatus]] = []
-        chunk = None
+        req = None
         try:
-            for chunk in out.scheduled:
-                req = chunk.request
+            for w in out.work:
+                if w.__class__ is DecodeRun:  # one token each, every one samples
+                    for req in w.requests:
+                        if req.status is not running_status:  # aborted since scheduling
+                            continue
+                        token = sampled[req.request_id]  # KeyError: undone below
+                        if token.__class__ is not int:
+                            token = int(token)
+                        req.num_computed_tokens += 1
+                        tokens = req.token_ids  # Request.append_token, inlined (the same two finish rules)
+                        tokens.append(token)
+                        if token in req.stop_token_ids:
+                            done.append((req, RequestStatus.FINISHED_STOPPED))
+                        elif len(tokens) - req.num_prompt_tokens >= req.max_tokens:
+                            done.append((req, length_status))
+                    continue
+                req = w.request
                 if req.status is not running_status:  # aborted or preempted since scheduling
                     continue
-                if chunk.samples:
+                if w.samples:
                     token = int(sampled[req.request_id])  # KeyError: undone below
-                    req.num_computed_tokens += chunk.num_tokens
-                    tokens = req.token_ids  # Request.append_token, inlined (the same two finish rules)
+                    req.num_computed_tokens += w.num_tokens
+                    tokens = req.token_ids
                     tokens.append(token)
                     if token in req.stop_token_ids:
                         done.append((req, RequestStatus.FINISHED_STOPPED))
                     elif len(tokens) - req.num_prompt_tokens >= req.max_tokens:
-                        done.append((req, RequestStatus.FINISHED_LENGTH))
+                        done.append((req, length_status))
                 else:
-                    req.num_computed_tokens += chunk.num_tokens
+                    req.num_computed_tokens += w.num_tokens
         except KeyError:
-            self._undo_update(out.scheduled, chunk)
-            raise PagedError(f"executor returned no token for request {chunk.request_id!r}; "
+            self._undo_update(out.scheduled, req)
+            raise PagedError(f"executor returned no token for request {req.request_id!r}; "
                              "every chunk with samples=True needs one") from None
         if done:
             finished_ids = {id(r) for r, _ in done}
@@ -369,12 +383,12 @@ class Scheduler:
         return [r for r, _ in done]
 
     @staticmethod
-    def _undo_update(scheduled: Sequence[ScheduledChunk], failed: ScheduledChunk) -> None:
-        """Take back what ``update`` did to the chunks before ``failed`` (nothing finished yet)."""
+    def _undo_update(scheduled: Sequence[ScheduledChunk], failed: Request) -> None:
+        """Take back what ``update`` did to the chunks before the one of ``failed`` (nothing finished yet)."""
         for chunk in scheduled:
-            if chunk is failed:
-                return
             req = chunk.request
+            if req is failed:
+                return
             if req.status is RequestStatus.RUNNING:
                 req.num_computed_tokens -= chunk.num_tokens
                 if chunk.samples:

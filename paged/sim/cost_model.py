@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from paged.core.plan import DecodeRun
 from paged.sim.specs import GPUSpec, KVFormat, ModelSpec, get_gpu, get_model
 from paged.errors import ConfigError
 
@@ -355,6 +356,28 @@ def step_shape(chunks: Sequence[Any], num_swapped_blocks: int = 0, num_copied_bl
                      num_copied_blocks * block_bytes)
 
 
+def plan_shape(work: Sequence[Any], num_swapped_blocks: int = 0, num_copied_blocks: int = 0,
+               block_bytes: float = 0.0) -> StepShape:
+    """``step_shape`` of a scheduler plan's ``work`` (chunks and ``DecodeRun``s, in order) without
+    unrolling the decode runs: the simulator's hot path. The same shape as
+    ``step_shape(plan.scheduled, ...)``."""
+    q: list[float] = []
+    ctx: list[int] = []
+    sampled = 0
+    for w in work:
+        if w.__class__ is DecodeRun:
+            n = len(w.starts)
+            q += [1.0] * n
+            ctx += w.starts
+            sampled += n
+        else:
+            q.append(w.num_tokens)
+            ctx.append(w.start)
+            sampled += w.samples
+    return StepShape(np.array(q, dtype=np.float64), np.array(ctx, dtype=np.float64), sampled,
+                     num_swapped_blocks * block_bytes, num_copied_blocks * block_bytes)
+
+
 def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
                       time_field: str = "total_ms") -> tuple[list[StepShape], np.ndarray]:
     """Engine step records -> (``StepShape`` list, seconds) for ``CostModel.fit``.
@@ -437,4 +460,4 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency", "swap_bytes_ratio",
-           "step_shape", "shapes_from_steps", "calibration_frame", "read_calibration", "shapes_from_frame"]
+           "step_shape", "plan_shape", "shapes_from_steps", "calibration_frame", "read_calibration", "shapes_from_frame"]

@@ -31,10 +31,11 @@ from paged.checks import is_int
 from paged.core.events import Event, NullRecorder, Recorder
 from paged.core.kv_manager import KVCacheManager
 from paged.core.request import Request
+from paged.core.plan import DecodeRun
 from paged.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from paged.errors import ConfigError, InvalidRequestError, PagedError
 from paged.sim.baselines import ContiguousKVCacheManager
-from paged.sim.cost_model import CostModel, step_shape, swap_bytes_ratio
+from paged.sim.cost_model import CostModel, plan_shape, swap_bytes_ratio
 from paged.sim.specs import GiB, ModelSpec, get_gpu, get_model, kv_cache_sizing
 from paged.sim.summary import summarize
 from paged.sim.workload import normalize_trace
@@ -149,6 +150,14 @@ class _ReqStat:
         self.finish: float | None = None
         self.num_preemptions = 0
         self.num_cached_tokens = 0
+
+
+class _DummyTokens(dict):
+    """The executor's sampled tokens: ``DUMMY_TOKEN`` for every request id (kept once asked)."""
+
+    def __missing__(self, request_id: str) -> int:
+        self[request_id] = DUMMY_TOKEN
+        return DUMMY_TOKEN
 
 
 class _Tokens:
@@ -277,6 +286,7 @@ class Simulator:
         step_time = cost.step_time
         tbt_append = self._tbt.append
         step_row = telemetry.step_row
+        sampled = _DummyTokens()
 
         wall0 = time.perf_counter()
         clock, nxt, done, n_steps = 0.0, 0, 0, 0
@@ -303,8 +313,8 @@ class Simulator:
                 continue
             mark = len(recorder)
             plan = sched.schedule()
-            chunks = plan.scheduled
-            if not chunks:
+            work = plan.work
+            if not work:
                 if plan.preempted or plan.swap_out:
                     continue
                 if nxt < n:
@@ -313,30 +323,36 @@ class Simulator:
                 raise SimulationStuck(
                     f"step {plan.step}: {plan.num_waiting} waiting, {plan.num_swapped} swapped requests cannot be "
                     f"scheduled and no arrival is pending; lower the watermark or give the cache more blocks")
-            sampling: list[_ReqStat] = []
-            sampled: dict[str, int] = {}
-            num_decode = 0
-            for c in chunks:
-                r = c.request
-                d = r.data
-                if d.first_scheduled is None:
-                    d.first_scheduled = clock
-                if c.samples:
-                    sampled[r.request_id] = DUMMY_TOKEN
-                    sampling.append(d)
-                    if c.is_decode:
-                        num_decode += 1
             moved = len(plan.swap_out) + len(plan.swap_in) + len(plan.tier_out) + len(plan.tier_in)  # over PCIe
-            shape = step_shape(chunks, moved, len(plan.block_copies) + len(plan.compaction_copies), block_bytes)
+            shape = plan_shape(work, moved, len(plan.block_copies) + len(plan.compaction_copies), block_bytes)
             dt = step_time(shape)
             t_end = clock + dt
-            for d in sampling:
-                last = d.last_token
-                if last is None:
-                    d.first_token = t_end
-                else:
-                    tbt_append(t_end - last)
-                d.last_token = t_end
+            num_decode = 0
+            for w in work:  # time stamps of every request the step samples for, in batch order
+                if w.__class__ is DecodeRun:  # admitted in an earlier step: first_scheduled is set
+                    for r, start in zip(w.requests, w.starts):
+                        d = r.data
+                        last = d.last_token
+                        if last is None:
+                            d.first_token = t_end
+                        else:
+                            tbt_append(t_end - last)
+                        d.last_token = t_end
+                        if start >= r.num_prompt_tokens:  # not the last token of a prompt
+                            num_decode += 1
+                    continue
+                d = w.request.data
+                if d.first_scheduled is None:
+                    d.first_scheduled = clock
+                if w.samples:
+                    last = d.last_token
+                    if last is None:
+                        d.first_token = t_end
+                    else:
+                        tbt_append(t_end - last)
+                    d.last_token = t_end
+                    if w.is_decode:
+                        num_decode += 1
             finished = sched.update(plan, sampled)
             num_tokens = shape.num_tokens
             row = step_row(plan, time_s=clock, step_time_s=dt, num_batched_tokens=num_tokens,
