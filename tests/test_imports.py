@@ -116,3 +116,19 @@ def test_core_imports_no_torch_pandas_or_plotly():
     assert r.returncode == 0, r.stderr
     loaded = set(filter(None, r.stdout.strip().split(",")))
     assert not loaded & {"torch", "pandas", "plotly"}, f"import paged.core loaded {sorted(loaded)}"
+
+
+def test_only_paged_viz_imports_plotly_or_ipywidgets():
+    """The layout rule: figures and widgets live in ``paged/viz/`` (lazy imports inside functions too)."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "paged").rglob("*.py")):
+        if (ROOT / "paged" / "viz") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                          if n.split(".")[0] in ("plotly", "ipywidgets", "anywidget")]
+    assert not offenders, f"plotly/ipywidgets imported outside paged/viz: {offenders}"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paged.quant import figures
+from paged.viz import quant as figures
 from paged.quant.report import markdown_table
 
 

@@ -4,7 +4,7 @@
 (one row per context length, text source and format; see :mod:`paged.quant.study`);
 :func:`perplexity` scores texts through the serving engine (``paged.LLM``) with prompt
 log-probabilities; :mod:`paged.quant.diagnostics` has per-layer errors, one-layer sensitivity and
-key outliers; :mod:`paged.quant.figures` their plotly figures. Formats are named by
+key outliers; their plotly figures are in :mod:`paged.viz.quant`. Formats are named by
 :func:`parse_scheme` (``"int8"``, ``"int8/int4"``, ``"int4_g64+rot"``, ``"int4_kivi"``, ...);
 :func:`engine_settings` gives the ``paged.LLM`` settings of the ones the engine serves.
 """

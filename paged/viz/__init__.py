@@ -42,6 +42,10 @@ Three layers (each usable alone):
    Clicking a block in the grid highlights its request's table and shows its tokens.
    Without ipywidgets/anywidget, `Dashboard` shows static figures and says so.
 
+Study figures beside the three layers: `paged.viz.quant` (the KV-quantization study: pareto,
+error_vs_context, survival_curves, layer_heatmap, key_outlier_heatmap, live_side_by_side) and one
+module per ablation (budget, compaction, fragmentation, preemption, prefix, tiers).
+
 Replay (`paged.replay`): `save(run, path)`, `load(path)` -> `Recording` (same `rows`, `events`,
 `snapshot(i)` as a run, deterministic), `to_chrome_trace(run_or_recording, path)` for ui.perfetto.dev.
 """

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .metrics import survival
+from paged.quant.metrics import survival
 
 __all__ = ["pareto", "error_vs_context", "survival_curves", "layer_heatmap", "key_outlier_heatmap",
            "side_by_side", "render", "live_side_by_side"]
@@ -100,9 +100,9 @@ def side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), max_tok
     is called after every step with the texts so far (for a live view, see :func:`render`)."""
     from paged.engine.llm import LLM
     from paged.engine.sampling import SamplingParams
-    from .runs import load
+    from paged.quant.runs import load
     lm = load(model)
-    from .schemes import engine_settings
+    from paged.quant.schemes import engine_settings
     settings = [{"block_size": 16, **engine_settings(f)} for f in formats]  # study-only names fail here
     engines = [LLM(lm, num_blocks=64, **kw).engine for kw in settings]
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -141,7 +141,7 @@ def live_side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), ma
                       model=None) -> pd.DataFrame:
     """:func:`side_by_side` with a notebook view updated after every engine step."""
     from IPython.display import HTML, display
-    from .runs import load
+    from paged.quant.runs import load
     lm = load(model)
     handle = display(HTML("<i>starting the engines...</i>"), display_id=True)
 
