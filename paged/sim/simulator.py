@@ -152,14 +152,6 @@ class _ReqStat:
         self.num_cached_tokens = 0
 
 
-class _DummyTokens(dict):
-    """The executor's sampled tokens: ``DUMMY_TOKEN`` for every request id (kept once asked)."""
-
-    def __missing__(self, request_id: str) -> int:
-        self[request_id] = DUMMY_TOKEN
-        return DUMMY_TOKEN
-
-
 class _Tokens:
     """Seeded synthetic prompt token ids; shared prefixes are identical across requests."""
 
@@ -286,7 +278,7 @@ class Simulator:
         step_time = cost.step_time
         tbt_append = self._tbt.append
         step_row = telemetry.step_row
-        sampled = _DummyTokens()
+        sampled: dict[str, int] = {}  # the executor's tokens: DUMMY_TOKEN for every request ever added
 
         wall0 = time.perf_counter()
         clock, nxt, done, n_steps = 0.0, 0, 0, 0
@@ -304,6 +296,7 @@ class Simulator:
                               data=stats[nxt])
                 try:
                     sched.add_request(req)
+                    sampled[req.request_id] = DUMMY_TOKEN
                 except InvalidRequestError as exc:
                     rejected.append((nxt, str(exc)))
                 nxt += 1
