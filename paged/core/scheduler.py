@@ -37,8 +37,8 @@ from .kv_manager import KVCacheManager
 from .plan import DEFAULT_TOKEN_BUDGET, DecodeRun, ScheduledChunk, SchedulerConfig, SchedulerOutput, StepCounts
 from .request import Request, RequestStatus
 
-__all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepCounts",
-           "VictimPolicy", "lowest_priority_first", "newest_first"]
+__all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput",
+           "StepCounts", "VictimPolicy", "lowest_priority_first", "newest_first"]
 
 VictimPolicy = Callable[[Sequence[Request], int], int]
 """Chooses a preemption victim: an index j >= start into the running list."""
@@ -278,7 +278,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.work.append(ScheduledChunk(req, req.num_computed_tokens, n,
-                                                req.num_computed_tokens + n == req.num_tokens))
+                                           req.num_computed_tokens + n == req.num_tokens))
             budget -= n
         return budget
 

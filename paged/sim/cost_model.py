@@ -460,4 +460,5 @@ def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency", "swap_bytes_ratio",
-           "step_shape", "plan_shape", "shapes_from_steps", "calibration_frame", "read_calibration", "shapes_from_frame"]
+           "step_shape", "plan_shape", "shapes_from_steps", "calibration_frame", "read_calibration",
+           "shapes_from_frame"]

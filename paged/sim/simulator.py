@@ -30,8 +30,8 @@ from paged import telemetry
 from paged.checks import is_int
 from paged.core.events import Event, NullRecorder, Recorder
 from paged.core.kv_manager import KVCacheManager
-from paged.core.request import Request
 from paged.core.plan import DecodeRun
+from paged.core.request import Request
 from paged.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from paged.errors import ConfigError, InvalidRequestError, PagedError
 from paged.sim.baselines import ContiguousKVCacheManager
