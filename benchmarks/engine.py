@@ -30,6 +30,7 @@ jobs share the cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -60,6 +61,17 @@ def load_hf(model: str):
         return transformers.AutoModelForCausalLM.from_pretrained(
             os.path.dirname(p), gguf_file=os.path.basename(p), dtype=torch.float32).eval()
     return transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+
+@contextlib.contextmanager
+def packed_linears(on: bool):
+    """``paged.models.packed.ENABLED = on`` for the block (process-wide), restored after it."""
+    from paged.models import packed
+    before, packed.ENABLED = packed.ENABLED, on
+    try:
+        yield
+    finally:
+        packed.ENABLED = before
 
 
 def run_ours(loaded, prompts, outs, block_size: int, budget: int):
@@ -189,26 +201,22 @@ def main() -> None:
     rows.append(("ours (paged engine)", t_ours, 1.0, 1.0, -1))
     print(f"  ours done in {t_ours:.1f}s", flush=True)
     if a.ab:  # ours with packed linears vs plain F.linear, alternating, then stop
-        from paged.models import packed
         got = {True: [], False: []}
         for r in range(2 * a.ab):
             on = (r % 2 == 0) == (r // 2 % 2 == 0)
-            packed.ENABLED = on
-            c0 = time.process_time()
-            run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
-            got[on].append(time.process_time() - c0)
-        packed.ENABLED = True
+            with packed_linears(on):
+                c0 = time.process_time()
+                run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
+                got[on].append(time.process_time() - c0)
         print("CPU s, packed:", " ".join(f"{x:.1f}" for x in got[True]),
               "| plain F.linear:", " ".join(f"{x:.1f}" for x in got[False]),
               f"| ratio of sums {sum(got[True]) / sum(got[False]):.3f}")
         return
     if a.unpacked:  # the engine before the packed linears, in the same run
-        from paged.models import packed
-        packed.ENABLED = False
-        c0 = time.process_time()
-        t, got = run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
-        cpu["ours, plain F.linear (packed off)"] = time.process_time() - c0
-        packed.ENABLED = True
+        with packed_linears(False):
+            c0 = time.process_time()
+            t, got = run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
+            cpu["ours, plain F.linear (packed off)"] = time.process_time() - c0
         same, first = agreement(ours, got)
         rows.append(("ours, plain F.linear (packed off)", t, t / t_ours, same, first))
         print(f"  ours unpacked done in {t:.1f}s", flush=True)

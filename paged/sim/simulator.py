@@ -323,28 +323,23 @@ class Simulator:
             num_decode = 0
             for w in work:  # time stamps of every request the step samples for, in batch order
                 if w.__class__ is DecodeRun:  # admitted in an earlier step: first_scheduled is set
-                    for r, start in zip(w.requests, w.starts):
-                        d = r.data
-                        last = d.last_token
-                        if last is None:
-                            d.first_token = t_end
-                        else:
-                            tbt_append(t_end - last)
-                        d.last_token = t_end
-                        if start >= r.num_prompt_tokens:  # not the last token of a prompt
-                            num_decode += 1
-                    continue
-                d = w.request.data
-                if d.first_scheduled is None:
-                    d.first_scheduled = clock
-                if w.samples:
+                    reqs, starts = w.requests, w.starts
+                else:
+                    d = w.request.data
+                    if d.first_scheduled is None:
+                        d.first_scheduled = clock
+                    if not w.samples:
+                        continue
+                    reqs, starts = (w.request,), (w.start if w.is_decode else -1,)  # -1: not counted as decode
+                for r, start in zip(reqs, starts):
+                    d = r.data
                     last = d.last_token
                     if last is None:
                         d.first_token = t_end
                     else:
                         tbt_append(t_end - last)
                     d.last_token = t_end
-                    if w.is_decode:
+                    if start >= r.num_prompt_tokens:  # a decode, not the last token of a prompt
                         num_decode += 1
             finished = sched.update(plan, sampled)
             num_tokens = shape.num_tokens
