@@ -1,0 +1,107 @@
+"""Ablation of KV-quantization techniques on SmolLM2 (the lab formats of paged.quant.lab).
+
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/quant_ablation.py JOB [--protocol screen]
+        [--decompose] [--csv reports/quant_ablation_JOB.csv]
+
+Each job is a list of lab specs, scored with llama-perplexity's KL protocol (ctx 512 or 2048,
+second half of each chunk scored) against the fp32 base; rows are appended to the CSV as each
+spec finishes. Protocols (``paged.quant.ablation.PROTOCOLS``): ``screen`` = licences 4 chunks +
+kjv 2 + python 2 at ctx 512; ``lic19`` = the 19 licence chunks of the llama.cpp comparison;
+``x512`` = kjv 8 + python 8 at 512; ``x2048`` = kjv 2 + python 2 at 2048. Everything fitted
+(codebooks, channel means and weights) comes from ``data/text/calibration.txt`` (8 chunks of
+512 tokens spread over the file), disjoint from every evaluated text.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+# run as a script, sys.path[0] is benchmarks/ (whose kernels.py would shadow the kernels package)
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from paged.quant import ablation, calibration  # noqa: E402
+from paged.quant.lab import EXACT, LabSpec, SideSpec  # noqa: E402
+from paged.quant.runs import load  # noqa: E402
+
+
+def S(bits: int, levels: str = "int", **kw) -> SideSpec:
+    return SideSpec(bits=bits, levels=levels, **kw)
+
+
+def _k_techniques(b: int) -> list[LabSpec]:
+    """Keys alone (V exact) at ``b`` bits: each switch on top of per-token uniform."""
+    ks = [S(b, group=64), S(b, group=64, rot=True), S(b, axis="channel", group=32),
+          S(b, axis="channel", group=64), S(b, axis="channel", group=32, pre_rope=True),
+          S(b, "sym", rot=True), S(b, "normal", rot=True), S(b, "lloyd", rot=True),
+          S(b, "lloyd", rot=True, pre_rope=True), S(b, "lloyd", rot=True, pre_rope=True, center=True),
+          S(b, "lloyd", rot=True, pre_rope=True, center=True, weight="fisher"),
+          S(b, "lloyd", rot=True, center=True, weight="fisher"), S(b, "lloyd", rot=True, weight="fisher"),
+          S(b, "lloyd", pre_rope=True, center=True, weight="std"), S(b, group=64, outliers=1),
+          S(b, "lloyd", rot=True, pre_rope=True, center=True, weight="fisher", outliers=1)]
+    return [LabSpec(k, EXACT) for k in ks]
+
+
+def _v_techniques(b: int) -> list[LabSpec]:
+    """Values alone (K exact) at ``b`` bits."""
+    vs = [S(b, group=64), S(b, group=64, rot=True), S(b, "sym", rot=True), S(b, "normal", rot=True),
+          S(b, "lloyd", rot=True), S(b, "lloyd", rot=True, center=True),
+          S(b, "lloyd", rot=True, center=True, weight="fisher"), S(b, "lloyd", rot=True, weight="fisher"),
+          S(b, "lloyd", rot=True, scale="rms"), S(b, group=64, outliers=1)]
+    return [LabSpec(EXACT, v) for v in vs]
+
+
+def _kivi() -> list[LabSpec]:
+    """Keys alone, per channel (KIVI): bits x group, pre-RoPE, codebook levels, compact scales, sink, window."""
+    out = [LabSpec(S(b, axis="channel", group=g, pre_rope=True), EXACT) for b in (4, 3, 2) for g in (16, 32, 64)]
+    out += [LabSpec(S(3, axis="channel", group=32), EXACT),
+            LabSpec(S(3, "lloyd", axis="channel", group=32, pre_rope=True), EXACT),
+            LabSpec(S(4, axis="channel", group=32, pre_rope=True, scale_bits=8), EXACT),
+            LabSpec(S(3, axis="channel", group=32, pre_rope=True, scale_bits=8), EXACT),
+            LabSpec(S(3, axis="channel", group=32, pre_rope=True), EXACT, sink=1),
+            LabSpec(S(3, axis="channel", group=32, pre_rope=True), EXACT, sink=4),
+            LabSpec(S(3, axis="channel", group=32, pre_rope=True), EXACT, window=16),
+            LabSpec(S(3, axis="channel", group=32, pre_rope=True), EXACT, window=64)]
+    return out
+
+
+def _combos() -> list[LabSpec]:
+    """Both sides: KIVI pre-RoPE keys with per-channel bits, rotated Lloyd values, windows, sinks."""
+    def k(b, **kw):
+        return S(b, axis="channel", group=32, pre_rope=True, weight="q", alloc=True, **kw)
+
+    def v(b):
+        return S(b, "lloyd", rot=True)
+    return [LabSpec(k(4), v(4)), LabSpec(k(4), v(4), window=32), LabSpec(k(4), v(4), window=32, sink=4),
+            LabSpec(k(3), v(3), window=32), LabSpec(k(3), v(3), window=64), LabSpec(k(3), v(4), window=32),
+            LabSpec(k(4), v(3), window=32), LabSpec(k(2), v(2), window=64), LabSpec(k(3, scale_bits=8), v(3), window=32)]
+
+
+JOBS = {
+    "combo": _combos,
+    "kivi": _kivi,
+    "k4": lambda: _k_techniques(4), "k3": lambda: _k_techniques(3), "k2": lambda: _k_techniques(2),
+    "v4": lambda: _v_techniques(4), "v3": lambda: _v_techniques(3), "v2": lambda: _v_techniques(2),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("job", choices=sorted(JOBS))
+    ap.add_argument("--protocol", default="screen", choices=sorted(ablation.PROTOCOLS))
+    ap.add_argument("--decompose", action="store_true", help="also K-only and V-only rows of each spec")
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args()
+    lm = load()
+    t = time.time()
+    cal = calibration.collect(lm)
+    print(f"calibration: {cal.num_tokens} tokens of {cal.source} in {time.time() - t:.0f} s", flush=True)
+    ev = ablation.Evaluator(lm, ablation.eval_chunks(lm, args.protocol), cal)
+    csv = args.csv or f"reports/quant_ablation_{args.job}_{args.protocol}.csv"
+    Path(csv).parent.mkdir(parents=True, exist_ok=True)
+    ev.table(JOBS[args.job](), csv, decompose=args.decompose, job=args.job, protocol=args.protocol)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,551 @@
+"""The quantization lab: KV formats built from independent switches, for ablations.
+
+A :class:`LabSpec` is a K :class:`SideSpec`, a V :class:`SideSpec` and cache-wide switches; every
+switch can be turned on alone or with the others, so an ablation can measure each one:
+
+* ``pre_rope`` (keys): quantize the key before RoPE (RoPE undone with the model's own tables on
+  write and applied again on read);
+* ``center``: subtract a per-channel mean calibrated on the calibration text;
+* ``weight``: scale channels before quantizing (``"std"``: by ``1/sigma``; ``"fisher"``: by
+  ``(w/s)^(1/4)``, the error-aware weights of :meth:`Calibration.channel_weights`), undone on read;
+* ``rot``: a Hadamard rotation of head_dim (per head), undone on read;
+* ``levels``: ``"int"`` uniform asymmetric (fp16 scale + zero per group, the kernels' int4 rule
+  at any bit width), ``"sym"`` uniform symmetric (fp16 absmax per group), ``"lloyd"`` a Lloyd-Max
+  codebook per layer and side fitted on the calibration text, ``"normal"`` the Lloyd-Max codebook
+  of Gaussian vectors (no calibration);
+* ``axis``: ``"token"`` (groups of ``group`` values along head_dim) or ``"channel"`` (KIVI: per
+  channel over ``group`` tokens, the unfilled group kept exact);
+* ``outliers``: the ``outliers`` largest values of each token-head kept exactly (dense-and-sparse);
+* ``sink`` / ``window`` (cache-wide): the first ``sink`` tokens, and for each query the keys and
+  values of the ``window`` positions ending at it, read exactly (each query sees what a
+  token-by-token decode would: a teacher-forced pass never reads unquantized states otherwise);
+* ``layers``: per-layer overrides of the two sides (mixed precision by layer sensitivity).
+
+Bits per value (:meth:`LabSpec.bits`) count everything stored per token: codes, scales, zero
+points, sparse outliers (16-bit value + index), KIVI's unfilled fp16 group and the sink and
+window tokens (an fp16 copy beside their codes), amortised over ``context`` tokens (2,048 unless
+told). Per-layer constants (means, weights, codebooks) are not per token and are not counted.
+
+Invariant: every side is a per-token map except ``axis="channel"``; the stored value of a token
+does not depend on later tokens except within a KIVI group, as in the engine.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from paged.errors import ConfigError
+from .calibration import Calibration, rope, unrope
+from .codec import hadamard
+
+__all__ = ["SideSpec", "LabSpec", "LabCache", "lloyd_max", "normal_codebook", "EXACT"]
+
+_LEVELS = ("int", "sym", "lloyd", "normal")
+
+
+@dataclass(frozen=True, slots=True)
+class SideSpec:
+    """How K or V is stored (see the module docstring). ``bits >= 16`` means exact (fp32/fp16)."""
+
+    bits: int = 32
+    levels: str = "int"
+    axis: str = "token"
+    group: int = 64
+    rot: bool = False
+    pre_rope: bool = False
+    center: bool = False
+    weight: str = "none"
+    scale: str = "absmax"       # codebook scale per group: "absmax" or "rms"
+    outliers: int = 0
+    scale_bits: int = 16
+    pca: bool = False           # static per-head KLT (eigenvectors of the calibration covariance)
+    alloc: bool = False         # bits per channel (stored frame) by greedy rate allocation, mean = bits
+
+    @property
+    def exact(self) -> bool:
+        return self.bits >= 16
+
+    @property
+    def name(self) -> str:
+        if self.exact:
+            return f"fp{self.bits}"
+        kind = ("kivi" + ("" if self.levels == "int" else self.levels)) if self.axis == "channel" else self.levels
+        s = f"{kind}{self.bits}_g{self.group}"
+        for flag, tag in ((self.pre_rope, "pre"), (self.center, "ctr"), (self.rot, "rot"),
+                          (self.scale == "rms", "rms"), (self.scale_bits != 16, f"s{self.scale_bits}")):
+            if flag:
+                s += "+" + tag
+        if self.weight != "none":
+            s += f"+w{self.weight}"
+        if self.outliers:
+            s += f"+o{self.outliers}"
+        if self.pca:
+            s += "+pca"
+        if self.alloc:
+            s += "+alloc"
+        return s
+
+    def check(self, head_dim: int, side: str) -> None:
+        """Raise ConfigError for a combination the lab does not define."""
+        if self.exact:
+            return
+        if self.levels not in _LEVELS or self.axis not in ("token", "channel") or self.weight not in (
+                "none", "std", "fisher", "q") or self.scale not in ("absmax", "rms"):
+            raise ConfigError(f"bad side spec {self}")
+        if not 1 <= self.bits <= 8:
+            raise ConfigError(f"{self.name}: bits must be 1..8 (or >= 16 for exact)")
+        if self.axis == "token" and head_dim % self.group:
+            raise ConfigError(f"{self.name}: group {self.group} must divide head_dim {head_dim}")
+        if self.axis == "channel" and (side != "k" or self.levels not in ("int", "lloyd") or self.outliers):
+            raise ConfigError(f"{self.name}: per-channel (KIVI) groups are for keys, int or lloyd levels, no outliers")
+        if self.pre_rope and side != "k":
+            raise ConfigError(f"{self.name}: pre_rope is a key switch")
+
+    def bits_per_value(self, head_dim: int) -> float:
+        """Bits of codes, scales, zero points and outliers per value (staging: :meth:`LabSpec.bits`)."""
+        if self.exact:
+            return float(self.bits)
+        b = float(self.bits)
+        if self.axis == "channel":  # step + zero per channel and group (fp16, or 8 + 7-bit codes under
+            side = 32.0 if self.scale_bits == 16 else 15.0 + 32.0 / head_dim  # two fp16 per-head scales)
+            return b + side / self.group
+        if self.alloc:  # one rms scale per token-head, static per-channel steps
+            return b + float(self.scale_bits) / head_dim
+        b += (32.0 if self.levels == "int" else float(self.scale_bits)) / self.group
+        if self.outliers:
+            b += self.outliers * (16 + math.ceil(math.log2(head_dim))) / head_dim
+        return b
+
+
+EXACT = SideSpec()
+
+
+@dataclass(frozen=True, slots=True)
+class LabSpec:
+    """K side, V side, exact sink/window tokens, per-layer overrides ``{layer: (k, v)}``."""
+
+    k: SideSpec = EXACT
+    v: SideSpec = EXACT
+    sink: int = 0
+    window: int = 0
+    layers: tuple[tuple[int, SideSpec, SideSpec], ...] = ()
+    label: str = ""
+    block: int = 32             # cache block (tokens) for the staging count; a KIVI key group is one block
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        s = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
+        if self.sink:
+            s += f"@sink{self.sink}"
+        if self.window:
+            s += f"@win{self.window}"
+        if self.layers:
+            s += f"@{len(self.layers)}layers"
+        return s
+
+    def sides(self, layer: int) -> tuple[SideSpec, SideSpec]:
+        for i, k, v in self.layers:
+            if i == layer:
+                return k, v
+        return self.k, self.v
+
+    def bits(self, num_layers: int, head_dim: int, context: int = 2048) -> tuple[float, float, float]:
+        """``(k bits, v bits, mean)`` per value averaged over layers, amortised at ``context`` tokens.
+
+        Staging, in fp16 per sequence: with a window, the blocks that overlap it (at most
+        ``window + block`` tokens) for K and V both; without, KIVI's one unfilled key block; the
+        sink tokens for K and V both."""
+        kb = sum(self.sides(i)[0].bits_per_value(head_dim) for i in range(num_layers)) / num_layers
+        vb = sum(self.sides(i)[1].bits_per_value(head_dim) for i in range(num_layers)) / num_layers
+        kivi = any(self.sides(i)[0].axis == "channel" and not self.sides(i)[0].exact for i in range(num_layers))
+        if self.window:
+            kb += 16.0 * (self.window + self.block) / context
+            vb += 16.0 * (self.window + self.block) / context
+        elif kivi:
+            kb += 16.0 * self.block / context
+        kb, vb = kb + 16.0 * self.sink / context, vb + 16.0 * self.sink / context
+        return kb, vb, (kb + vb) / 2
+
+    def k_only(self) -> "LabSpec":
+        return replace(self, v=EXACT, layers=tuple((i, k, EXACT) for i, k, _ in self.layers), label="")
+
+    def v_only(self) -> "LabSpec":
+        return replace(self, k=EXACT, layers=tuple((i, EXACT, v) for i, _, v in self.layers), label="")
+
+
+def lloyd_max(x: torch.Tensor, n: int, iters: int = 60) -> torch.Tensor:
+    """Lloyd-Max (1-D k-means) levels ``[n]`` (sorted, float32) for samples ``x``, started at the
+    quantiles; an empty cell keeps its level."""
+    xs = x.double().flatten().sort().values
+    lv = torch.quantile(xs[:: max(1, xs.numel() // 100000)], (torch.arange(n, dtype=torch.float64) + 0.5) / n)
+    for _ in range(iters):
+        cell = torch.bucketize(xs, (lv[1:] + lv[:-1]) / 2)
+        cnt = torch.bincount(cell, minlength=n).double()
+        tot = torch.bincount(cell, weights=xs, minlength=n)
+        new = torch.where(cnt > 0, tot / cnt.clamp_min(1), lv)
+        if torch.allclose(new, lv, atol=1e-9, rtol=0):
+            break
+        lv = new.sort().values
+    return lv.float()
+
+
+def normal_codebook(bits: int, group: int, scale: str = "absmax", samples: int = 1 << 18) -> torch.Tensor:
+    """The Lloyd-Max levels of ``x / s`` for Gaussian vectors of ``group`` values (``s`` their absmax
+    or rms): the codebook of a rotated vector without calibration (seeded, deterministic)."""
+    g = torch.Generator().manual_seed(1234 + bits * 1000 + group)
+    z = torch.randn(samples // group, group, generator=g, dtype=torch.float64)
+    s = z.abs().amax(-1, keepdim=True) if scale == "absmax" else z.pow(2).mean(-1, keepdim=True).sqrt()
+    return lloyd_max((z / s).flatten(), 1 << bits)
+
+
+def _group_scale(zg: torch.Tensor, keep: torch.Tensor | None, how: str) -> torch.Tensor:
+    a = zg.abs() if keep is None else zg.abs().masked_fill(~keep, 0.0)
+    if how == "absmax":
+        return a.amax(-1)
+    n = zg.shape[-1] if keep is None else keep.sum(-1).clamp_min(1)
+    return (a.pow(2).sum(-1) / n).sqrt()
+
+
+def quantize_tokens(z: torch.Tensor, spec: SideSpec, levels: torch.Tensor | None) -> torch.Tensor:
+    """Round trip of ``z`` ``[T, H, D]`` through a per-token side (groups along D); float32 out."""
+    t, h, d = z.shape
+    g = spec.group
+    zg = z.reshape(t, h, d // g, g)
+    keep = None
+    if spec.outliers:
+        top = z.abs().topk(spec.outliers, dim=-1).indices
+        out_mask = torch.zeros_like(z, dtype=torch.bool).scatter_(-1, top, True)
+        keep = ~out_mask.reshape(t, h, d // g, g)
+    n = 1 << spec.bits
+    if spec.levels == "int":
+        hi = zg if keep is None else zg.masked_fill(~keep, -math.inf)
+        lo = zg if keep is None else zg.masked_fill(~keep, math.inf)
+        mx, mn = hi.amax(-1), lo.amin(-1)
+        mx, mn = torch.where(torch.isfinite(mx), mx, 0.0), torch.where(torch.isfinite(mn), mn, 0.0)
+        s = ((mx - mn) / (n - 1)).half().float()
+        zero = mn.half().float()
+        safe = torch.where(s == 0, torch.ones_like(s), s)
+        q = torch.round((zg - zero[..., None]) / safe[..., None]).clamp(0, n - 1)
+        out = q * s[..., None] + zero[..., None]
+    else:
+        lv = torch.linspace(-1.0, 1.0, n) if spec.levels == "sym" else levels
+        s = _group_scale(zg, keep, spec.scale)
+        if spec.scale == "absmax":
+            s = s / lv.abs().max()
+        s = _round_scale(s, spec.scale_bits)
+        safe = torch.where(s == 0, torch.ones_like(s), s)
+        u = zg / safe[..., None]
+        code = torch.bucketize(u.contiguous(), ((lv[1:] + lv[:-1]) / 2).contiguous())
+        out = lv[code] * s[..., None]
+    out = out.reshape(t, h, d)
+    if spec.outliers:
+        out = torch.where(out_mask, z, out)
+    return out
+
+
+def _round_scale(s: torch.Tensor, bits: int) -> torch.Tensor:
+    """fp16 scales (16 bits), or 8-bit log-scale codes (e4m3-like: 2^(e/8) steps) for ``bits == 8``."""
+    if bits == 16:
+        return s.half().float()
+    if bits != 8:
+        raise ConfigError(f"scale_bits must be 16 or 8, got {bits}")
+    e = torch.ceil(torch.log2(s.clamp_min(1e-30)) * 8).clamp(-128 * 1, 127)
+    return torch.where(s > 0, torch.exp2(e / 8), torch.zeros_like(s))
+
+
+def quantize_channels(z: torch.Tensor, bits: "int | torch.Tensor", levels=None, compact: bool = False,
+                      exclude: torch.Tensor | None = None) -> torch.Tensor:
+    """KIVI round trip of one full group ``[N, H, D]``: asymmetric per channel over the tokens.
+
+    ``levels``: a codebook on [0, 1] (None: uniform); ``compact``: the step and zero as an 8-bit
+    and a 7-bit code under fp16 per-head super-scales (kiviq's rule at any bit width);
+    ``exclude`` ``[N]`` bool: tokens left out of the range (exact sink tokens). ``bits`` may be a
+    per-channel ``[H, D]`` tensor (then ``levels`` is ``{bits: codebook}``, 0 bits = the midpoint)."""
+    if isinstance(bits, torch.Tensor):
+        out = torch.empty_like(z)
+        for b in bits.unique().tolist():
+            m = bits == b
+            if b == 0:
+                keep = z if exclude is None or not bool(exclude.any()) or bool(exclude.all()) else z[~exclude]
+                mid = ((keep.amin(0) + keep.amax(0)) / 2).half().float()
+                out[:, m] = mid[m]
+            else:
+                out[:, m] = quantize_channels(z[:, m].unsqueeze(1), int(b), levels[int(b)] if levels else None,
+                                              compact, exclude).squeeze(1)
+        return out
+    n = 1 << bits
+    if exclude is not None and bool(exclude.any()) and not bool(exclude.all()):
+        keep = ~exclude[:, None, None]
+        mn = z.masked_fill(~keep, math.inf).amin(0)
+        mx = z.masked_fill(~keep, -math.inf).amax(0)
+    else:
+        mn, mx = z.amin(0), z.amax(0)
+    if compact:
+        big = (mn.abs().amax(-1, keepdim=True) / 63.0).half().float()
+        zero = torch.floor(mn / torch.where(big == 0, torch.ones_like(big), big)).clamp(-64, 63) * big
+        step = (mx - zero) / (n - 1)
+        sup = (step.amax(-1, keepdim=True) / 255.0).half().float()
+        s = torch.ceil(step / torch.where(sup == 0, torch.ones_like(sup), sup)).clamp(1, 255) * sup
+    else:
+        s = ((mx - mn) / (n - 1)).half().float()
+        zero = mn.half().float()
+    safe = torch.where(s == 0, torch.ones_like(s), s)
+    if levels is None:
+        return torch.round((z - zero) / safe).clamp(0, n - 1) * s + zero
+    rng = s * (n - 1)
+    u = (z - zero) / (safe * (n - 1))
+    code = torch.bucketize(u.contiguous(), ((levels[1:] + levels[:-1]) / 2).contiguous())
+    return levels[code] * rng + zero
+
+
+def channel_codebook(z: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """Lloyd-Max levels on [0, 1] of ``(x - min) / (max - min)`` over per-channel groups of
+    ``group`` consecutive tokens of calibration keys ``z`` ``[N, H, D]`` (stored frame)."""
+    n = (z.shape[0] // group) * group
+    x = z[:n].reshape(n // group, group, *z.shape[1:])
+    mn, mx = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+    u = (x - mn) / (mx - mn).clamp_min(1e-12)
+    lv = lloyd_max(u.flatten()[:: max(1, u.numel() // 400000)], 1 << bits)
+    return (lv - lv.min()) / (lv.max() - lv.min())
+
+
+# Lloyd-Max distortion of a unit Gaussian at 0..8 bits (0 bits: the mean, distortion 1)
+_GAUSS_D = (1.0, 0.3634, 0.1175, 0.03454, 0.009497, 0.002499, 0.000642, 0.000163, 0.0000411)
+
+
+def allocate_bits(importance: torch.Tensor, mean_bits: float, max_bits: int = 8) -> torch.Tensor:
+    """Integer bits per entry of ``importance`` ``[H, D]`` (error at 0 bits), ``mean_bits`` on
+    average per row, by greedy marginal return on the Gaussian Lloyd-Max distortion curve."""
+    h, d = importance.shape
+    bits = torch.zeros(h, d, dtype=torch.long)
+    dist = torch.tensor(_GAUSS_D, dtype=torch.float64)
+    imp = importance.double()
+    for row in range(h):
+        for _ in range(int(round(mean_bits * d))):
+            b = bits[row]
+            gain = imp[row] * (dist[b] - dist[(b + 1).clamp(max=max_bits)])
+            gain[b >= max_bits] = -1
+            bits[row, int(gain.argmax())] += 1
+    return bits
+
+
+@functools.lru_cache(maxsize=None)
+def gaussian_levels(bits: int) -> torch.Tensor:
+    """Lloyd-Max levels of a unit Gaussian (seeded sample), ``2**bits`` of them."""
+    g = torch.Generator().manual_seed(99 + bits)
+    return lloyd_max(torch.randn(1 << 18, generator=g, dtype=torch.float64), 1 << bits)
+
+
+class SideCodec:
+    """One layer's transform + quantizer for one side (parameters fitted from a Calibration)."""
+
+    def __init__(self, spec: SideSpec, side: str, layer: int, calib: Calibration | None, head_dim: int) -> None:
+        spec.check(head_dim, side)
+        self.spec, self.side = spec, side
+        needs = spec.center or spec.weight != "none" or spec.levels == "lloyd"
+        if needs and calib is None:
+            raise ConfigError(f"{spec.name} needs a Calibration (paged.quant.calibration.collect)")
+        frame = ("k_pre" if spec.pre_rope else "k_post") if side == "k" else "v"
+        self.mu = calib.mean(frame, layer) if spec.center else None
+        self.a = None
+        if spec.weight == "fisher":
+            self.a = calib.channel_weights(frame, layer, spec.center)
+        elif spec.weight == "q":  # error in the stored frame costs what it costs the output
+            w = calib.q2[layer] if side == "k" else calib.wo2[layer]
+            if side == "k":
+                half = w.shape[-1] // 2
+                w = ((w[..., :half] + w[..., half:]) / 2).repeat(1, 2)
+            self.a = w.clamp_min(1e-12).sqrt()
+            self.a = self.a / self.a.log().mean(-1, keepdim=True).exp()
+        elif spec.weight == "std":
+            x = getattr(calib, frame)[layer]
+            sd = (x - x.mean(0)).pow(2).mean(0).sqrt() if spec.center else x.pow(2).mean(0).sqrt()
+            if side == "k":  # one weight per RoPE pair
+                half = sd.shape[-1] // 2
+                sd = ((sd[..., :half] ** 2 + sd[..., half:] ** 2) / 2).sqrt().repeat(1, 2)
+            self.a = 1.0 / sd.clamp_min(1e-6)
+            self.a = self.a / self.a.log().mean(-1, keepdim=True).exp()
+        self.h = hadamard(head_dim) if spec.rot else None
+        self.u = None
+        if spec.pca:
+            x = self.transform(getattr(calib, frame)[layer])          # [N, H, D] centred/weighted
+            cov = torch.einsum("nhd,nhe->hde", x.double(), x.double()) / x.shape[0]
+            _, vec = torch.linalg.eigh(cov)                            # ascending
+            self.u = vec.flip(-1).float()                              # [H, D, D], largest first
+        self.levels = None
+        self.bits = None
+        if not spec.exact and spec.alloc:
+            z = self.transform(getattr(calib, frame)[layer])
+            if spec.axis == "channel":
+                n = (z.shape[0] // spec.group) * spec.group
+                zg = z[:n].reshape(n // spec.group, spec.group, *z.shape[1:])
+                imp = (zg.amax(1) - zg.amin(1)).pow(2).mean(0) / 12
+                self.bits = allocate_bits(imp, spec.bits)
+                self.levels = {b: channel_codebook(z, b, spec.group) for b in self.bits.unique().tolist() if b} \
+                    if spec.levels == "lloyd" else None
+            else:
+                self.sd = z.pow(2).mean(0).sqrt().clamp_min(1e-8)     # [H, D] static per-channel step base
+                self.bits = allocate_bits(self.sd.pow(2), spec.bits)
+                self.levels = {b: gaussian_levels(b) for b in self.bits.unique().tolist() if b}
+        elif not spec.exact and spec.axis == "channel" and spec.levels == "lloyd":
+            self.levels = channel_codebook(self.transform(getattr(calib, frame)[layer]), spec.bits, spec.group)
+        if not spec.exact and spec.axis == "token" and not spec.alloc:
+            if spec.levels == "normal":
+                self.levels = normal_codebook(spec.bits, spec.group, spec.scale)
+            elif spec.levels == "lloyd":
+                z = self.transform(getattr(calib, frame)[layer])  # calibration keys come in both frames
+                zg = z.reshape(-1, spec.group)
+                s = _group_scale(zg, None, spec.scale)
+                u = zg / torch.where(s == 0, torch.ones_like(s), s)[..., None]
+                self.levels = lloyd_max(u.flatten()[:: max(1, u.numel() // 400000)], 1 << spec.bits)
+                if spec.scale == "absmax":
+                    self.levels = self.levels / self.levels.abs().max()
+
+    def forward(self, x: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Stored-frame values ``z`` of ``x`` ``[T, H, D]`` (post-RoPE keys / values); ``cs`` RoPE rows."""
+        return self.transform(unrope(x, *cs) if self.spec.pre_rope else x)
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """Center, weight and rotate ``x`` in its frame (pre-RoPE keys when ``pre_rope``)."""
+        if self.mu is not None:
+            x = x - self.mu
+        if self.a is not None:
+            x = x * self.a
+        if self.h is not None:
+            x = x @ self.h
+        if self.u is not None:
+            x = torch.einsum("thd,hde->the", x, self.u)
+        return x
+
+    def inverse(self, z: torch.Tensor, cs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        if self.u is not None:
+            z = torch.einsum("the,hde->thd", z, self.u)
+        if self.h is not None:
+            z = z @ self.h.T
+        if self.a is not None:
+            z = z / self.a
+        if self.mu is not None:
+            z = z + self.mu
+        if self.spec.pre_rope:
+            z = rope(z, *cs)
+        return z
+
+    def roundtrip(self, x: torch.Tensor, cs) -> torch.Tensor:
+        """Per-token round trip (token axis)."""
+        if self.spec.exact:
+            return x if self.spec.bits == 32 else x.half().float()
+        if self.spec.alloc:
+            return self.inverse(self._alloc_tokens(self.forward(x, cs)), cs)
+        return self.inverse(quantize_tokens(self.forward(x, cs), self.spec, self.levels), cs)
+
+    def _alloc_tokens(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-token rms scale over the channels normalised by their static sd, then each channel
+        on the Gaussian Lloyd-Max levels of its allocated bits (0 bits: 0)."""
+        u = z / self.sd
+        s = _round_scale(u.pow(2).mean(-1, keepdim=True).sqrt(), self.spec.scale_bits)
+        u = u / torch.where(s == 0, torch.ones_like(s), s)
+        out = torch.zeros_like(u)
+        for b in self.bits.unique().tolist():
+            if b == 0:
+                continue
+            m = self.bits == b
+            lv = self.levels[b]
+            out[:, m] = lv[torch.bucketize(u[:, m].contiguous(), ((lv[1:] + lv[:-1]) / 2).contiguous())]
+        return out * s * self.sd
+
+
+class LabCache:
+    """One-sequence cache storing K/V per a :class:`LabSpec` and attending from what it stored.
+
+    Prefill and decode append (positions continue from the stored length); ``reset()`` empties it.
+    """
+
+    def __init__(self, spec: LabSpec, model, calib: Calibration | None = None) -> None:
+        cfg = model.config
+        self.spec, self.model = spec, model
+        self.num_layers, self.head_dim = cfg.num_layers, cfg.head_dim
+        self.codecs = []
+        for i in range(cfg.num_layers):
+            ks, vs = spec.sides(i)
+            self.codecs.append((SideCodec(ks, "k", i, calib, cfg.head_dim), SideCodec(vs, "v", i, calib, cfg.head_dim)))
+        self.reset()
+
+    def reset(self) -> None:
+        n = self.num_layers
+        self.k_exact: list[torch.Tensor | None] = [None] * n
+        self.v_exact: list[torch.Tensor | None] = [None] * n
+        self.k_store: list[torch.Tensor | None] = [None] * n
+        self.v_store: list[torch.Tensor | None] = [None] * n
+        self.kz_raw: list[torch.Tensor | None] = [None] * n   # KIVI: stored-frame keys as written
+        self.kz_done: list[torch.Tensor | None] = [None] * n  # KIVI: quantized full groups (stored frame)
+
+    def _cs(self, start: int, t: int):
+        self.model.rope.ensure(torch.tensor([start + t - 1]))
+        return self.model.rope.cos[start:start + t], self.model.rope.sin_signed[start:start + t]
+
+    def _keys(self, layer: int, k: torch.Tensor, start: int) -> torch.Tensor:
+        kc = self.codecs[layer][0]
+        cs = self._cs(start, k.shape[0])
+        if kc.spec.exact or kc.spec.axis == "token":
+            new = kc.roundtrip(k, cs)
+            old = self.k_store[layer]
+            return new if old is None else torch.cat([old, new])
+        z = kc.forward(k, cs)
+        raw = z if self.kz_raw[layer] is None else torch.cat([self.kz_raw[layer], z])
+        self.kz_raw[layer] = raw
+        done = self.kz_done[layer]
+        nd = 0 if done is None else done.shape[0]
+        g = kc.spec.group
+        full = (raw.shape[0] // g) * g
+        if full > nd:
+            sink = torch.arange(full) < self.spec.sink
+            new = torch.cat([quantize_channels(x, kc.spec.bits if kc.bits is None else kc.bits, kc.levels,
+                                               kc.spec.scale_bits == 8, ex)
+                             for x, ex in zip(raw[nd:full].split(g), sink[nd:full].split(g))])
+            done = new if done is None else torch.cat([done, new])
+            self.kz_done[layer] = done
+        zq = raw if done is None else torch.cat([done, raw[done.shape[0]:]])
+        return kc.inverse(zq, self._cs(0, zq.shape[0]))
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        from .attention import attend
+        dtype = q.dtype
+        q, k, v = q.float(), k.float(), v.float()
+        start = 0 if self.v_exact[layer] is None else self.v_exact[layer].shape[0]
+        self.k_store[layer] = self._keys(layer, k, start)
+        vq = self.codecs[layer][1].roundtrip(v, self._cs(start, v.shape[0]))
+        self.v_store[layer] = vq if self.v_store[layer] is None else torch.cat([self.v_store[layer], vq])
+        if not (self.spec.sink or self.spec.window):
+            return attend(q, self.k_store[layer], self.v_store[layer]).to(dtype)
+        kh, vh = k.half().float(), v.half().float()  # staged copies are fp16
+        self.k_exact[layer] = kh if self.k_exact[layer] is None else torch.cat([self.k_exact[layer], kh])
+        self.v_exact[layer] = vh if self.v_exact[layer] is None else torch.cat([self.v_exact[layer], vh])
+        return self._mixed(q, layer, start).to(dtype)
+
+    def _mixed(self, q: torch.Tensor, layer: int, start: int) -> torch.Tensor:
+        """Attention where key j is read exactly by query i iff ``j < sink`` or ``i - j < window``."""
+        kq, vq, ke, ve = self.k_store[layer], self.v_store[layer], self.k_exact[layer], self.v_exact[layer]
+        n, t = kq.shape[0], q.shape[0]
+        hq, h, d = q.shape[1], kq.shape[1], q.shape[2]
+        rep = hq // h
+        qh = q.transpose(0, 1)                                   # [Hq, t, D]
+        out = torch.empty_like(q)
+        for s0 in range(0, t, 256):
+            qi = torch.arange(start + s0, start + min(t, s0 + 256))  # query positions
+            j = torch.arange(n)
+            exact = (j[None, :] < self.spec.sink) | ((qi[:, None] - j[None, :]) < self.spec.window)
+            causal = j[None, :] <= qi[:, None]
+            qq = qh[:, s0:s0 + len(qi)]
+            sq = torch.einsum("gtd,gsd->gts", qq, kq.repeat_interleave(rep, 1).transpose(0, 1))
+            se = torch.einsum("gtd,gsd->gts", qq, ke.repeat_interleave(rep, 1).transpose(0, 1))
+            sc = torch.where(exact, se, sq) / math.sqrt(d)
+            p = torch.softmax(sc.masked_fill(~causal, -math.inf), -1)
+            vqh, veh = vq.repeat_interleave(rep, 1).transpose(0, 1), ve.repeat_interleave(rep, 1).transpose(0, 1)
+            o = torch.einsum("gts,gsd->gtd", p * (~exact), vqh) + torch.einsum("gts,gsd->gtd", p * exact, veh)
+            out[s0:s0 + len(qi)] = o.transpose(0, 1)
+        return out
