@@ -78,7 +78,24 @@ def _combos() -> list[LabSpec]:
             LabSpec(k(4), v(3), window=32), LabSpec(k(2), v(2), window=64), LabSpec(k(3, scale_bits=8), v(3), window=32)]
 
 
+def _kq(b: int, group: int = 32, compact: bool = True) -> SideSpec:
+    """KIVI keys before RoPE, per-channel bits (mean ``b``) by query-weighted allocation."""
+    return S(b, axis="channel", group=group, pre_rope=True, weight="q", alloc=True, scale_bits=8 if compact else 16)
+
+
+def _front(block: int) -> list[LabSpec]:
+    """Candidates for the front: K bits x V bits x window at one block size, 4 sink tokens."""
+    wins = (32, 64) if block == 32 else (16, 32)
+    out = [LabSpec(_kq(kb, block), S(vb, "lloyd", rot=True), sink=4, window=w, block=block)
+           for w in wins for kb in (2, 3, 4) for vb in (2, 3, 4) if abs(kb - vb) <= 1]
+    if block == 32:
+        out += [LabSpec(_kq(3), S(3, "lloyd", rot=True), sink=s, window=32) for s in (1, 8)]
+        out += [LabSpec(_kq(4, compact=False), S(4, "lloyd", rot=True), sink=4, window=32)]
+    return out
+
+
 JOBS = {
+    "front32": lambda: _front(32), "front16": lambda: _front(16),
     "combo": _combos,
     "kivi": _kivi,
     "k4": lambda: _k_techniques(4), "k3": lambda: _k_techniques(3), "k2": lambda: _k_techniques(2),

@@ -112,6 +112,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer
     sl = _int32("seq_lens", seq_lens, 1, layer.device)
     _check_tables(bt, sl, q.shape[0], layer)
     be = resolve_backend(backend, q.device)
+    if layer.kv_format.split:
+        if return_lse:
+            raise ShapeError(f"return_lse is not available for split kv format {layer.kv_format.name!r}")
+        return _split_decode(q, layer, bt, sl, scale, be, num_splits)
     if be == "torch":
         out, lse = decode_attention_ref(q, layer, bt, sl, scale, need_lse=return_lse)
     else:
@@ -152,19 +156,43 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLaye
             raise ShapeError("each seq_len must count the new query tokens too (seq_lens >= query lengths); "
                              "write their K/V with write_kv first")
     be = resolve_backend(backend, q.device)
+    if layer.kv_format.split:
+        return _split_prefill(q, layer, bt, sl, qsl, scale, be)
     if be == "torch":
         return prefill_attention_ref(q, layer, bt, sl, qsl, scale)
     from .triton_impl.launch import prefill_triton
     return prefill_triton(q, layer, bt, sl, qsl, scale)
 
 
+def _split_decode(q, layer, bt, sl, scale, be, num_splits):
+    import math
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if be == "torch":
+        from .split import split_decode_ref
+        return split_decode_ref(q, layer, bt, sl, sc)[0]
+    from .triton_impl.split_launch import split_decode_triton
+    return split_decode_triton(q, layer, bt, sl, sc, num_splits)
+
+
+def _split_prefill(q, layer, bt, sl, qsl, scale, be):
+    import math
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if be == "torch":
+        from .split import split_prefill_ref
+        return split_prefill_ref(q, layer, bt, sl, qsl, sc)
+    from .triton_impl.split_launch import split_prefill_triton
+    return split_prefill_triton(q, layer, bt, sl, qsl, sc)
+
+
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer,
              v_cache: torch.Tensor | None, slot_mapping: torch.Tensor, *, kv_format: str | None = None,
              k_scale: Scale = None, v_scale: Scale = None, k_zero: Side = None, v_zero: Side = None,
-             backend: str | None = None) -> None:
+             backend: str | None = None, positions: torch.Tensor | None = None) -> None:
     """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_mapping`` (int,
     ``[num_tokens]``, slot = block_id * block_size + offset; slots < 0 are skipped), quantizing on
     write. Quantized formats write into the per-token scale/zero tensors too (pass them, or a layer).
+    ``positions`` (int ``[num_tokens]``, each token's index in its sequence): needed by split
+    formats with ``+pre`` keys, a sink or a window; ignored by the others.
     """
     layer = as_layer(k_cache, v_cache, kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
                      k_zero=k_zero, v_zero=v_zero)
@@ -180,6 +208,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVC
         raise ShapeError(f"slot_mapping has {sm.shape[0]} entries for {key.shape[0]} tokens")
     if sm.numel() and _check_values(sm) and int(sm.max()) >= layer.num_blocks * layer.block_size:
         raise ShapeError(f"slot {int(sm.max())} is past the cache ({layer.num_blocks} blocks x {layer.block_size})")
+    if layer.kv_format.split:
+        from .split import write_split
+        write_split(layer, key, value, sm, positions)  # torch ops on every backend (host bookkeeping)
+        return
     if resolve_backend(backend, key.device) == "torch" or layer.kv_format.k_per_channel:
         write_kv_ref(layer, key, value, sm)  # int4_kivi: torch ops on every backend (kernels.kivi_cache)
         return
@@ -190,9 +222,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVC
 def release_blocks(layer: KVCacheLayer, block_ids) -> None:
     """Tell ``layer`` that the KV manager freed ``block_ids`` (ints or an integer tensor).
 
-    ``int4_kivi``: frees their staging slots (this bounds staging use; see
+    ``int4_kivi`` and staged split formats: frees their staging slots (this bounds staging use; see
     :mod:`kernels.kivi_cache`). A no-op for the other formats, so callers need not check.
     """
     if layer.staging is not None:
         from .kivi_cache import release
         release(layer, block_ids)
+

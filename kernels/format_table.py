@@ -20,17 +20,40 @@ Adding a format: a new ``CODE_*`` and ``FMT_*`` pair, a ``FORMATS`` row, its cas
 :func:`bytes_per_token`, then the torch reference (``kernels.quant``/``kernels.reference``) and
 the Triton branches keyed on ``FMT``; ``tests/test_kernels_format_table.py`` checks that the
 allocator, the engine and the simulator agree on its bytes.
+
+**Split formats** store K and V in their own :class:`SideFormat` (``code == CODE_SPLIT``; the
+kernels switch on each side's code). A name is ``K/V`` with optional ``@sinkS`` and ``@winW``
+(:func:`parse_split`), each side one of::
+
+    fp16 | bf16 | fp32                       exact (the model's values in that dtype)
+    kivi<b>[+pre][+alloc][+q8]               keys only: per channel over each block (KIVI),
+                                             b bits (mean bits per channel with +alloc: widths
+                                             from a calibration artefact), keys stored before
+                                             RoPE with +pre (RoPE applied on read), step and zero
+                                             as 8- and 7-bit codes under two fp16 per-(block,
+                                             head) scales with +q8 (else fp16 step and zero)
+    cb<b>[_g<n>][+rot]                        per token: b-bit codes into a per-layer codebook
+                                             (calibration artefact), one fp16 absmax scale per
+                                             n values (64); +rot: a Hadamard rotation of
+                                             head_dim (values: the output is rotated back)
+
+``@sinkS``: the first S tokens of a sequence are read exactly; ``@winW``: each query reads the
+keys and values of the W positions ending at it exactly. Those exact rows live in a staging pool
+of fp16 blocks (a fixed cost per sequence, not per token: :func:`staging_tokens_per_seq`).
+``FORMATS`` names the formats of the study's Pareto front (``kvq*``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .errors import KVFormatError, ShapeError
 
-__all__ = ["KVFormat", "FORMATS", "ALIASES", "DEFAULT_INT4_GROUP", "lookup", "format_for_dtype",
-           "bytes_per_token", "int4_group", "CODE_PLAIN", "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4",
-           "CODE_INT4_KIVI", "FP8_CODES", "INT4_CODES"]
+__all__ = ["KVFormat", "SideFormat", "FORMATS", "ALIASES", "DEFAULT_INT4_GROUP", "lookup", "format_for_dtype",
+           "bytes_per_token", "int4_group", "parse_split", "side_bytes", "staging_tokens_per_seq", "CODE_PLAIN",
+           "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4", "CODE_INT4_KIVI", "CODE_KIVI", "CODE_CB", "CODE_SPLIT",
+           "FP8_CODES", "INT4_CODES"]
 
 # Kernel format codes (KVFormat.code). Plain ints here; constexpr copies in triton_impl/common.py.
 CODE_PLAIN = 0       # fp16 / bf16 / fp32: the stored dtype is the value
@@ -39,6 +62,9 @@ CODE_E5M2 = 2        # float8_e5m2 codes x per-head float32 scale
 CODE_INT8 = 3        # int8 codes x per token-head fp16 scale
 CODE_INT4 = 4        # packed int4 codes x per-group fp16 scale + zero
 CODE_INT4_KIVI = 5   # V as int4; K int4 per channel over a block, unfilled blocks staged
+CODE_KIVI = 6        # split side (K): per channel over a block, per-channel bit widths, staged until full
+CODE_CB = 7          # split side: per-token codes into a per-layer codebook, fp16 absmax scale per group
+CODE_SPLIT = 8       # a KVFormat whose K and V sides carry their own codes (KVFormat.k_side / v_side)
 FP8_CODES = (CODE_E4M3, CODE_E5M2)
 INT4_CODES = (CODE_INT4, CODE_INT4_KIVI)
 
@@ -48,6 +74,44 @@ DEFAULT_INT4_GROUP = 32
 def int4_group(head_dim: int, group_size: int | None = None) -> int:
     """The int4 group along head_dim: ``group_size``, or by default ``min(32, head_dim)``."""
     return min(DEFAULT_INT4_GROUP, head_dim) if group_size is None else group_size
+
+
+@dataclass(frozen=True, slots=True)
+class SideFormat:
+    """How one side (K or V) of a split format is stored; see the module docstring for names.
+
+    ``code``: CODE_PLAIN (exact, ``storage`` dtype), CODE_KIVI or CODE_CB; ``bits``: code bits per
+    value (the mean over channels with ``alloc``). ``group``: CB values per scale.
+    """
+
+    name: str
+    code: int
+    bits: int
+    storage: str = "uint8"
+    group: int = 64
+    alloc: bool = False
+    compact: bool = False
+    pre_rope: bool = False
+    rotate: bool = False
+
+    @property
+    def exact(self) -> bool:
+        return self.code == CODE_PLAIN
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the side needs per-layer tables from a calibration artefact (widths, codebook)."""
+        return self.alloc or self.code == CODE_CB
+
+    @property
+    def storage_dtype(self):
+        """The torch dtype of an exact side's data (imports torch)."""
+        import torch
+        return getattr(torch, self.storage)
+
+    def row_bytes(self, head_dim: int) -> int:
+        """Bytes of one token-head's data (codes packed along head_dim, or the exact values)."""
+        return head_dim * self.bits // 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +132,26 @@ class KVFormat:
     max_value: float | None = None  # largest finite code value (fp8) / code (int)
     bits: int = 16
     k_per_channel: bool = False  # int4_kivi: K scales per (block, head, channel), staging pool
+    k_side: SideFormat | None = None  # split formats (code CODE_SPLIT) only
+    v_side: SideFormat | None = None
+    sink: int = 0                # split: first tokens read exactly (from staging)
+    window: int = 0              # split: each query reads its last `window` positions exactly
+
+    @property
+    def split(self) -> bool:
+        return self.code == CODE_SPLIT
+
+    @property
+    def staged(self) -> bool:
+        """Whether layers of this format carry a staging pool (int4_kivi; split with KIVI keys,
+        a sink or a window)."""
+        return self.k_per_channel or (self.split and (self.k_side.code == CODE_KIVI or self.sink > 0
+                                                       or self.window > 0))
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether a layer needs per-layer tables from a calibration artefact."""
+        return self.split and (self.k_side.calibrated or self.v_side.calibrated)
 
     @property
     def quantized(self) -> bool:
@@ -100,6 +184,70 @@ FORMATS: dict[str, KVFormat] = {
                           k_per_channel=True),
 }
 
+_SPLIT_SIDE = re.compile(r"^(?:(fp16|bf16|fp32)|kivi(\d)((?:\+(?:pre|alloc|q8))*)|cb(\d)(?:_g(\d+))?((?:\+rot)?))$")
+_SPLIT_HELP = ("a split KV format is 'K/V[@sinkS][@winW]' with K one of fp16, bf16, fp32, kivi<b>[+pre][+alloc][+q8] "
+               "and V one of fp16, bf16, fp32, cb<b>[_g<n>][+rot] (b = 2..8 bits), e.g. "
+               "'kivi4+pre+alloc+q8/cb4+rot@sink4@win32'")
+
+
+def _side(text: str, which: str, whole: str) -> SideFormat:
+    m = _SPLIT_SIDE.match(text)
+    if not m:
+        raise KVFormatError(f"unknown kv format {whole!r}: {which} side {text!r} is not a side format; {_SPLIT_HELP}")
+    plain, kb, kflags, cb, grp, rot = m.groups()
+    if plain:
+        return SideFormat(plain, CODE_PLAIN, 32 if plain == "fp32" else 16,
+                          {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[plain])
+    if kb is not None:
+        flags = [f for f in kflags.split("+") if f]
+        if which != "K":
+            raise KVFormatError(f"kv format {whole!r}: kivi is a key format (per channel over a block); "
+                                f"use cb<b>[+rot] or fp16 for values")
+        if len(set(flags)) != len(flags):
+            raise KVFormatError(f"kv format {whole!r}: a flag repeats in {text!r}")
+        bits = int(kb)
+        if not 2 <= bits <= 8:
+            raise KVFormatError(f"kv format {whole!r}: kivi bits must be 2..8, got {bits}")
+        order = "+".join(f for f in ("pre", "alloc", "q8") if f in flags)
+        return SideFormat(f"kivi{bits}" + (f"+{order}" if order else ""), CODE_KIVI, bits, alloc="alloc" in flags,
+                          compact="q8" in flags, pre_rope="pre" in flags)
+    if which != "V":
+        raise KVFormatError(f"kv format {whole!r}: cb (per-token codebook) is a value format here; use "
+                            f"kivi<b>[+pre][+alloc][+q8] or fp16 for keys")
+    bits, group = int(cb), int(grp) if grp else 64
+    if not 2 <= bits <= 8:
+        raise KVFormatError(f"kv format {whole!r}: cb bits must be 2..8, got {bits}")
+    name = f"cb{bits}" + (f"_g{group}" if group != 64 else "") + ("+rot" if rot else "")
+    return SideFormat(name, CODE_CB, bits, group=group, rotate=bool(rot))
+
+
+def parse_split(name: str) -> KVFormat:
+    """``'kivi3+pre+alloc+q8/cb3+rot@sink4@win32'`` -> a split :class:`KVFormat` (see the module
+    docstring); a KVFormatError says which part is wrong."""
+    text = str(name).strip().lower()
+    body, *opts = text.split("@")
+    sink = window = 0
+    for o in opts:
+        m = re.fullmatch(r"(sink|win)(\d+)", o)
+        if not m:
+            raise KVFormatError(f"unknown kv format {name!r}: option '@{o}' is not @sink<S> or @win<W>; {_SPLIT_HELP}")
+        if m.group(1) == "sink":
+            sink = int(m.group(2))
+        else:
+            window = int(m.group(2))
+    parts = body.split("/")
+    if len(parts) != 2:
+        raise KVFormatError(f"unknown kv format {name!r}; {_SPLIT_HELP}")
+    k, v = _side(parts[0], "K", name), _side(parts[1], "V", name)
+    if k.exact and v.exact and not (sink or window):
+        raise KVFormatError(f"kv format {name!r} stores nothing quantized; use kv_cache_dtype={k.name!r}")
+    canon = f"{k.name}/{v.name}" + (f"@sink{sink}" if sink else "") + (f"@win{window}" if window else "")
+    return KVFormat(canon, CODE_SPLIT, "uint8", "token", k_side=k, v_side=v, sink=sink, window=window, bits=0)
+
+
+# The Pareto front of the study's lab formats served by the engine (docs/quant.md, "The front").
+PRESETS: dict[str, str] = {}
+
 ALIASES: dict[str, str] = {"kivi": "int4_kivi", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
                            "float32": "fp32", "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
 _DTYPE_FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8_e4m3",
@@ -113,16 +261,19 @@ def _dtype_name(dtype) -> str:
 
 def lookup(name: str | KVFormat, dtype=None) -> KVFormat:
     """A format by name or alias; ``"auto"`` (or None) means the baseline format of ``dtype``
-    (a torch dtype or its name; float16 when None)."""
+    (a torch dtype or its name; float16 when None); ``K/V[@...]`` names a split format."""
     if isinstance(name, KVFormat):
         return name
     if name is None or name == "auto":
         return format_for_dtype("float16" if dtype is None else dtype)
-    key = str(name).lower()
+    key = str(name).strip().lower()
     key = ALIASES.get(key, key)
-    if key not in FORMATS:
-        raise KVFormatError(f"unknown kv_format {name!r}; use one of 'auto', {', '.join(map(repr, FORMATS))}")
-    return FORMATS[key]
+    if key in FORMATS:
+        return FORMATS[key]
+    if "/" in key or "@" in key:
+        return parse_split(key)
+    raise KVFormatError(f"unknown kv_format {name!r}; use one of 'auto', {', '.join(map(repr, FORMATS))}, "
+                        f"or a split format: {_SPLIT_HELP}")
 
 
 def format_for_dtype(dtype) -> KVFormat:
@@ -145,6 +296,8 @@ def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int,
     per layer, counted by ``KVCacheLayer.nbytes`` and not here.
     """
     fmt = lookup(kv_format, dtype)
+    if fmt.split:
+        return split_bytes_per_token(fmt, num_kv_heads, head_dim, block_size)
     group_size = int4_group(head_dim, group_size)
     if fmt.packed and (group_size < 2 or group_size % 2 or head_dim % group_size):
         raise ShapeError(f"{fmt.name} groups of {group_size} values must be even and divide head_dim {head_dim}; "
@@ -160,3 +313,62 @@ def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int,
     else:
         per_head = head_dim * fmt.bits // 8
     return 2 * num_kv_heads * per_head
+
+
+def check_split(fmt: KVFormat, head_dim: int, block_size: int) -> None:
+    """ShapeError unless a split format fits this cache geometry (groups divide head_dim, codes
+    fill whole bytes, a window is at least one block, the sink fits in the first block)."""
+    for side in (fmt.k_side, fmt.v_side):
+        if side.code == CODE_CB and (head_dim % side.group or side.group < 2):
+            raise ShapeError(f"kv format {fmt.name!r}: {side.name} groups of {side.group} values must divide head_dim "
+                             f"{head_dim}; use one of {[g for g in (8, 16, 32, 64, 128) if head_dim % g == 0]}")
+        if not side.exact and (head_dim * side.bits) % 8:
+            raise ShapeError(f"kv format {fmt.name!r}: {side.bits}-bit codes of head_dim {head_dim} do not fill whole "
+                             "bytes; use a head_dim that is a multiple of 8")
+        if side.rotate and head_dim & (head_dim - 1):
+            raise ShapeError(f"kv format {fmt.name!r}: +rot needs a power-of-two head_dim, got {head_dim}")
+    if fmt.sink and not fmt.window:
+        raise ShapeError(f"kv format {fmt.name!r}: a sink is kept with a window (the first block stays staged "
+                         "beside the window's); add @win<W>, e.g. @win32")
+    if fmt.window and fmt.window < block_size:
+        raise ShapeError(f"kv format {fmt.name!r}: the window ({fmt.window}) must be at least one block "
+                         f"({block_size} tokens); use @win{block_size} or a smaller block_size")
+    if fmt.sink > block_size:
+        raise ShapeError(f"kv format {fmt.name!r}: the sink ({fmt.sink} tokens) must fit in the first block "
+                         f"({block_size}); use @sink{block_size} or less, or a larger block_size")
+
+
+def side_bytes(side: SideFormat, num_kv_heads: int, head_dim: int, block_size: int) -> tuple[int, int]:
+    """``(bytes per token, bytes per block)`` of one side in one layer, side tensors included:
+    CB: codes + an fp16 scale per group per token-head; KIVI: codes per token-head, and per
+    block-head step and zero per channel (fp16 each, or a uint8 step code + an int8 zero code with
+    two fp16 super-scales)."""
+    h, d = num_kv_heads, head_dim
+    if side.exact:
+        return h * d * side.bits // 8, 0
+    if side.code == CODE_CB:
+        return h * (side.row_bytes(d) + 2 * (d // side.group)), 0
+    per_block = h * (2 * d + 4) if side.compact else h * 4 * d
+    return h * side.row_bytes(d), per_block
+
+
+def split_bytes_per_token(fmt: KVFormat, num_kv_heads: int, head_dim: int, block_size: int) -> int:
+    """Steady-state bytes per token of a split format: per-token bytes plus per-block bytes spread
+    over the block (rounded up to whole bytes per token); the staging pool is not counted."""
+    check_split(fmt, head_dim, block_size)
+    tok = blk = 0
+    for side in (fmt.k_side, fmt.v_side):
+        t, b = side_bytes(side, num_kv_heads, head_dim, block_size)
+        tok, blk = tok + t, blk + b
+    return tok + -(-blk // block_size)
+
+
+def staging_tokens_per_seq(fmt: str | KVFormat, block_size: int) -> int:
+    """Token rows of the staging pool one running sequence holds in steady state: the blocks a
+    window overlaps (``ceil(window / block) + 1``; KIVI keys alone: the one unfilled block) and
+    the first block for a sink. Each row holds K and V (split) or K (int4_kivi) of one token."""
+    f = lookup(fmt)
+    if not f.staged:
+        return 0
+    blocks = (-(-f.window // block_size) + 1) if f.window else 1
+    return (blocks + (1 if f.sink else 0)) * block_size

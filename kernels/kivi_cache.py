@@ -205,11 +205,16 @@ def plan_swap(src: KVCacheLayer, dst: KVCacheLayer, m: torch.Tensor, what: str =
         raise b.exhausted(need, f"{what} of {m.shape[0]} blocks")
 
     def commit() -> None:
-        content = a.k[s_old[staged].to(a.k.device)].to(b.k.device)  # all sources read first (a copy)
+        src_rows = s_old[staged].to(a.k.device)
+        content = a.k[src_rows].to(b.k.device)  # all sources read first (a copy)
+        vcontent = a.v[src_rows].to(b.v.device) if a.v is not None and b.v is not None else None
         b.unassign(m[:, 1][~staged].tolist())
         b.assign(m[:, 1][staged & ~d_staged].tolist())
         if content.shape[0]:
-            b.k[b.slots_of(m[:, 1][staged]).to(b.k.device)] = content
+            dst = b.slots_of(m[:, 1][staged]).to(b.k.device)
+            b.k[dst] = content
+            if vcontent is not None:
+                b.v[dst] = vcontent
 
     return commit
 

@@ -1,4 +1,8 @@
-"""``StagingPool``: the baseline-dtype home of an ``int4_kivi`` layer's K for blocks that are not full.
+"""``StagingPool``: exact rows of the blocks a quantized layer still reads exactly.
+
+``int4_kivi``: K (model dtype) of the blocks that are not full. Split formats
+(:mod:`kernels.split`): fp16 K of the blocks whose keys are not sealed yet and, with a sink or a
+window, fp16 K and V (``v``) of the blocks a query may still read exactly.
 
 Invariants (checked by :meth:`StagingPool.check`, kept by every method):
 
@@ -6,7 +10,8 @@ Invariants (checked by :meth:`StagingPool.check`, kept by every method):
   or -1. ``map_host`` is an identical CPU copy that the host reads for bookkeeping, so no method
   reads the device map back (no host sync).
 * A slot belongs to at most one block; ``free`` holds exactly the slots no block maps to.
-* Slot ``s`` owns rows ``k[s]`` ``[block_size, num_kv_heads, head_dim]`` in the model dtype.
+* Slot ``s`` owns rows ``k[s]`` (and ``v[s]`` when the pool keeps values) ``[block_size,
+  num_kv_heads, head_dim]``.
 
 Every method that may need slots first counts them (:meth:`StagingPool.make_room`) and raises
 :class:`~kernels.errors.StagingExhaustedError` before changing anything. A pool made with
@@ -31,14 +36,15 @@ def default_num_staging_blocks(num_blocks: int) -> int:
 class StagingPool:
     """Fixed pool of ``num_slots`` staging blocks plus the block -> slot map."""
 
-    __slots__ = ("k", "block_map", "map_host", "free", "growable")
+    __slots__ = ("k", "v", "block_map", "map_host", "free", "growable")
 
     def __init__(self, num_blocks: int, num_slots: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, *, growable: bool = False) -> None:
+                 dtype: torch.dtype, device: torch.device, *, growable: bool = False, values: bool = False) -> None:
         if int(num_slots) < 0:
             raise ShapeError(f"num_staging_blocks must be >= 0, got {num_slots}")
         self.growable = growable
         self.k = torch.zeros(int(num_slots), block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k) if values else None
         self.block_map = torch.full((num_blocks,), -1, dtype=torch.int32, device=device)
         self.map_host = torch.full((num_blocks,), -1, dtype=torch.int32)
         self.free: list[int] = list(range(int(num_slots) - 1, -1, -1))  # pop() hands out slot 0 first
@@ -57,7 +63,8 @@ class StagingPool:
 
     def nbytes(self) -> int:
         """Bytes of the staging rows and the device map (the host mirror is not counted)."""
-        return self.k.numel() * self.k.element_size() + self.block_map.numel() * 4
+        rows = self.k.numel() * self.k.element_size() * (2 if self.v is not None else 1)
+        return rows + self.block_map.numel() * 4
 
     def make_room(self, needed: int) -> bool:
         """Whether ``needed`` slots are free, after growing the pool if it may grow."""
@@ -70,12 +77,14 @@ class StagingPool:
         new = min(cap, max(old + short, 2 * old))
         extra = torch.zeros(new - old, *self.k.shape[1:], dtype=self.k.dtype, device=self.k.device)
         self.k = torch.cat([self.k, extra])
+        if self.v is not None:
+            self.v = torch.cat([self.v, extra])
         self.free[:0] = range(new - 1, old - 1, -1)  # free slots already listed are handed out first
         return True
 
     def exhausted(self, needed: int, what: str) -> StagingExhaustedError:
         return StagingExhaustedError(
-            f"int4_kivi staging pool is full: {what} needs {needed} free slot(s), {self.num_free} of "
+            f"the staging pool is full: {what} needs {needed} free slot(s), {self.num_free} of "
             f"{self.num_slots} are free. Allocate the layer with a larger num_staging_blocks= (at least the "
             f"number of blocks that are not full at once, about one per running request), or call "
             f"kernels.release_blocks(layer, ids) for blocks the KV manager freed")

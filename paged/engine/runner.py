@@ -40,7 +40,7 @@ class PagedAttention:
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layer, m = self.layers[layer_idx], self.meta
         if layer_idx not in self.shared:
-            kernels.write_kv(k, v, layer, None, m.slot_mapping, backend=self.backend)
+            kernels.write_kv(k, v, layer, None, m.slot_mapping, backend=self.backend, positions=m.positions)
         if self.decode_only:
             return kernels.paged_decode_attention(q, layer, None, m.block_tables, m.seq_lens, backend=self.backend)
         return kernels.paged_prefill_attention(q, layer, None, m.block_tables, m.seq_lens, m.query_start_loc,
@@ -87,16 +87,19 @@ class ModelRunner:
         # (forks for n > 1 and beams are not bounded by max_num_seqs; at most one slot per block).
         # ``num_staging_blocks`` (the engine's, when it sized the cache from a memory budget) is
         # a fixed device pool counted in that budget: it does not grow.
-        staged = kernels.get_format(kv_cache_dtype, self.dtype).k_per_channel
+        fmt = kernels.get_format(kv_cache_dtype, self.dtype)
+        staged = fmt.staged
         fixed = num_staging_blocks
+        tables = self._split_tables(fmt, kv.block_size) if fmt.split else None
+        owners = list(owner_layers(share, cfg.num_layers))
         staging = lambda n, dev: ({} if not staged else  # noqa: E731
                                   {"num_staging_blocks": fixed, "grow_staging": False}
                                   if fixed is not None and dev == self.device else
                                   {"num_staging_blocks": min(n, max_num_seqs + 16), "grow_staging": True})
         mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
             n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
-            **staging(n, dev))  # int4 group: kernels.int4_group's default, as the engine's byte budget assumes
-            for _ in owner_layers(share, cfg.num_layers)]
+            **staging(n, dev), **({"tables": tables[i]} if tables else {}))
+            for i in owners]  # int4 group: kernels.int4_group's default, as the engine's byte budget assumes
         self.layers = mk(kv.num_blocks, self.device)
         self.layer_caches = [self.layers[k] for k in cache_index(share, cfg.num_layers)]
         self.shared = frozenset(share or ())
@@ -112,6 +115,34 @@ class ModelRunner:
         self.cpu_layers = self.swap.host_layers
         owner = {id(c): i for i, c in enumerate(self.layers)}
         self.swap_layer_of = [owner[id(c)] for c in self.layer_caches]
+
+    def _split_tables(self, fmt, block_size: int) -> list:
+        """Per model layer, a split format's constants: the model's RoPE rows (``+pre`` keys), and
+        widths/codebooks from the calibration artefact fitted on this model
+        (:func:`paged.quant.artefact.for_model`; a missing or mismatched one is a ConfigError)."""
+        cfg = self.model.config
+        rope = self.model.rope
+        rope.ensure(torch.tensor([cfg.max_position_embeddings - 1]))
+        rows = (rope.cos, rope.sin_signed)
+        art = None
+        if fmt.calibrated:
+            from paged.quant.artefact import for_model
+            art = for_model(self.model, fmt, block_size)
+        return [art.tables(fmt, i, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, self.device, rows)
+                if art is not None else kernels.default_tables(fmt, cfg.num_kv_heads, cfg.head_dim, self.device,
+                                                               rope=rows)
+                for i in range(cfg.num_layers)]
+
+    def _retire_window(self, meta: BatchMetadata) -> None:
+        """Window formats: free the staging of blocks no query reads exactly any more (not shared
+        with another sequence: those wait until they are freed)."""
+        fmt = self.layers[0].kv_format
+        if not (fmt.split and fmt.window):
+            return
+        from kernels.split import window_out_blocks
+        ids = [b for b in window_out_blocks(meta.block_tables, meta.seq_lens, fmt, self.kv.block_size)
+               if self.kv.pool.ref_count(b) == 1]
+        self.release_blocks(ids)
 
     def cache_bytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
@@ -156,7 +187,8 @@ class ModelRunner:
         t1 = time.perf_counter()
         if not chunks:
             return ForwardResult([], torch.zeros(0, self.model.config.vocab_size), 0.0, 0)
-        meta = build_batch(chunks, self.kv).to(self.device)
+        host_meta = build_batch(chunks, self.kv)
+        meta = host_meta.to(self.device)
         attn = (torch_attention.TorchAttentionPlan(self.layer_caches, meta, self.shared) if self.planned
                 else PagedAttention(self.layer_caches, meta, self.backend, self.shared))
         hidden = self.model(meta.input_ids, meta.positions, self.swap.fenced(attn, self.swap_layer_of))
@@ -170,6 +202,7 @@ class ModelRunner:
                 if n > 0:
                     prompt[c.request_id] = (c.start, self.model.compute_logits(hidden[off:off + n]))
                 off += c.num_tokens
+        self._retire_window(host_meta)
         self._sync()
         return ForwardResult([meta.request_ids[i] for i in rows], logits,
                              (time.perf_counter() - t1) * 1e3, meta.num_tokens, prompt or None)

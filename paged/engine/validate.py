@@ -53,6 +53,20 @@ def check_engine_config(c: Any) -> None:
     if c.attention_backend is not None and not isinstance(c.attention_backend, str):
         raise bad(f"attention_backend must be None or a backend name, got {c.attention_backend!r}")
     c.kv_share_with = check_share_map(getattr(c, "kv_share_with", None))  # ranges: once the model is known
+    _check_split_format(c, bad)
+
+
+def _check_split_format(c: Any, bad) -> None:
+    """A split format with a sink or window reads a sequence's recent (and first) tokens from exact
+    copies that a block reused from the prefix cache no longer has: it needs prefix caching off."""
+    from paged._kernels import kernels
+    try:
+        fmt = kernels.get_format(c.kv_cache_dtype)
+    except kernels.KernelError:
+        return  # unknown names are reported where the cache is sized
+    if fmt.split and (fmt.sink or fmt.window) and c.enable_prefix_caching:
+        raise bad(f"kv_cache_dtype {c.kv_cache_dtype!r} reads its sink/window tokens from exact copies that a "
+                  "block taken from the prefix cache does not keep; pass enable_prefix_caching=False")
 
 
 def fit_budget(budget: int, block_bytes: int, mcfg, c, dtype: torch.dtype,
@@ -62,12 +76,19 @@ def fit_budget(budget: int, block_bytes: int, mcfg, c, dtype: torch.dtype,
     plus a 4-byte block map) is counted inside the budget and does not grow. ``num_layers``: the
     layers that own a cache (all of ``mcfg``'s by default; fewer with ``kv_share_with``)."""
     from paged._kernels import kernels
-    if not kernels.get_format(c.kv_cache_dtype, dtype).k_per_channel:
+    fmt = kernels.get_format(c.kv_cache_dtype, dtype)
+    if not fmt.staged:
         return int(budget // block_bytes), None
     layers = num_layers or mcfg.num_layers
-    slot = layers * c.block_size * mcfg.num_kv_heads * mcfg.head_dim * dtype.itemsize
     per_block = block_bytes + 4 * layers
+    slot = layers * c.block_size * mcfg.num_kv_heads * mcfg.head_dim * dtype.itemsize
     cap = c.max_num_seqs + 16
+    if fmt.split:  # fp16 rows of K (and V with a sink/window); a window also stages one step's new blocks
+        from kernels.format_table import staging_tokens_per_seq
+        slot = layers * c.block_size * mcfg.num_kv_heads * mcfg.head_dim * 2 * (2 if fmt.sink or fmt.window else 1)
+        per_seq = staging_tokens_per_seq(fmt, c.block_size) // c.block_size
+        step = -(-(c.max_num_batched_tokens or 2048) // c.block_size) + c.max_num_seqs if fmt.window else 0
+        cap = c.max_num_seqs * per_seq + step + 16
     n = int(budget // (per_block + slot))     # few blocks: one staging slot each
     if n > cap:
         n = int(max(0, budget - cap * slot) // per_block)

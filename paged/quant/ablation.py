@@ -59,6 +59,7 @@ class Evaluator:
         self.lm, self.chunks, self.calib = lm, list(chunks), calib
         self.cache_dir = Path(cache_dir or os.environ.get("PAGED_QUANT_CACHE", "/tmp/paged-quant-base"))
         self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._artefacts: dict = {}
 
     def _base(self, ch: Chunk) -> torch.Tensor:
         key = hashlib.sha1(np.asarray(ch.ids, dtype=np.int64).tobytes()).hexdigest()[:20]
@@ -71,9 +72,23 @@ class Evaluator:
         torch.save(logits, path)
         return logits
 
-    def stats(self, spec: LabSpec) -> dict[str, list[TokenStats]]:
+    def cache(self, spec):
+        """The one-sequence cache of a :class:`LabSpec` or a :class:`~paged.quant.split_cache.Served`
+        split format (tables fitted on this evaluator's calibration)."""
+        from .split_cache import Served, SplitCache, tables_for
+        if not isinstance(spec, Served):
+            return LabCache(spec, self.lm.model, self.calib)
+        from .artefact import fit
+        key = (spec.fmt.name, spec.block_size)
+        if spec.fmt.calibrated and key not in self._artefacts:
+            self._artefacts[key] = fit(self.calib, [spec.fmt.name], [spec.block_size], self.lm.model)
+        art = self._artefacts.get(key)
+        return SplitCache(spec.fmt, self.lm.model, tables_for(spec.fmt, self.lm.model, art, spec.block_size),
+                          spec.block_size)
+
+    def stats(self, spec) -> dict[str, list[TokenStats]]:
         """Per source, one TokenStats per chunk."""
-        cache = LabCache(spec, self.lm.model, self.calib)
+        cache = self.cache(spec)
         out: dict[str, list[TokenStats]] = {}
         for ch in self.chunks:
             rows = scored_slice(len(ch.ids))
@@ -85,7 +100,9 @@ class Evaluator:
     def run(self, spec: LabSpec, **extra) -> list[dict]:
         """One row per source and ``"all"`` for ``spec`` (``extra`` columns added to each)."""
         cfg = self.lm.config
-        kb, vb, bits = spec.bits(cfg.num_layers, cfg.head_dim, 2048)
+        from .split_cache import Served
+        kb, vb, bits = (spec.bits(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) if isinstance(spec, Served)
+                        else spec.bits(cfg.num_layers, cfg.head_dim, 2048))
         per = self.stats(spec)
         per["all"] = [s for parts in list(per.values()) for s in parts]
         rows = []
@@ -110,7 +127,8 @@ class Evaluator:
         ``csv`` as each spec finishes (so a long run keeps what it measured)."""
         rows: list[dict] = []
         for spec in specs:
-            todo = [("both", spec)] + ([("k_only", spec.k_only()), ("v_only", spec.v_only())] if decompose else [])
+            todo = [("both", spec)] + ([("k_only", spec.k_only()), ("v_only", spec.v_only())]
+                                       if decompose and hasattr(spec, "k_only") else [])
             for part, s in todo:
                 got = self.run(s, part=part, of=spec.name, **extra)
                 rows += got

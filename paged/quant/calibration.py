@@ -23,7 +23,7 @@ import torch
 from paged.errors import ConfigError
 from .text import text_dir
 
-__all__ = ["Calibration", "collect", "calibration_text", "unrope", "rope", "CALIBRATION_FILE"]
+__all__ = ["Calibration", "collect", "calibration_text", "model_tag", "CALIBRATION_FILE"]
 
 CALIBRATION_FILE = "calibration.txt"
 
@@ -34,16 +34,6 @@ def calibration_text() -> str:
     if not path.is_file():
         raise ConfigError(f"{path} is missing; rebuild it with `python data/text/make_text.py`")
     return path.read_text()
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """RoPE (rotate-half) of ``x`` ``[T, H, D]`` with the model's rows ``cos``/``sin_signed`` ``[T, D]``."""
-    return x * cos[:, None] + x.roll(x.shape[-1] // 2, -1) * sin_signed[:, None]
-
-
-def unrope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """The inverse rotation of :func:`rope` (the same rows, angle negated)."""
-    return x * cos[:, None] - x.roll(x.shape[-1] // 2, -1) * sin_signed[:, None]
 
 
 @dataclass
@@ -103,6 +93,7 @@ class _Recorder:
         from .attention import attend
         q, k, v = q.float(), k.float(), v.float()
         t, h = k.shape[0], k.shape[1]
+        from kernels.split import unrope
         cos, sin = self.model.rope.cos[:t], self.model.rope.sin_signed[:t]
         keep = self.keep[self.keep < t]
         self.rows["k_post"][layer].append(k[keep])

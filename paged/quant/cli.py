@@ -23,6 +23,13 @@ def add_parser(sub) -> None:
     q.add_argument("--json", action="store_true", help="print the table as JSON records")
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=cmd_quant)
+    c = sub.add_parser("quant-calibrate", help="fit the per-layer tables of split KV formats on the calibration text")
+    c.add_argument("--model", default="smollm2", help="embedded default, a .gguf file or an HF directory")
+    c.add_argument("--formats", required=True,
+                   help="split formats, comma-separated, e.g. 'kivi3+pre+alloc+q8/cb3+rot@sink4@win32'")
+    c.add_argument("--block-size", default="32", help="block sizes the key widths are fitted for (e.g. 16,32)")
+    c.add_argument("--out", required=True, help="the artefact file (safetensors) to write")
+    c.set_defaults(func=cmd_calibrate)
 
 
 def cmd_quant(args: argparse.Namespace) -> int:
@@ -55,4 +62,21 @@ def cmd_quant(args: argparse.Namespace) -> int:
         print(df[df.source == "all"][_SHOW].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
         if args.csv:
             print(f"\n{len(df)} rows -> {args.csv}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from paged.errors import ConfigError
+    from paged.quant.artefact import fit
+    from paged.quant.calibration import collect
+    from paged.quant.runs import load
+    try:
+        sizes = [int(b) for b in str(args.block_size).split(",") if b.strip()]
+    except ValueError:
+        raise ConfigError(f"--block-size takes integers separated by commas, got {args.block_size!r}") from None
+    lm = load(args.model)
+    calib = collect(lm)
+    art = fit(calib, [f for f in args.formats.split(",") if f.strip()], sizes, lm.model)
+    art.save(args.out)
+    print(f"{args.out}: {art.describe()}")
     return 0

@@ -38,8 +38,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from paged.errors import ConfigError
-from .calibration import Calibration, rope, unrope
-from .codec import hadamard
+from kernels.split import hadamard, lloyd_levels as lloyd_max, rope, unrope
+
+from .artefact import allocate_bits
+from .calibration import Calibration
 
 __all__ = ["SideSpec", "LabSpec", "LabCache", "lloyd_max", "normal_codebook", "EXACT"]
 
@@ -178,22 +180,6 @@ class LabSpec:
         return replace(self, k=EXACT, layers=tuple((i, EXACT, v) for i, _, v in self.layers), label="")
 
 
-def lloyd_max(x: torch.Tensor, n: int, iters: int = 60) -> torch.Tensor:
-    """Lloyd-Max (1-D k-means) levels ``[n]`` (sorted, float32) for samples ``x``, started at the
-    quantiles; an empty cell keeps its level."""
-    xs = x.double().flatten().sort().values
-    lv = torch.quantile(xs[:: max(1, xs.numel() // 100000)], (torch.arange(n, dtype=torch.float64) + 0.5) / n)
-    for _ in range(iters):
-        cell = torch.bucketize(xs, (lv[1:] + lv[:-1]) / 2)
-        cnt = torch.bincount(cell, minlength=n).double()
-        tot = torch.bincount(cell, weights=xs, minlength=n)
-        new = torch.where(cnt > 0, tot / cnt.clamp_min(1), lv)
-        if torch.allclose(new, lv, atol=1e-9, rtol=0):
-            break
-        lv = new.sort().values
-    return lv.float()
-
-
 def normal_codebook(bits: int, group: int, scale: str = "absmax", samples: int = 1 << 18) -> torch.Tensor:
     """The Lloyd-Max levels of ``x / s`` for Gaussian vectors of ``group`` values (``s`` their absmax
     or rms): the codebook of a rotated vector without calibration (seeded, deterministic)."""
@@ -312,26 +298,6 @@ def channel_codebook(z: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     u = (x - mn) / (mx - mn).clamp_min(1e-12)
     lv = lloyd_max(u.flatten()[:: max(1, u.numel() // 400000)], 1 << bits)
     return (lv - lv.min()) / (lv.max() - lv.min())
-
-
-# Lloyd-Max distortion of a unit Gaussian at 0..8 bits (0 bits: the mean, distortion 1)
-_GAUSS_D = (1.0, 0.3634, 0.1175, 0.03454, 0.009497, 0.002499, 0.000642, 0.000163, 0.0000411)
-
-
-def allocate_bits(importance: torch.Tensor, mean_bits: float, max_bits: int = 8) -> torch.Tensor:
-    """Integer bits per entry of ``importance`` ``[H, D]`` (error at 0 bits), ``mean_bits`` on
-    average per row, by greedy marginal return on the Gaussian Lloyd-Max distortion curve."""
-    h, d = importance.shape
-    bits = torch.zeros(h, d, dtype=torch.long)
-    dist = torch.tensor(_GAUSS_D, dtype=torch.float64)
-    imp = importance.double()
-    for row in range(h):
-        for _ in range(int(round(mean_bits * d))):
-            b = bits[row]
-            gain = imp[row] * (dist[b] - dist[(b + 1).clamp(max=max_bits)])
-            gain[b >= max_bits] = -1
-            bits[row, int(gain.argmax())] += 1
-    return bits
 
 
 @functools.lru_cache(maxsize=None)
