@@ -1,0 +1,90 @@
+"""Host-side launchers of the split-format attention kernels (:mod:`.split_attention`)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from ..cache import KVCacheLayer
+from ..errors import ShapeError
+from ..format_table import CODE_PLAIN
+from .attention import decode_merge_kernel
+from .common import INTERPRETED
+from .launch import _dot_code, _pow2, choose_num_splits
+from .split_attention import split_decode_kernel, split_prefill_kernel
+
+
+def _args(layer: KVCacheLayer) -> tuple[list[torch.Tensor], dict]:
+    """Tensors (dummies where a side has none: never read) and constexprs of a split layer."""
+    fmt, t, st = layer.kv_format, layer.tables, layer.staging
+    ks, vs = fmt.k_side, fmt.v_side
+    d = layer.head_dim
+    dummy = layer.k
+    pick = lambda x: dummy if x is None else x  # noqa: E731
+    has_rows = st is not None and st.num_slots > 0
+    ptrs = [layer.k, layer.v, pick(layer.k_scale), pick(layer.k_zero), pick(layer.k_super), pick(layer.v_scale),
+            pick(t.k_width), pick(t.k_offset), pick(t.v_levels), pick(t.cos), pick(t.sin), pick(t.hadamard),
+            st.k if has_rows else dummy, st.v if has_rows and st.v is not None else dummy,
+            st.block_map if st is not None else dummy]
+    win = bool(fmt.sink or fmt.window)
+    const = dict(RK=d if ks.exact else ks.row_bytes(d), RV=d if vs.exact else vs.row_bytes(d),
+                 VBITS=vs.bits, VG=vs.group if not vs.exact else d, KFMT=ks.code, VFMT=vs.code,
+                 COMPACT=ks.compact, PRE=ks.pre_rope, ROT=vs.rotate, WIN=win,
+                 STAGED=(st is not None and not win and ks.code != CODE_PLAIN), VSTAGED=win)
+    return ptrs, const
+
+
+def split_decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                        scale: float, num_splits: int | None = None) -> torch.Tensor:
+    """Two-stage split-KV decode over a split layer (the merge is the common kernel)."""
+    s, hq, d = q.shape
+    h, bs = layer.num_kv_heads, layer.block_size
+    group = hq // h
+    gp = max(16, _pow2(group))
+    block_d = max(16, _pow2(d))
+    block_n = 16 if INTERPRETED else 64
+    max_len = block_tables.shape[1] * bs
+    if num_splits is not None and int(num_splits) < 1:
+        raise ShapeError(f"num_splits must be >= 1 (or None to choose), got {num_splits}")
+    nsplit = int(num_splits) if num_splits is not None else choose_num_splits(s, h, max_len, q.device)
+    per_split = max(block_n, math.ceil(max(1, max_len) / nsplit / block_n) * block_n)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if s == 0:
+        return out
+    mid_o = torch.empty(s, hq, nsplit, block_d, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(s, hq, nsplit, dtype=torch.float32, device=q.device)
+    lse = torch.empty(s, hq, dtype=torch.float32, device=q.device)
+    ptrs, const = _args(layer)
+    fmt = layer.kv_format
+    split_decode_kernel[(s, h, nsplit)](
+        q.contiguous(), *ptrs, block_tables, seq_lens, mid_o, mid_lse, scale, block_tables.stride(0), per_split,
+        nsplit, fmt.sink, fmt.window, HQ=hq, H=h, D=d, BS=bs, GROUP=group, GP=gp, BLOCK_N=block_n,
+        BLOCK_D=block_d, DOT=_dot_code(q.dtype, q.device), **const)
+    decode_merge_kernel[(s * hq,)](mid_o, mid_lse, out, lse, nsplit, D=d, SP=max(2, _pow2(nsplit)), BLOCK_D=block_d)
+    return out
+
+
+def split_prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                         query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+    """Prefill/extend over a split layer (one host sync for the longest query)."""
+    t, hq, d = q.shape
+    n = block_tables.shape[0]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if t == 0 or n == 0:
+        return out
+    h, bs = layer.num_kv_heads, layer.block_size
+    group = hq // h
+    gp = _pow2(group)
+    block_q = max(1, (16 if INTERPRETED else 64) // gp)
+    if block_q * gp < 16:
+        block_q = 16 // gp
+    max_q = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    block_n = 16 if INTERPRETED else 64
+    ptrs, const = _args(layer)
+    fmt = layer.kv_format
+    split_prefill_kernel[(n, h, triton.cdiv(max_q, block_q))](
+        q.contiguous(), *ptrs, block_tables, seq_lens, query_start_loc, out, scale, block_tables.stride(0),
+        fmt.sink, fmt.window, HQ=hq, H=h, D=d, BS=bs, GROUP=group, GP=gp, BLOCK_Q=block_q, BLOCK_N=block_n,
+        BLOCK_D=max(16, _pow2(d)), DOT=_dot_code(q.dtype, q.device), **const)
+    return out
