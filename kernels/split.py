@@ -490,6 +490,11 @@ def attend_split(q: torch.Tensor, qpos: torch.Tensor, kq: torch.Tensor, ke: torc
         exact = (j[None, :] < fmt.sink) | ((qpos[:, None] - j[None, :]) < fmt.window)
     else:
         exact = staged[None, :].expand(q.shape[0], ctx) if ke is not None else None
+    if exact is not None:  # rows no query reads may hold anything (stale staging, unsealed codes): zero them
+        kq = kq.masked_fill(exact.all(0)[:, None, None], 0.0)
+        ke = ke.masked_fill(~exact.any(0)[:, None, None], 0.0)
+        if ve is not None:
+            ve = ve.masked_fill(~exact.any(0)[:, None, None], 0.0)
     qh = q.float().transpose(0, 1)                                       # [Hq, n, D]
     kk = lambda x: x.repeat_interleave(rep, 1).transpose(0, 1)            # noqa: E731  [Hq, ctx, D]
     s = torch.matmul(qh, kk(kq).transpose(1, 2))
@@ -532,17 +537,59 @@ def split_prefill_ref(q: torch.Tensor, layer: "KVCacheLayer", block_tables: torc
 
 def split_decode_ref(q: torch.Tensor, layer: "KVCacheLayer", block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      scale: float, need_lse: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One query per sequence (at position ``seq_len - 1``); the same math as :func:`attend_split`."""
-    s = q.shape[0]
-    out = torch.zeros_like(q)
-    lse = torch.full((s, q.shape[1]), -math.inf, dtype=torch.float32, device=q.device) if need_lse else None
-    qsl = torch.arange(s + 1, dtype=torch.int32)
-    lens = seq_lens.tolist()
-    for i, ctx in enumerate(lens):
-        if ctx == 0:
-            continue
-        out[i:i + 1] = split_prefill_ref(q[i:i + 1], layer, block_tables[i:i + 1], seq_lens[i:i + 1],
-                                         qsl[:2], scale)
+    """One query per sequence (at position ``seq_len - 1``): the math of :func:`attend_split`,
+    vectorized over sequences (in chunks that bound the gathered memory). A query reads each key
+    either exactly or from its codes, so the two are chosen per key before one softmax."""
     if need_lse:
         raise KVFormatError("return_lse is not available for split formats; call without it")
-    return out, lse
+    s, hq, d = q.shape
+    out = torch.zeros_like(q)
+    if s == 0:
+        return out, None
+    per_seq = (int(seq_lens.max()) + layer.block_size) * layer.num_kv_heads * d * 4
+    step = max(1, (1 << 25) // max(1, per_seq))
+    for i in range(0, s, step):
+        out[i:i + step] = _decode_chunk(q[i:i + step], layer, block_tables[i:i + step], seq_lens[i:i + step], scale)
+    return out, None
+
+
+def _decode_chunk(q: torch.Tensor, layer: "KVCacheLayer", bt: torch.Tensor, sl: torch.Tensor, scale: float
+                  ) -> torch.Tensor:
+    fmt, bs, h = layer.kv_format, layer.block_size, layer.num_kv_heads
+    s, hq, d = q.shape
+    lens = sl.long()
+    nblk = max(1, -(-int(lens.max()) // bs))
+    t = nblk * bs
+    blocks = bt[:, :nblk].long().clamp(0, layer.num_blocks - 1)
+    starts = (torch.arange(nblk, device=q.device) * bs).expand(s, nblk)
+    kq = _decode_k(layer, blocks, starts).reshape(s, t, h, d)
+    vq = _decode_v(layer, blocks, blocks=True).reshape(s, t, h, d)
+    j = torch.arange(t, device=q.device)
+    visible = j[None, :] < lens[:, None]
+    stale = ~visible[:, :, None, None]  # slots past a sequence's length may hold anything (NaN too)
+    kq, vq = kq.masked_fill(stale, 0.0), vq.masked_fill(stale, 0.0)
+    pool = layer.staging
+    exact = None
+    if pool is not None and pool.num_slots:
+        st = pool.block_map.index_select(0, blocks.reshape(-1)).long().view(s, nblk)
+        rows = st.clamp(min=0).reshape(-1)
+        if fmt.window or fmt.sink:
+            exact = (j[None, :] < fmt.sink) | ((lens[:, None] - 1 - j[None, :]) < fmt.window)
+        else:
+            exact = (st >= 0).repeat_interleave(bs, 1)
+        ke = pool.k.index_select(0, rows).float().view(s, t, h, d)
+        kq = torch.where(exact[:, :, None, None] & visible[:, :, None, None], ke, kq)
+    rep = hq // h
+    qg = q.float().view(s, h, rep, d)
+    sc = torch.einsum("shgd,sthd->shgt", qg, kq) * scale
+    p = torch.softmax(sc.masked_fill(~visible[:, None, None, :], -math.inf), -1)
+    windowed = exact is not None and pool.v is not None and bool(fmt.window or fmt.sink)
+    pq = p.masked_fill(exact[:, None, None, :], 0.0) if windowed else p
+    o = torch.einsum("shgt,sthd->shgd", pq, vq)
+    if fmt.v_side.rotate:
+        o = o @ layer.tables.hadamard.T
+    if windowed:
+        ve = pool.v.index_select(0, rows).float().view(s, t, h, d).masked_fill(stale, 0.0)
+        o = o + torch.einsum("shgt,sthd->shgd", p.masked_fill(~exact[:, None, None, :], 0.0), ve)
+    o = torch.where((lens > 0)[:, None, None, None], o, torch.zeros_like(o))
+    return o.reshape(s, hq, d).to(q.dtype)

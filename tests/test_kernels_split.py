@@ -1,0 +1,229 @@
+"""Split KV formats (kernels/split.py): the format table, bit packing, codecs, writes with staging,
+the Triton kernels against the torch reference (interpreter), copies and swaps, bad input."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import kernels
+from kernels import format_table as ft
+from kernels import split as S
+from kernels.backend import interpreter_enabled
+
+FORMATS = ["kivi3+pre+alloc+q8/cb3+rot@sink4@win16", "kivi4+pre/cb4", "kivi2+q8/cb2_g32+rot",
+           "fp16/cb3+rot@win16", "kivi3/fp16", "kivi5+alloc/cb5+rot@win8"]
+
+
+def _widths(fmt, h, d, seed=0):
+    """A non-uniform width table (0..8 bits, some zeros) with the format's mean."""
+    g = torch.Generator().manual_seed(seed)
+    b = fmt.k_side.bits
+    w = torch.full((h, d), b, dtype=torch.int32)
+    for row in range(h):
+        for _ in range(d):
+            i, j = torch.randint(0, d, (2,), generator=g).tolist()
+            if w[row, i] > 0 and w[row, j] < 8 and i != j:
+                w[row, i] -= 1
+                w[row, j] += 1
+    return w
+
+
+def _layer(name, nb=12, bs=8, h=2, d=64, slots=16, seed=0):
+    fmt = kernels.get_format(name)
+    tables = None
+    if fmt.k_side.alloc:
+        tables = kernels.default_tables(fmt, h, d, k_width=_widths(fmt, h, d, seed))
+    return kernels.allocate_kv_cache(nb, bs, h, d, fmt, dtype=torch.float32, num_staging_blocks=slots, tables=tables)
+
+
+def _fill(layer, lens, tables, seed=0, step=None):
+    """Write sequences of ``lens`` tokens through ``tables`` (in pieces of ``step``, or at once)."""
+    g = torch.Generator().manual_seed(seed)
+    bs, h, d = layer.block_size, layer.num_kv_heads, layer.head_dim
+    for L, tb in zip(lens, tables):
+        k, v = torch.randn(L, h, d, generator=g), torch.randn(L, h, d, generator=g)
+        k[:, :, 3] += 4  # an outlier channel
+        slots = torch.tensor(tb)[torch.arange(L) // bs] * bs + torch.arange(L) % bs
+        pieces = [(0, L)] if step is None else [(a, min(L, a + step)) for a in range(0, L, step)]
+        for a, b in pieces:
+            kernels.write_kv(k[a:b], v[a:b], layer, None, slots[a:b].int(), positions=torch.arange(a, b))
+
+
+def test_names_parse_to_canonical_split_formats():
+    f = ft.lookup("kivi3+q8+alloc+pre/cb3+rot@win32@sink4")
+    assert f.split and f.name == "kivi3+pre+alloc+q8/cb3+rot@sink4@win32" and f.staged and f.calibrated
+    assert (f.k_side.bits, f.k_side.pre_rope, f.k_side.alloc, f.k_side.compact) == (3, True, True, True)
+    assert (f.v_side.bits, f.v_side.group, f.v_side.rotate) == (3, 64, True)
+    assert ft.lookup(f.name) == f
+    plain = ft.lookup("kivi4/fp16")
+    assert not plain.calibrated and plain.staged and plain.v_side.exact
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("kivi9/cb3", "2..8"), ("cb3/cb3", "value format"), ("kivi3/kivi3", "key format"),
+    ("kivi3/cb3@foo", "@sink<S> or @win<W>"), ("fp16/fp16", "nothing quantized"), ("kivi3+rot/cb3", "not a side"),
+    ("int3/int3", "unknown"), ("kivi3/cb3+pre", "not a side")])
+def test_bad_names_say_what_to_change(bad, match):
+    with pytest.raises(kernels.KVFormatError, match=match):
+        ft.lookup(bad)
+
+
+@pytest.mark.parametrize("bad,bs,match", [
+    ("kivi3/cb3_g48", 16, "divide head_dim 64"), ("kivi3/cb3@win8", 16, "at least one block"),
+    ("kivi3/cb3@sink4", 16, "add @win"), ("kivi3/cb3@sink32@win32", 16, "fit in the first block")])
+def test_bad_geometry_says_what_to_change(bad, bs, match):
+    with pytest.raises(kernels.ShapeError, match=match):
+        ft.bytes_per_token(bad, 2, 64, block_size=bs)
+    with pytest.raises(kernels.ShapeError, match=match):
+        kernels.allocate_kv_cache(4, bs, 2, 64, bad, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("name,bs", [(n, b) for n in FORMATS for b in (8, 16)
+                                     if not 0 < kernels.get_format(n).window < b])  # a window spans a block
+def test_bytes_per_token_is_what_the_allocator_allocates(name, bs):
+    nb, h, d = 6, 3, 64
+    layer = _layer(name, nb=nb, bs=bs, h=h, d=d, slots=2)
+    fixed = layer.staging.nbytes() if layer.staging is not None else 0
+    per_tok = ft.bytes_per_token(name, h, d, block_size=bs)
+    assert abs((layer.nbytes() - fixed) - nb * bs * per_tok) < nb * bs  # per-block bytes rounded up per token
+    assert ft.staging_tokens_per_seq(name, bs) % bs == 0
+
+
+def test_bit_packing_round_trips_any_widths_and_is_int4_at_four_bits():
+    g = torch.Generator().manual_seed(1)
+    fmt = kernels.get_format("kivi3/fp16")
+    w = _widths(fmt, 3, 64, seed=5)
+    off, rb = S.bit_layout(w, 3)
+    codes = (torch.rand(7, 3, 64, generator=g) * (1 << w).float()).long()
+    packed = S.pack_bits(codes, w, off, rb)
+    assert packed.shape == (7, 3, 24) and torch.equal(S.unpack_bits(packed, w, off), codes)
+    w4 = S.uniform_widths(3, 64, 4)
+    off4, rb4 = S.bit_layout(w4, 4)
+    c4 = torch.randint(0, 16, (5, 3, 64), generator=g)
+    assert torch.equal(S.pack_bits(c4, w4, off4, rb4), kernels.pack_int4(c4))
+    with pytest.raises(kernels.KVFormatError, match="sum to 192"):
+        S.bit_layout(w4, 3)
+
+
+def test_codecs_bound_their_error():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 2, 64, generator=g)
+    lv = S.normal_levels(4, 64)
+    codes, s = S.cb_quantize(x, lv, 64)
+    y = S.cb_dequantize(codes, s, lv)
+    gap = (lv[1:] - lv[:-1]).max() * x.abs().amax(-1, keepdim=True) / lv.abs().max()
+    assert ((y - x).abs() <= gap / 2 + 1e-3).all()
+    w = _widths(kernels.get_format("kivi3/fp16"), 2, 64)
+    blk = torch.randn(5, 8, 2, 64, generator=g)
+    for compact in (False, True):
+        c, st, z, sup = S.kivi_quantize(blk, w, compact)
+        assert int(c.max()) <= 255 and bool((c < (1 << w.long())).all() | (w == 0).all())
+        y = S.kivi_dequantize(c, w, st, z, sup)
+        step, zero = S.kivi_step_zero(st, z, sup)
+        assert ((y - blk).abs() <= step.unsqueeze(1) * (0.5 + (w == 0).float()) + 2e-3 * blk.abs().amax()).all()
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_token_by_token_writes_store_what_one_write_stores(name):
+    bs = 8
+    lens, tables = [45, 7, 17], [[3, 7, 1, 0, 5, 9], [2], [4, 6, 8]]
+    a, b = _layer(name, bs=bs), _layer(name, bs=bs)
+    _fill(a, lens, tables)
+    _fill(b, lens, tables, step=1)
+    for x, y in zip(a.block_tensors(), b.block_tensors()):
+        assert torch.equal(x, y)
+    if a.staging is not None:
+        for blk in range(a.num_blocks):
+            sa, sb = int(a.staging.map_host[blk]), int(b.staging.map_host[blk])
+            assert (sa >= 0) == (sb >= 0)
+            if sa >= 0:
+                assert torch.equal(a.staging.k[sa], b.staging.k[sb])
+        a.staging.check()
+        b.staging.check()
+
+
+def test_positions_are_required_where_the_format_uses_them():
+    layer = _layer("kivi3+pre/cb3")
+    k = torch.randn(3, 2, 64)
+    with pytest.raises(kernels.ShapeError, match="positions="):
+        kernels.write_kv(k, k, layer, None, torch.arange(3, dtype=torch.int32))
+
+
+def test_staging_exhaustion_changes_nothing():
+    layer = _layer("kivi3/cb3@win8", bs=8, slots=2)
+    before = [t.clone() for t in layer.block_tensors()]
+    k = torch.randn(24, 2, 64)
+    with pytest.raises(kernels.StagingExhaustedError, match="staging pool is full"):
+        kernels.write_kv(k, k, layer, None, torch.arange(24, dtype=torch.int32), positions=torch.arange(24))
+    assert all(torch.equal(x, y) for x, y in zip(before, layer.block_tensors()))
+    assert layer.staging.num_used == 0
+
+
+def test_window_blocks_leave_staging_once_no_query_reads_them():
+    fmt = kernels.get_format("kivi3/cb3@sink2@win8")
+    assert S.window_out_blocks([[5, 6, 7, 8]], [32], fmt, 8) == [6, 7]  # block 0 kept for the sink, 3 in the window
+    assert S.window_out_blocks([[5, 6, 7, 8]], [25], fmt, 8) == [6]
+    assert S.window_out_blocks([[5, 6]], [9], fmt, 8) == []
+    assert S.window_out_blocks([[5, 6]], [9], kernels.get_format("kivi3/cb3"), 8) == []
+
+
+def _reads(layer, lens, tables, backend, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    width = max(len(t) for t in tables)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    sl = torch.tensor(lens, dtype=torch.int32)
+    hq = 4 * layer.num_kv_heads
+    q = torch.randn(len(lens), hq, layer.head_dim, generator=g)
+    dec = kernels.paged_decode_attention(q, layer, None, bt, sl, backend=backend)
+    qn = [min(5, L) for L in lens]
+    qsl = torch.tensor([0] + torch.tensor(qn).cumsum(0).tolist(), dtype=torch.int32)
+    qp = torch.randn(int(qsl[-1]), hq, layer.head_dim, generator=g)
+    pre = kernels.paged_prefill_attention(qp, layer, None, bt, sl, qsl, backend=backend)
+    return dec, pre
+
+
+@pytest.mark.skipif(not interpreter_enabled(), reason="needs TRITON_INTERPRET=1 (tests/conftest.py sets it)")
+@pytest.mark.parametrize("name,bs", list(zip(FORMATS, itertools.cycle([8, 16]))))
+def test_triton_kernels_equal_the_torch_reference(name, bs):
+    pytest.importorskip("triton")
+    fmt = kernels.get_format(name)
+    if fmt.window and fmt.window < bs:
+        bs = 8
+    layer = _layer(name, bs=bs, nb=16, slots=16)
+    lens, tables = [45, 7, 17], [[3, 7, 1, 0, 5, 9], [2], [4, 6, 8]]
+    _fill(layer, lens, tables)
+    ref = _reads(layer, lens, tables, "torch")
+    tri = _reads(layer, lens, tables, "interpreter")
+    for a, b in zip(ref, tri):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), float((a - b).abs().max())
+
+
+def test_decode_equals_the_prefill_reference_at_the_last_position():
+    layer = _layer("kivi3+pre+alloc+q8/cb3+rot@sink4@win16", bs=8)
+    lens, tables = [45, 17], [[3, 7, 1, 0, 5, 9], [4, 6, 8]]
+    _fill(layer, lens, tables)
+    q = torch.randn(2, 8, 64)
+    bt = torch.tensor([[3, 7, 1, 0, 5, 9], [4, 6, 8, 0, 0, 0]], dtype=torch.int32)
+    sl = torch.tensor(lens, dtype=torch.int32)
+    dec = kernels.paged_decode_attention(q, layer, None, bt, sl, backend="torch")
+    pre = kernels.paged_prefill_attention(q, layer, None, bt, sl, torch.tensor([0, 1, 2], dtype=torch.int32),
+                                          backend="torch")
+    assert torch.allclose(dec, pre, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["kivi3+pre+alloc+q8/cb3+rot@sink4@win16", "kivi4/cb4+rot"])
+def test_copies_and_swaps_move_codes_and_exact_rows(name):
+    lens, tables = [21], [[0, 1, 2]]
+    a = _layer(name, bs=8)
+    _fill(a, lens, tables)
+    kernels.copy_blocks([a], [(0, 5), (1, 6), (2, 7)])
+    ref = _reads(a, lens, tables, "torch")
+    moved = _reads(a, lens, [[5, 6, 7]], "torch")
+    assert all(torch.equal(x, y) for x, y in zip(ref, moved))
+    host = _layer(name, bs=8)
+    host.tables = a.tables
+    kernels.swap_blocks([a], [host], [(5, 9), (6, 10), (7, 11)])
+    back = _reads(host, lens, [[9, 10, 11]], "torch")
+    assert all(torch.equal(x, y) for x, y in zip(ref, back))
