@@ -71,7 +71,7 @@ WORKBENCH = True  # marks this package apart from PyPI's unrelated `kernels`
 # torch-free `kernels.format_table`, which the simulator reads) does not import torch.
 _LAZY = {
     "paged_decode_attention": "api", "paged_prefill_attention": "api", "write_kv": "api", "release_blocks": "api",
-    "default_tables": "cache", "SideFormat": "format_table",
+    "release_window": "api", "default_tables": "cache", "SideFormat": "format_table",
     "BACKENDS": "backend", "resolve_backend": "backend",
     "copy_blocks": "blocks", "swap_blocks": "blocks",
     "KVCacheLayer": "cache", "allocate_kv_cache": "cache", "as_layer": "cache",
@@ -83,7 +83,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "paged_decode_attention", "paged_prefill_attention", "write_kv", "release_blocks",
+    "paged_decode_attention", "paged_prefill_attention", "write_kv", "release_blocks", "release_window",
     "copy_blocks", "swap_blocks", "default_tables", "SideFormat",
     "KVCacheLayer", "allocate_kv_cache", "as_layer", "quantize_kv", "dequantize_kv", "fp8_scale",
     "pack_int4", "unpack_int4", "QuantizedKV", "KVFormat", "FORMATS", "get_format", "bytes_per_token",

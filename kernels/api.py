@@ -20,7 +20,7 @@ from .cache import KVCacheLayer, as_layer
 from .errors import ShapeError
 from .reference import decode_attention_ref, prefill_attention_ref, write_kv_ref
 
-__all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv", "release_blocks"]
+__all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv", "release_blocks", "release_window"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 Scale = torch.Tensor | float | None  # fp8: per tensor or per KV head; int8/int4: per-token side tensor
@@ -225,7 +225,20 @@ def release_blocks(layer: KVCacheLayer, block_ids) -> None:
     ``int4_kivi`` and staged split formats: frees their staging slots (this bounds staging use; see
     :mod:`kernels.kivi_cache`). A no-op for the other formats, so callers need not check.
     """
-    if layer.staging is not None:
+    if layer.staging is not None or layer.sink is not None:
         from .kivi_cache import release
         release(layer, block_ids)
 
+
+
+def release_window(layer: KVCacheLayer, block_ids) -> None:
+    """Split formats with a window: free the staging slots of ``block_ids``, blocks that no query
+    reads exactly any more (:func:`kernels.split.window_out_blocks`); their codes stay, and a sink
+    slot stays until the block is freed (:func:`release_blocks`). A no-op for other formats."""
+    fmt = layer.kv_format
+    if fmt.split and fmt.window and layer.staging is not None:
+        ids = torch.as_tensor(block_ids, dtype=torch.long).reshape(-1).cpu()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= layer.num_blocks):
+            raise ShapeError(f"release_window ids must lie in [0, {layer.num_blocks}), "
+                             f"got [{int(ids.min())}, {int(ids.max())}]")
+        layer.staging.unassign(ids.tolist())

@@ -79,7 +79,8 @@ def copy_blocks(caches: CacheLike | Iterable[CacheLike], block_mapping, *, backe
     for t in tensors:
         _check_ids(m, t.shape[0], "copy_blocks")
     from .kivi_cache import plan_copy
-    commits = [plan_copy(layer, m.cpu()) for layer in _layers_of(caches) if layer.staging is not None]
+    commits = [plan_copy(layer, m.cpu()) for layer in _layers_of(caches)
+               if layer.staging is not None or layer.sink is not None]
     _copy_tensors(tensors, m, backend)
     for commit in commits:
         commit()
@@ -130,7 +131,7 @@ def swap_blocks(src: CacheLike | Iterable[CacheLike], dst: CacheLike | Iterable[
 def _plan_swap_staging(src, dst, m: torch.Tensor) -> list:
     """Check (and prepare) the staging side of a swap between int4_kivi layers, before any copy."""
     sl, dl = _layers_of(src), _layers_of(dst)
-    if not any(x.staging is not None for x in sl + dl):
+    if not any(x.staging is not None or x.sink is not None for x in sl + dl):
         return []
     if len(sl) != len(dl) or any(a.kv_format != b.kv_format for a, b in zip(sl, dl)):
         raise ShapeError("swap_blocks with int4_kivi: pass source and destination as the same number of "

@@ -52,6 +52,7 @@ class KVCacheLayer:
     k_super: torch.Tensor | None = None  # split kivi+q8 keys: fp16 [num_blocks, H, 2] super-scales
     tables: "SplitTables | None" = None  # split formats: per-layer constants (widths, codebook, RoPE, H)
     split_head_dim: int = 0              # split formats: head_dim (their data rows are packed bytes)
+    sink: StagingPool | None = None      # split formats with @sinkS: fp16 K/V of each first block's S tokens
 
     @property
     def num_blocks(self) -> int:
@@ -94,7 +95,7 @@ class KVCacheLayer:
     def nbytes(self) -> int:
         """Bytes held by this layer, side tensors and the int4_kivi staging pool included."""
         ts = [self.k, self.v, self.k_scale, self.v_scale, self.k_zero, self.v_zero, self.k_super]
-        extra = self.staging.nbytes() if self.staging is not None else 0
+        extra = sum(p.nbytes() for p in (self.staging, self.sink) if p is not None)
         return sum(t.numel() * t.element_size() for t in ts if t is not None) + extra
 
 
@@ -306,6 +307,9 @@ def _allocate_split(fmt: KVFormat, nb: int, bs: int, h: int, d: int, dtype: torc
         n = default_num_staging_blocks(nb) if num_staging_blocks is None else num_staging_blocks
         layer.staging = StagingPool(nb, n, bs, h, d, STAGING_DTYPE, device, growable=grow_staging,
                                     values=bool(fmt.sink or fmt.window))
+        if fmt.sink:  # one slot of S rows per first block (about one per sequence)
+            layer.sink = StagingPool(nb, n, fmt.sink, h, d, STAGING_DTYPE, device, growable=grow_staging,
+                                     values=True)
     check_layer(layer)
     return layer
 
@@ -338,6 +342,9 @@ def _check_split(layer: KVCacheLayer) -> None:
             raise ShapeError(f"{fmt.name} needs v_scale as float16 [{nb}, {bs}, {h}, {g}]")
         if t.v_levels is None or t.v_levels.shape != (1 << fmt.v_side.bits,):
             raise ShapeError(f"{fmt.name} needs a codebook of {1 << fmt.v_side.bits} levels in its tables")
+    if fmt.sink and (layer.sink is None or tuple(layer.sink.k.shape[1:]) != (fmt.sink, h, d)):
+        raise ShapeError(f"{fmt.name} needs a sink pool of [slots, {fmt.sink}, {h}, {d}] (allocate the layer with "
+                         "kernels.allocate_kv_cache)")
     if fmt.staged and (layer.staging is None or tuple(layer.staging.k.shape[1:]) != (bs, h, d)):
         raise ShapeError(f"{fmt.name} needs a staging pool of [slots, {bs}, {h}, {d}] (allocate the layer with "
                          "kernels.allocate_kv_cache)")

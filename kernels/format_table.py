@@ -37,9 +37,10 @@ kernels switch on each side's code). A name is ``K/V`` with optional ``@sinkS`` 
                                              n values (64); +rot: a Hadamard rotation of
                                              head_dim (values: the output is rotated back)
 
-``@sinkS``: the first S tokens of a sequence are read exactly; ``@winW``: each query reads the
-keys and values of the W positions ending at it exactly. Those exact rows live in a staging pool
-of fp16 blocks (a fixed cost per sequence, not per token: :func:`staging_tokens_per_seq`).
+``@sinkS``: the first S tokens of a sequence are read exactly (rows in a sink pool, one slot of S
+rows per first block); ``@winW``: each query reads the keys and values of the W positions ending
+at it exactly (rows in a staging pool of fp16 blocks). Both are a fixed cost per sequence, not
+per token (:func:`staging_tokens_per_seq`).
 ``FORMATS`` names the formats of the study's Pareto front (``kvq*``).
 """
 
@@ -328,8 +329,7 @@ def check_split(fmt: KVFormat, head_dim: int, block_size: int) -> None:
         if side.rotate and head_dim & (head_dim - 1):
             raise ShapeError(f"kv format {fmt.name!r}: +rot needs a power-of-two head_dim, got {head_dim}")
     if fmt.sink and not fmt.window:
-        raise ShapeError(f"kv format {fmt.name!r}: a sink is kept with a window (the first block stays staged "
-                         "beside the window's); add @win<W>, e.g. @win32")
+        raise ShapeError(f"kv format {fmt.name!r}: a sink is read exactly beside a window; add @win<W>, e.g. @win32")
     if fmt.window and fmt.window < block_size:
         raise ShapeError(f"kv format {fmt.name!r}: the window ({fmt.window}) must be at least one block "
                          f"({block_size} tokens); use @win{block_size} or a smaller block_size")
@@ -364,11 +364,12 @@ def split_bytes_per_token(fmt: KVFormat, num_kv_heads: int, head_dim: int, block
 
 
 def staging_tokens_per_seq(fmt: str | KVFormat, block_size: int) -> int:
-    """Token rows of the staging pool one running sequence holds in steady state: the blocks a
-    window overlaps (``ceil(window / block) + 1``; KIVI keys alone: the one unfilled block) and
-    the first block for a sink. Each row holds K and V (split) or K (int4_kivi) of one token."""
+    """Token rows one running sequence holds in steady state in its layer's staging and sink
+    pools: the blocks a window overlaps (``ceil(window / block) + 1``; KIVI keys alone: the one
+    unfilled block) and the sink tokens. Each row holds K and V (split formats with a sink or
+    window), else K."""
     f = lookup(fmt)
     if not f.staged:
         return 0
     blocks = (-(-f.window // block_size) + 1) if f.window else 1
-    return (blocks + (1 if f.sink else 0)) * block_size
+    return blocks * block_size + f.sink

@@ -194,9 +194,21 @@ def plan_copy(layer: KVCacheLayer, m: torch.Tensor) -> Callable[[], None]:
 
 
 def plan_swap(src: KVCacheLayer, dst: KVCacheLayer, m: torch.Tensor, what: str = "swap_blocks") -> Callable[[], None]:
-    """Like :func:`plan_copy` from ``src``'s pool into ``dst``'s pool (e.g. GPU -> CPU layer)."""
+    """Like :func:`plan_copy` from ``src``'s pools into ``dst``'s (e.g. GPU -> CPU layer): the staging
+    pool and, for split formats with a sink, the sink pool; both are checked before either commits."""
     _distinct_dst(m, what)
-    a, b = src.staging, dst.staging
+    commits = [plan_pool(getattr(src, name), getattr(dst, name), m, what) for name in ("staging", "sink")
+               if getattr(src, name, None) is not None]
+
+    def commit() -> None:
+        for c in commits:
+            c()
+
+    return commit
+
+
+def plan_pool(a, b, m: torch.Tensor, what: str) -> Callable[[], None]:
+    """One pool's part of :func:`plan_swap` (``a``, ``b``: StagingPools; ``m`` host ``[n, 2]``)."""
     s_old = a.slots_of(m[:, 0])
     d_old = b.slots_of(m[:, 1])
     staged, d_staged = s_old >= 0, d_old >= 0
@@ -225,4 +237,6 @@ def release(layer: KVCacheLayer, block_ids) -> None:
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= layer.num_blocks):
         raise ShapeError(f"release_blocks ids must lie in [0, {layer.num_blocks}), "
                          f"got [{int(ids.min())}, {int(ids.max())}]")
-    layer.staging.unassign(ids.tolist())
+    for pool in (layer.staging, getattr(layer, "sink", None)):
+        if pool is not None:
+            pool.unassign(ids.tolist())

@@ -18,9 +18,9 @@ its writes run as torch ops on every backend, like ``int4_kivi``'s). Layout of o
   with the layer's codebook ``tables.v_levels``. ``+rot``: values are rotated by the Hadamard
   matrix ``H`` before quantizing; attention over them is rotated back (``out @ H^T``).
 * ``fp16``/``bf16``/``fp32`` sides: the values in that dtype.
-* ``staging``: fp16 rows (K, and V with a sink or window) of the blocks still read exactly:
-  unsealed KIVI blocks; with ``@winW`` every block a query may still read within its window, and
-  with ``@sinkS`` the sequence's first block.
+* ``staging``: fp16 rows (K, and V with a window) of the blocks still read exactly: unsealed
+  KIVI blocks, and with ``@winW`` every block a query may still read within its window;
+  ``sink`` (``@sinkS``): fp16 K and V of the first S tokens, one slot of S rows per first block.
 
 Reading (:func:`attend_split`): query ``i`` reads key/value ``j`` from staging when
 ``j < sink`` or ``i - j < window`` (*exact*), else from the codes. Without a sink or window,
@@ -337,7 +337,7 @@ def write_split(layer: "KVCacheLayer", key: torch.Tensor, value: torch.Tensor, s
     if pos_host is not None:
         start = torch.zeros(p.blocks.numel(), dtype=torch.int64)
         start[p.inv] = pos_host[p.rows] - p.offs
-    # 1. count staging slots before changing anything
+    # 1. count staging (and sink) slots before changing anything
     if pool is not None:
         old = pool.slots_of(p.blocks)
         after = torch.ones_like(p.seal) if windowed else ~p.seal
@@ -345,6 +345,13 @@ def write_split(layer: "KVCacheLayer", key: torch.Tensor, value: torch.Tensor, s
         need = int(fresh.sum())
         if not pool.make_room(need - int(freed.sum())):
             raise pool.exhausted(need, f"writing {p.slots.numel()} tokens into {p.blocks.numel()} blocks")
+    sink_rows = None
+    if fmt.sink:
+        sink_rows = torch.nonzero(pos_host[p.rows] < fmt.sink).squeeze(1)  # written tokens that are sink tokens
+        sb = p.blocks[p.inv[sink_rows]].unique()
+        new_sink = sb[layer.sink.slots_of(sb) < 0]
+        if not layer.sink.make_room(int(new_sink.numel())):
+            raise layer.sink.exhausted(int(new_sink.numel()), f"writing the sink tokens of {sb.numel()} sequences")
     # 2. values: codes now
     if vs.exact:
         layer.v.view(-1, *layer.v.shape[2:])[slots] = vx.to(layer.v.dtype)
@@ -355,6 +362,8 @@ def write_split(layer: "KVCacheLayer", key: torch.Tensor, value: torch.Tensor, s
         layer.v_scale.view(-1, *layer.v_scale.shape[2:])[slots] = scale
     if ks.exact:
         layer.k.view(-1, *layer.k.shape[2:])[slots] = kx.to(layer.k.dtype)
+    if sink_rows is not None and sink_rows.numel():
+        _write_sink(layer, p, sink_rows, pos_host, kx, vx)
     if pool is None:
         return
     kd = kx.to(STAGING_DTYPE)
@@ -389,6 +398,23 @@ def write_split(layer: "KVCacheLayer", key: torch.Tensor, value: torch.Tensor, s
     pool.k.view(-1, *pool.k.shape[2:])[rows] = kd[sel]
     if pool.v is not None:
         pool.v.view(-1, *pool.v.shape[2:])[rows] = vx[sel].to(STAGING_DTYPE)
+
+
+def _write_sink(layer: "KVCacheLayer", p, rows: torch.Tensor, pos_host: torch.Tensor, kx: torch.Tensor,
+                vx: torch.Tensor) -> None:
+    """fp16 K/V of the written sink tokens (positions < S) into their first block's sink slot; a
+    write of position 0 begins a new life (the slot is zeroed first)."""
+    pool, dev = layer.sink, layer.device
+    blocks = p.blocks[p.inv[rows]]
+    pool.assign([b for b in blocks.unique().tolist() if int(pool.map_host[b]) < 0])
+    first = blocks[pos_host[p.rows][rows] == 0]
+    if first.numel():
+        pool.k[pool.slots_of(first).to(dev)] = 0
+        pool.v[pool.slots_of(first).to(dev)] = 0
+    at = (pool.slots_of(blocks) * pool.k.shape[1] + pos_host[p.rows][rows]).to(dev)
+    sel = rows.to(dev)
+    pool.k.view(-1, *pool.k.shape[2:])[at] = kx[sel].to(STAGING_DTYPE)
+    pool.v.view(-1, *pool.v.shape[2:])[at] = vx[sel].to(STAGING_DTYPE)
 
 
 def _seal(layer: "KVCacheLayer", p, kd: torch.Tensor, old: torch.Tensor, start: torch.Tensor | None) -> None:
@@ -429,7 +455,7 @@ def _ix(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
 def window_out_blocks(block_tables, seq_lens, fmt: KVFormat, block_size: int) -> list[int]:
     """Block ids no query of their sequence reads exactly any more after this step: block ``b`` of
     a sequence of ``L`` tokens once ``(b + 1) * BS <= L - window + 1`` (the next query, at ``L``,
-    reads ``j > L - window`` exactly), except the first block with a sink. ``block_tables`` host
+    reads ``j > L - window`` exactly; sink tokens have their own pool). ``block_tables`` host
     ints ``[S, M]`` (padding past a sequence's blocks is never selected), ``seq_lens`` ``[S]`` the
     lengths after the step. Empty for formats without a window. The caller frees the slots with
     :func:`kernels.release_blocks` (after checking no other sequence shares a block)."""
@@ -441,8 +467,6 @@ def window_out_blocks(block_tables, seq_lens, fmt: KVFormat, block_size: int) ->
         return []
     n_out = ((lens - fmt.window + 1) // block_size).clamp(min=0)
     out = torch.arange(bt.shape[1])[None, :] < n_out[:, None]
-    if fmt.sink:
-        out[:, 0] = False
     return bt[out].unique().tolist()
 
 
@@ -469,7 +493,24 @@ def gather_split(layer: "KVCacheLayer", blocks: torch.Tensor) -> tuple[torch.Ten
         return kq, None, vq, None, staged
     ke = pool.k.index_select(0, rows).float().reshape(n * bs, *kq.shape[1:])
     ve = pool.v.index_select(0, rows).float().reshape(n * bs, *kq.shape[1:]) if pool.v is not None else None
+    if layer.sink is not None and n:
+        sk, sv = _sink_rows(layer, blocks[:1])
+        ns = sk.shape[1]
+        ke, ve = ke.clone(), ve.clone()
+        ke[:ns], ve[:ns] = sk[0], sv[0]
     return kq, ke, vq, ve, staged
+
+
+def _sink_rows(layer: "KVCacheLayer", first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 exact K/V ``[n, S, H, D]`` of the sink tokens of first blocks ``first`` ``[n]`` (0 for
+    a block without a sink slot)."""
+    pool = layer.sink
+    st = pool.block_map.index_select(0, first).long()
+    ok = (st >= 0)[:, None, None, None]
+    rows = st.clamp(min=0)
+    k = pool.k.index_select(0, rows).float().masked_fill(~ok, 0.0)
+    v = pool.v.index_select(0, rows).float().masked_fill(~ok, 0.0)
+    return k, v
 
 
 def attend_split(q: torch.Tensor, qpos: torch.Tensor, kq: torch.Tensor, ke: torch.Tensor | None, vq: torch.Tensor,
@@ -578,6 +619,11 @@ def _decode_chunk(q: torch.Tensor, layer: "KVCacheLayer", bt: torch.Tensor, sl: 
         else:
             exact = (st >= 0).repeat_interleave(bs, 1)
         ke = pool.k.index_select(0, rows).float().view(s, t, h, d)
+        if layer.sink is not None:
+            sk, sv = _sink_rows(layer, blocks[:, 0])
+            ns = sk.shape[1]
+            ke = ke.clone()
+            ke[:, :ns] = sk
         kq = torch.where(exact[:, :, None, None] & visible[:, :, None, None], ke, kq)
     rep = hq // h
     qg = q.float().view(s, h, rep, d)
@@ -589,7 +635,11 @@ def _decode_chunk(q: torch.Tensor, layer: "KVCacheLayer", bt: torch.Tensor, sl: 
     if fmt.v_side.rotate:
         o = o @ layer.tables.hadamard.T
     if windowed:
-        ve = pool.v.index_select(0, rows).float().view(s, t, h, d).masked_fill(stale, 0.0)
+        ve = pool.v.index_select(0, rows).float().view(s, t, h, d)
+        if layer.sink is not None:
+            ve = ve.clone()
+            ve[:, :ns] = sv
+        ve = ve.masked_fill(stale, 0.0)
         o = o + torch.einsum("shgt,sthd->shgd", p.masked_fill(~exact[:, None, None, :], 0.0), ve)
     o = torch.where((lens > 0)[:, None, None, None], o, torch.zeros_like(o))
     return o.reshape(s, hq, d).to(q.dtype)

@@ -58,13 +58,13 @@ def _k_codes(k_ptr, ks_ptr, kz_ptr, ksup_ptr, kw_ptr, ko_ptr, slots, mask_n, kvh
 
 @triton.jit
 def split_attend(q, q_pos, n_start, n_end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr, ko_ptr, lv_ptr,
-                 cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, bt_row, kvh, offs_d, mask_d, sm_scale,
-                 SINK, WINDOW,
+                 cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr, xmap_ptr, bt_row, kvh, offs_d,
+                 mask_d, sm_scale, SINK, WINDOW,
                  ROWS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, RK: tl.constexpr,
                  RV: tl.constexpr, VBITS: tl.constexpr, VG: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr, COMPACT: tl.constexpr,
                  PRE: tl.constexpr, ROT: tl.constexpr, WIN: tl.constexpr, STAGED: tl.constexpr,
-                 VSTAGED: tl.constexpr, DOT: tl.constexpr):
+                 HAS_SINK: tl.constexpr, DOT: tl.constexpr):
     """Online softmax of ``ROWS`` query rows over positions ``[n_start, n_end)`` of one KV head.
 
     Returns ``(out, m, l)`` with ``out`` the unnormalised output (code part rotated back for
@@ -95,6 +95,13 @@ def split_attend(q, q_pos, n_start, n_end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_pt
             srow = (tl.maximum(st, 0) * BS + slots % BS) * H + kvh
             ms = staged[:, None] & mask_d[None, :]
             ke = tl.load(sk_ptr + srow[:, None] * D + offs_d[None, :], mask=ms, other=0.0).to(tl.float32)
+            if HAS_SINK:  # sink tokens: rows of the sink pool of the sequence's first block
+                xs = tl.load(xmap_ptr + tl.load(bt_row)).to(tl.int64)
+                insink = (pos < SINK) & mask_n & (xs >= 0)
+                xrow = (tl.maximum(xs, 0) * SINK + tl.minimum(pos, tl.maximum(SINK - 1, 0))) * H + kvh
+                mx = insink[:, None] & mask_d[None, :]
+                xk = tl.load(xk_ptr + xrow[:, None] * D + offs_d[None, :], mask=mx, other=0.0).to(tl.float32)
+                ke = tl.where(insink[:, None], xk, ke)
             se = dot_f32(q, tl.trans(ke), DOT)
             if WIN:
                 exact = (pos[None, :] < SINK) | ((q_pos[:, None] - pos[None, :]) < WINDOW)
@@ -121,6 +128,9 @@ def split_attend(q, q_pos, n_start, n_end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_pt
         if WIN:
             pe = tl.where(exact, p, 0.0)
             ve = tl.load(sv_ptr + srow[:, None] * D + offs_d[None, :], mask=ms, other=0.0).to(tl.float32)
+            if HAS_SINK:
+                xv = tl.load(xv_ptr + xrow[:, None] * D + offs_d[None, :], mask=mx, other=0.0).to(tl.float32)
+                ve = tl.where(insink[:, None], xv, ve)
             acc_e = acc_e * alpha[:, None] + dot_f32(pe, ve, DOT)
             acc_q = acc_q * alpha[:, None] + dot_f32(p - pe, vq, DOT)
         else:
@@ -135,13 +145,14 @@ def split_attend(q, q_pos, n_start, n_end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_pt
 
 @triton.jit
 def split_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr, ko_ptr, lv_ptr, cos_ptr,
-                        sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, bt_ptr, sl_ptr, mid_o_ptr, mid_lse_ptr,
+                        sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr, xmap_ptr, bt_ptr, sl_ptr,
+                        mid_o_ptr, mid_lse_ptr,
                         sm_scale, bt_stride, tokens_per_split, nsplit, SINK, WINDOW,
                         HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, RK: tl.constexpr,
                         RV: tl.constexpr, VBITS: tl.constexpr, VG: tl.constexpr, GROUP: tl.constexpr,
                         GP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KFMT: tl.constexpr,
                         VFMT: tl.constexpr, COMPACT: tl.constexpr, PRE: tl.constexpr, ROT: tl.constexpr,
-                        WIN: tl.constexpr, STAGED: tl.constexpr, VSTAGED: tl.constexpr, DOT: tl.constexpr):
+                        WIN: tl.constexpr, STAGED: tl.constexpr, HAS_SINK: tl.constexpr, DOT: tl.constexpr):
     """Stage 1 of split-KV decode, grid ``(num_seqs, num_kv_heads, nsplit)`` (merge: the common kernel)."""
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -159,9 +170,9 @@ def split_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, k
     q_pos = tl.zeros([GP], tl.int32) + (seq_len - 1)
     bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
     acc, m_i, l_i = split_attend(q, q_pos, start, end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr,
-                                 ko_ptr, lv_ptr, cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, bt_row, kvh,
-                                 offs_d, mask_d, sm_scale, SINK, WINDOW, GP, H, D, BS, RK, RV, VBITS, VG, BLOCK_N,
-                                 BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, VSTAGED, DOT)
+                                 ko_ptr, lv_ptr, cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr,
+                                 xmap_ptr, bt_row, kvh, offs_d, mask_d, sm_scale, SINK, WINDOW, GP, H, D, BS, RK, RV, VBITS, VG, BLOCK_N,
+                                 BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK, DOT)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -172,13 +183,14 @@ def split_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, k
 
 @triton.jit
 def split_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr, ko_ptr, lv_ptr, cos_ptr,
-                         sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, bt_ptr, sl_ptr, qsl_ptr, out_ptr,
+                         sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr, xmap_ptr, bt_ptr, sl_ptr,
+                         qsl_ptr, out_ptr,
                          sm_scale, bt_stride, SINK, WINDOW,
                          HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, RK: tl.constexpr,
                          RV: tl.constexpr, VBITS: tl.constexpr, VG: tl.constexpr, GROUP: tl.constexpr,
                          GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          KFMT: tl.constexpr, VFMT: tl.constexpr, COMPACT: tl.constexpr, PRE: tl.constexpr,
-                         ROT: tl.constexpr, WIN: tl.constexpr, STAGED: tl.constexpr, VSTAGED: tl.constexpr,
+                         ROT: tl.constexpr, WIN: tl.constexpr, STAGED: tl.constexpr, HAS_SINK: tl.constexpr,
                          DOT: tl.constexpr):
     """Grid ``(num_seqs, num_kv_heads, q_tiles)``: ``BLOCK_Q`` query tokens x the head group (rows as
     in :func:`kernels.triton_impl.attention.prefill_kernel`)."""
@@ -202,9 +214,9 @@ def split_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, 
     kv_end = tl.where(tile * BLOCK_Q < q_len, tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_Q), 0)
     bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
     acc, m_i, l_i = split_attend(q, q_pos, 0, kv_end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr,
-                                 ko_ptr, lv_ptr, cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, bt_row, kvh,
-                                 offs_d, mask_d, sm_scale, SINK, WINDOW, M, H, D, BS, RK, RV, VBITS, VG, BLOCK_N,
-                                 BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, VSTAGED, DOT)
+                                 ko_ptr, lv_ptr, cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr,
+                                 xmap_ptr, bt_row, kvh, offs_d, mask_d, sm_scale, SINK, WINDOW, M, H, D, BS, RK, RV, VBITS, VG, BLOCK_N,
+                                 BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK, DOT)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_rows[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=mask_m[:, None] & mask_d[None, :])

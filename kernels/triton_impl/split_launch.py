@@ -27,11 +27,14 @@ def _args(layer: KVCacheLayer) -> tuple[list[torch.Tensor], dict]:
             pick(t.k_width), pick(t.k_offset), pick(t.v_levels), pick(t.cos), pick(t.sin), pick(t.hadamard),
             st.k if has_rows else dummy, st.v if has_rows and st.v is not None else dummy,
             st.block_map if st is not None else dummy]
+    sk = layer.sink
+    has_sink = sk is not None and sk.num_slots > 0
+    ptrs += [sk.k if has_sink else dummy, sk.v if has_sink else dummy, sk.block_map if sk is not None else dummy]
     win = bool(fmt.sink or fmt.window)
     const = dict(RK=d if ks.exact else ks.row_bytes(d), RV=d if vs.exact else vs.row_bytes(d),
                  VBITS=vs.bits, VG=vs.group if not vs.exact else d, KFMT=ks.code, VFMT=vs.code,
                  COMPACT=ks.compact, PRE=ks.pre_rope, ROT=vs.rotate, WIN=win,
-                 STAGED=(st is not None and not win and ks.code != CODE_PLAIN), VSTAGED=win)
+                 STAGED=(st is not None and not win and ks.code != CODE_PLAIN), HAS_SINK=sk is not None)
     return ptrs, const
 
 

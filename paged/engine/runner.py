@@ -142,7 +142,9 @@ class ModelRunner:
         from kernels.split import window_out_blocks
         ids = [b for b in window_out_blocks(meta.block_tables, meta.seq_lens, fmt, self.kv.block_size)
                if self.kv.pool.ref_count(b) == 1]
-        self.release_blocks(ids)
+        if ids:
+            for layer in self.layers:
+                kernels.release_window(layer, ids)
 
     def cache_bytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)

@@ -85,7 +85,8 @@ def fit_budget(budget: int, block_bytes: int, mcfg, c, dtype: torch.dtype,
     cap = c.max_num_seqs + 16
     if fmt.split:  # fp16 rows of K (and V with a sink/window); a window also stages one step's new blocks
         from kernels.format_table import staging_tokens_per_seq
-        slot = layers * c.block_size * mcfg.num_kv_heads * mcfg.head_dim * 2 * (2 if fmt.sink or fmt.window else 1)
+        rows = c.block_size + fmt.sink  # a staging slot, and a sink-pool slot of `sink` rows beside it
+        slot = layers * rows * mcfg.num_kv_heads * mcfg.head_dim * 2 * (2 if fmt.sink or fmt.window else 1)
         per_seq = staging_tokens_per_seq(fmt, c.block_size) // c.block_size
         step = -(-(c.max_num_batched_tokens or 2048) // c.block_size) + c.max_num_seqs if fmt.window else 0
         cap = c.max_num_seqs * per_seq + step + 16

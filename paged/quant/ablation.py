@@ -78,10 +78,14 @@ class Evaluator:
         from .split_cache import Served, SplitCache, tables_for
         if not isinstance(spec, Served):
             return LabCache(spec, self.lm.model, self.calib)
-        from .artefact import fit
+        from paged.errors import ConfigError
+        from .artefact import fit, for_model
         key = (spec.fmt.name, spec.block_size)
         if spec.fmt.calibrated and key not in self._artefacts:
-            self._artefacts[key] = fit(self.calib, [spec.fmt.name], [spec.block_size], self.lm.model)
+            try:  # the artefact the engine serves with (fitted on the same calibration text)
+                self._artefacts[key] = for_model(self.lm.model, spec.fmt, spec.block_size)
+            except ConfigError:
+                self._artefacts[key] = fit(self.calib, [spec.fmt.name], [spec.block_size], self.lm.model)
         art = self._artefacts.get(key)
         return SplitCache(spec.fmt, self.lm.model, tables_for(spec.fmt, self.lm.model, art, spec.block_size),
                           spec.block_size)
