@@ -24,6 +24,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 from paged.quant import ablation, calibration  # noqa: E402
 from paged.quant.lab import EXACT, LabSpec, SideSpec  # noqa: E402
 from paged.quant.runs import load  # noqa: E402
+from paged.quant.split_cache import Served  # noqa: E402
 
 
 def S(bits: int, levels: str = "int", **kw) -> SideSpec:
@@ -94,7 +95,41 @@ def _front(block: int) -> list[LabSpec]:
     return out
 
 
+def _served() -> list:
+    """Engine formats (kernels split formats) for the front, at block sizes 32 and 16."""
+    out = []
+    for kb, vb in ((2, 2), (2, 3), (3, 2), (3, 3), (3, 4), (4, 3), (4, 4)):
+        out.append(Served(f"kivi{kb}+pre+alloc+q8/cb{vb}+rot@sink4@win32", 32))
+    for kb, vb in ((2, 2), (2, 3), (3, 2), (3, 3), (4, 4)):
+        out.append(Served(f"kivi{kb}+pre+alloc+q8/cb{vb}+rot@sink4@win16", 16))
+    out += [Served("kivi3+pre+alloc+q8/cb3+rot@win32", 32), Served("kivi3+pre+alloc+q8/cb3+rot", 32),
+            Served("kivi4+pre+alloc+q8/cb4+rot", 32), Served("kivi4+pre+alloc/cb4+rot@sink4@win32", 32)]
+    return out
+
+
+FRONT = ["kivi4+pre+alloc+q8/cb4+rot@sink4@win32", "kivi4+pre+alloc+q8/cb3+rot@sink4@win32",
+         "kivi3+pre+alloc+q8/cb4+rot@sink4@win32", "kivi3+pre+alloc+q8/cb3+rot@sink4@win32",
+         "kivi3+pre+alloc+q8/cb2+rot@sink4@win32", "kivi2+pre+alloc+q8/cb3+rot@sink4@win32",
+         "kivi2+pre+alloc+q8/cb2+rot@sink4@win32"]
+
+
+def _front_full() -> list:
+    """The front (engine formats at block 32) and the study's references, for the full protocols."""
+    from paged.quant.schemes import parse_scheme
+    return [Served(f, 32) for f in FRONT] + [parse_scheme(n) for n in ("int8", "kivi_g32/int4", "int4")]
+
+
+def _decomp() -> list:
+    """K alone and V alone (the other side fp16) of front formats: which side's error dominates."""
+    out = []
+    for kb, vb in ((2, 2), (3, 3), (4, 4)):
+        out += [Served(f"kivi{kb}+pre+alloc+q8/fp16@sink4@win32", 32), Served(f"fp16/cb{vb}+rot@sink4@win32", 32)]
+    return out
+
+
 JOBS = {
+    "front": _front_full, "decomp": _decomp,
+    "served": _served,
     "front32": lambda: _front(32), "front16": lambda: _front(16),
     "combo": _combos,
     "kivi": _kivi,

@@ -1,110 +1,201 @@
 """Our KV formats beside llama.cpp's cache types on the same GGUF, text, chunks and tokens.
 
-    python benchmarks/quant_vs_llamacpp.py [--chunks 19] [--ctx 512] [--csv out.csv]
+    python benchmarks/quant_vs_llamacpp.py --part ours  [--chunks 19] [--csv reports/quant_vs_llamacpp_ours.csv]
+    python benchmarks/quant_vs_llamacpp.py --part llama --rotation on  --llama-site /tmp/venv-llamacpp/lib/python3.11/site-packages
+    python benchmarks/quant_vs_llamacpp.py --part llama --rotation off --llama-site ...
+    python benchmarks/quant_vs_llamacpp.py --part table   # the side-by-side table from the three CSVs
 
 Protocol (llama-perplexity's): the GPL-3 + Apache-2.0 text of ``data/text/licenses.txt`` as
 token ids from our tokenizer, chunks of ``ctx`` tokens, the cache cleared per chunk, the second
 half of each chunk scored; KLD against each tool's own base in the same process (ours: an fp32
 cache; llama.cpp: its default f16 cache).
 
-With ``llama_cpp`` importable (``pip install llama-cpp-python``: it builds llama.cpp from source,
-~8 minutes, so it is an optional extra and never runs in CI) the llama.cpp rows are measured here,
-one ``Llama`` per cache type with ``flash_attn=True`` (needed for a quantized V cache). Without
-it, the llama.cpp rows are the numbers quoted in issue 10 (llama-cpp-python 0.3.36, same GGUF,
-19 chunks), labelled ``quoted``.
+llama.cpp (``llama-cpp-python``, built from source: ``CMAKE_ARGS=-DGGML_NATIVE=ON pip install
+llama-cpp-python==0.3.36`` in a scratch venv, ~8-20 min on 2 cores; ``--llama-site`` puts its
+site-packages at the *end* of ``sys.path``) runs one ``Llama`` per cache type with
+``flash_attn=True`` (needed for a quantized V cache). ``--rotation on`` is llama.cpp's default
+(PR #21038: Q/K/V rotated by a Hadamard transform when the cache is quantized); ``--rotation
+off`` sets ``LLAMA_ATTN_ROT_DISABLE=1`` before llama.cpp is loaded. Every row says which.
+Without ``llama_cpp`` the table uses the numbers measured before (ANCHORS.md), labelled ``quoted``.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
+from pathlib import Path
 
 # `python benchmarks/quant_vs_llamacpp.py` puts benchmarks/ first on sys.path, where
 # benchmarks/kernels.py would shadow the `kernels` package
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, str(Path(_HERE).parent))
 
-import numpy as np
-import pandas as pd
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402  (the llama-worker part imports neither torch nor paged)
 
-# llama.cpp cache type -> (our closest scheme, bits per value of the llama.cpp type)
-PAIRS = [("q8_0/q8_0", "int8", 8.5), ("q8_0/f16", "int8/fp16", 12.25), ("f16/q8_0", "fp16/int8", 12.25),
-         ("q5_1/q5_1", "int4_kivi", 6.0), ("q4_1/q4_1", "int4", 5.0), ("q4_0/q4_0", "int4_g64+rot", 4.5),
-         ("q8_0/q4_0", "int8/int4_g64", 6.5), ("q4_1/q4_1", "kivi_g32/int4", 5.0),
-         ("q4_0/q4_0", "kivi_g32/int4_g64", 4.5)]
-EXTRA = ["int4+rot"]
-QUOTED = {  # issue 10: llama.cpp on SmolLM2-135M Q4_1, ctx 512, 19 chunks, vs its f16 cache
-    "q8_0/q8_0": (0.00471, 0.0218, 95.17, -0.0006), "q8_0/f16": (0.00455, 0.0221, 95.68, -0.0013),
-    "f16/q8_0": (0.00407, 0.0189, 95.93, -0.0004), "q5_1/q5_1": (0.0213, 0.192, 91.57, 0.0135),
-    "q4_1/q4_1": (0.0661, 0.525, 86.23, 0.0572), "q4_0/q4_0": (0.0738, 0.597, 85.67, 0.0602),
-    "q8_0/q4_0": (0.0118, 0.0676, 93.52, 0.0050)}
+LLAMA_TYPES = ["q8_0/q8_0", "q5_1/q5_1", "q4_1/q4_1", "q4_0/q4_0", "q8_0/q4_0"]
+LLAMA_BITS = {"q8_0": 8.5, "q5_1": 6.0, "q4_1": 5.0, "q4_0": 4.5, "f16": 16.0}
+# measured before (llama-cpp-python 0.3.36, same GGUF, 19 chunks; ANCHORS.md): rotated / unrotated
+QUOTED = {"q8_0/q8_0": (0.00471, 0.00566), "q5_1/q5_1": (0.0213, 0.0369), "q4_1/q4_1": (0.0661, 0.1277),
+          "q4_0/q4_0": (0.0738, None)}
+# ours: the study's earlier formats and the split formats of the front (engine formats at block 32)
+OURS_LAB = ["int8", "int4", "kivi_g32/int4", "int8/int4_g64"]
+OURS_SERVED = ["kivi4+pre+alloc+q8/cb4+rot@sink4@win32", "kivi4+pre+alloc+q8/cb3+rot@sink4@win32",
+               "kivi3+pre+alloc+q8/cb4+rot@sink4@win32", "kivi3+pre+alloc+q8/cb3+rot@sink4@win32",
+               "kivi3+pre+alloc+q8/cb2+rot@sink4@win32", "kivi2+pre+alloc+q8/cb3+rot@sink4@win32",
+               "kivi2+pre+alloc+q8/cb2+rot@sink4@win32"]
 
 
-def llamacpp_rows(ids: list[int], ctx: int, chunks: int) -> list[dict]:
-    """Measure llama.cpp's cache types (needs llama_cpp); KLD against its f16 cache."""
-    import llama_cpp
+def licence_ids():
+    from paged import quant
+    from paged.quant.runs import load
+    lm = load()
+    return lm, lm.tokenizer.encode(quant.load_texts(["licenses"])["licenses"], add_special_tokens=False)
+
+
+def ours(ctx: int, chunks: int) -> pd.DataFrame:
+    """The study's formats (fp32 base) and the engine's split formats on the licence chunks."""
+    from paged.quant import ablation, study
+    from paged.quant.split_cache import Served
+    lm, ids = licence_ids()
+    n = min(chunks, len(ids) // ctx)
+    old = study(lm, formats=OURS_LAB, texts={"licenses": ids}, context_lengths=(ctx,), max_chunks=n,
+                divergence_tokens=0, progress=False)
+    old = old[old.source == "all"]
+    rows = [{"tool": "ours", "format": r["format"], "bits_per_value": r["bits_per_value"], "kld_mean": r["kld_mean"],
+             "kld_se": r["kld_se"], "kld_p99": r["kld_p99"], "same_top1_pct": r["same_top1_pct"],
+             "delta_nll": r["delta_nll"], "n_chunks": n, "rotation": "n/a"} for r in old.to_dict(orient="records")]
+    ev = ablation.Evaluator(lm, ablation.eval_chunks(lm, {"licenses": (ctx, n)}))
+    for name in OURS_SERVED:
+        r = [x for x in ev.run(Served(name, 32)) if x["source"] == "all"][0]
+        rows.append({"tool": "ours (engine format, block 32)", "format": name, "bits_per_value": r["bits"],
+                     "kld_mean": r["kld_mean"], "kld_se": r["kld_se"], "kld_p99": r["kld_p99"],
+                     "same_top1_pct": r["same_top1_pct"], "delta_nll": r["delta_nll"], "n_chunks": n,
+                     "rotation": "n/a"})
+        print(rows[-1], flush=True)
+    return pd.DataFrame(rows)
+
+
+def llama(ctx: int, chunks: int, rotation: str, site: str | None) -> pd.DataFrame:
+    """llama.cpp's cache types; KLD against its f16 cache. llama.cpp runs in a worker process
+    without torch (two OpenMP runtimes in one process crash llama.cpp's decode), writing each
+    chunk's scored logits per cache type to a scratch file that this process scores and deletes."""
+    import subprocess
+    import tempfile
+
+    import torch
     from paged.models import embedded_gguf_path
     from paged.quant.metrics import TokenStats, summarize, token_stats
-    import torch
+    _, ids = licence_ids()
+    n = min(chunks, len(ids) // ctx)
+    with tempfile.TemporaryDirectory(prefix="llamacpp-") as tmp:
+        np.save(f"{tmp}/ids.npy", np.asarray(ids[:n * ctx], dtype=np.int64))
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if rotation == "off":
+            env["LLAMA_ATTN_ROT_DISABLE"] = "1"
+        else:
+            env.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        cmd = [sys.executable, __file__, "--part", "llama-worker", "--ctx", str(ctx), "--chunks", str(n),
+               "--gguf", embedded_gguf_path(), "--out", tmp] + (["--llama-site", site] if site else [])
+        subprocess.run(cmd, env=env, check=True)
+        version = Path(f"{tmp}/version.txt").read_text().strip()
+        stats = {kv: TokenStats() for kv in LLAMA_TYPES}
+        for c in range(n):
+            arr = np.load(f"{tmp}/chunk{c}.npy")  # [1 + types, ctx // 2 - 1, vocab]: base (f16) first
+            tgt = torch.tensor(ids[c * ctx + ctx // 2 + 1:(c + 1) * ctx])
+            for i, kv in enumerate(LLAMA_TYPES):
+                stats[kv].add(token_stats(torch.from_numpy(arr[0]), torch.from_numpy(arr[i + 1]), tgt))
+            os.remove(f"{tmp}/chunk{c}.npy")
+    rows = []
+    for kv in LLAMA_TYPES:
+        s = summarize(stats[kv])
+        k, v = kv.split("/")
+        rows.append({"tool": f"llama.cpp {version}", "format": kv,
+                     "bits_per_value": (LLAMA_BITS[k] + LLAMA_BITS[v]) / 2, "kld_mean": s["kld_mean"],
+                     "kld_se": s["kld_se"], "kld_p99": s["kld_p99"], "same_top1_pct": s["same_top1_pct"],
+                     "delta_nll": s["delta_nll"], "n_chunks": n, "rotation": rotation})
+        print(rows[-1], flush=True)
+    return pd.DataFrame(rows)
+
+
+def llama_worker(ctx: int, n: int, gguf: str, out: str) -> None:
+    """In a process without torch: per chunk, the scored logits of the f16 base and each type."""
+    import llama_cpp
+    ids = np.load(f"{out}/ids.npy").tolist()
     types = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q5_1": llama_cpp.GGML_TYPE_Q5_1,
              "q4_1": llama_cpp.GGML_TYPE_Q4_1, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-
-    def logits(kv: str) -> list[np.ndarray]:
+    kinds = ["f16/f16"] + LLAMA_TYPES
+    llms = {}
+    for kv in kinds:
         k, v = kv.split("/")
-        llm = llama_cpp.Llama(embedded_gguf_path(), n_ctx=ctx, n_batch=ctx, logits_all=True, flash_attn=True,
-                              type_k=types[k], type_v=types[v], verbose=False)
-        out = []
-        for c in range(chunks):
+        llms[kv] = llama_cpp.Llama(gguf, n_ctx=ctx, n_batch=ctx, logits_all=True, flash_attn=True,
+                                   type_k=types[k], type_v=types[v], verbose=False, n_threads=1)
+    Path(f"{out}/version.txt").write_text(llama_cpp.__version__)
+    for c in range(n):
+        rows = []
+        for kv in kinds:
+            llm = llms[kv]
             llm.reset()
             llm.eval(ids[c * ctx:(c + 1) * ctx])
-            out.append(np.array(llm.scores[ctx // 2:ctx - 1], dtype=np.float32))
-        return out
-    base = logits("f16/f16")
-    rows = []
-    for kv, bits in dict((kv, bits) for kv, _, bits in PAIRS).items():
-        st = TokenStats()
-        for c, (b, q) in enumerate(zip(base, logits(kv))):
-            tgt = torch.tensor(ids[c * ctx + ctx // 2 + 1:(c + 1) * ctx])
-            st.add(token_stats(torch.from_numpy(b), torch.from_numpy(q), tgt))
-        s = summarize(st)
-        rows.append({"tool": "llama.cpp (measured)", "format": kv, "bits_per_value": bits, **s})
-    return rows
+            rows.append(np.array(llm.scores[ctx // 2:ctx - 1], dtype=np.float32))
+        np.save(f"{out}/chunk{c}.npy", np.stack(rows))
+        print(f"llama.cpp chunk {c + 1}/{n}", flush=True)
+
+
+def table(paths: list[str]) -> str:
+    """Markdown: every row of the given CSVs by bits, with llama.cpp's rotated and unrotated rows."""
+    frames = [pd.read_csv(p) for p in paths if Path(p).is_file()]
+    if not any((f.tool.str.startswith("llama.cpp")).any() for f in frames):
+        frames.append(pd.DataFrame([{"tool": "llama.cpp (quoted)", "format": kv, "bits_per_value":
+                                     (LLAMA_BITS[kv.split('/')[0]] + LLAMA_BITS[kv.split('/')[1]]) / 2,
+                                     "kld_mean": val, "rotation": rot}
+                                    for kv, pair in QUOTED.items() for val, rot in zip(pair, ("on", "off"))
+                                    if val is not None]))
+    df = pd.concat(frames).sort_values("bits_per_value", ascending=False)
+    lines = ["| tool | format | llama.cpp rotation | bits/value | KLD | ± SE | p99 | same top-1 % | chunks |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for _, r in df.iterrows():
+        cell = lambda x, f: "–" if pd.isna(x) else f.format(x)  # noqa: E731
+        lines.append(f"| {r.tool} | {r.format} | {r.get('rotation', 'n/a')} | {r.bits_per_value:.3g} | "
+                     f"{cell(r.kld_mean, '{:.4g}')} | {cell(r.get('kld_se'), '{:.2g}')} | "
+                     f"{cell(r.get('kld_p99'), '{:.3g}')} | {cell(r.get('same_top1_pct'), '{:.2f}')} | "
+                     f"{cell(r.get('n_chunks'), '{:.0f}')} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=["ours", "llama", "table", "llama-worker"], required=True)
+    ap.add_argument("--gguf", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=19)
+    ap.add_argument("--rotation", choices=["on", "off"], default="on",
+                    help="llama.cpp's Hadamard rotation of Q/K/V: on (its default) or off (LLAMA_ATTN_ROT_DISABLE=1)")
+    ap.add_argument("--llama-site", default=os.environ.get("LLAMA_CPP_SITE"),
+                    help="site-packages holding llama_cpp (appended to sys.path)")
     ap.add_argument("--csv", default=None)
     args = ap.parse_args()
-    from paged import quant
-    from paged.quant.runs import load
-    lm = load()
-    ids = lm.tokenizer.encode(quant.load_texts(["licenses"])["licenses"], add_special_tokens=False)
-    chunks = min(args.chunks, len(ids) // args.ctx)
-    ours = quant.study(lm, formats=list(dict.fromkeys([p[1] for p in PAIRS] + EXTRA)), texts={"licenses": ids},
-                       context_lengths=(args.ctx,), max_chunks=chunks, divergence_tokens=0)
-    ours = ours[ours.source == "all"]
-    rows = [{"tool": "ours", **r} for r in ours.to_dict(orient="records")]
-    try:
-        rows += llamacpp_rows(ids, args.ctx, chunks)
-    except ImportError:
-        rows += [{"tool": "llama.cpp (quoted, issue 10)", "format": kv, "bits_per_value": bits,
-                  "kld_mean": QUOTED[kv][0], "kld_p99": QUOTED[kv][1], "same_top1_pct": QUOTED[kv][2],
-                  "delta_nll": QUOTED[kv][3]} for kv, bits in dict((kv, b) for kv, _, b in PAIRS).items()]
-    df = pd.DataFrame(rows)
-    cols = ["tool", "format", "bits_per_value", "kld_mean", "kld_p99", "same_top1_pct", "delta_nll"]
-    print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    theirs = {r["format"]: r for r in rows if r["tool"] != "ours"}
-    print("\nours / llama.cpp KLD at the closest format (goal <= 0.5 at equal or fewer bits):")
-    for kv, mine, bits in PAIRS:
-        o = ours.set_index("format").loc[mine]
-        t = theirs[kv]
-        ratio = o.kld_mean / t["kld_mean"] if t["kld_mean"] else math.nan
-        print(f"  {mine:>14} ({o.bits_per_value:.3g} bits) vs {kv:<10} ({bits:.3g} bits): {ratio:.2f}")
-    if args.csv:
-        df.to_csv(args.csv, index=False)
+    os.makedirs("reports", exist_ok=True)
+    if args.part == "table":
+        print(table(["reports/quant_vs_llamacpp_ours.csv", "reports/quant_vs_llamacpp_llama_on.csv",
+                     "reports/quant_vs_llamacpp_llama_off.csv"]))
+        return
+    if args.llama_site:
+        sys.path.append(args.llama_site)
+    if args.part == "llama-worker":
+        llama_worker(args.ctx, args.chunks, args.gguf, args.out)
+        return
+    if args.part == "ours":
+        df = ours(args.ctx, args.chunks)
+        csv = args.csv or "reports/quant_vs_llamacpp_ours.csv"
+    else:
+        df = llama(args.ctx, args.chunks, args.rotation, args.llama_site)
+        csv = args.csv or f"reports/quant_vs_llamacpp_llama_{args.rotation}.csv"
+    df.to_csv(csv, index=False)
+    print(df.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(f"-> {csv}")
 
 
 if __name__ == "__main__":

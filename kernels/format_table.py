@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from .errors import KVFormatError, ShapeError
 
-__all__ = ["KVFormat", "SideFormat", "FORMATS", "ALIASES", "DEFAULT_INT4_GROUP", "lookup", "format_for_dtype",
+__all__ = ["KVFormat", "SideFormat", "FORMATS", "FRONT", "FRONT_BLOCK_SIZE", "ALIASES", "DEFAULT_INT4_GROUP", "lookup", "format_for_dtype",
            "bytes_per_token", "int4_group", "parse_split", "side_bytes", "staging_tokens_per_seq", "CODE_PLAIN",
            "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4", "CODE_INT4_KIVI", "CODE_KIVI", "CODE_CB", "CODE_SPLIT",
            "FP8_CODES", "INT4_CODES"]
@@ -246,10 +246,19 @@ def parse_split(name: str) -> KVFormat:
     return KVFormat(canon, CODE_SPLIT, "uint8", "token", k_side=k, v_side=v, sink=sink, window=window, bits=0)
 
 
-# The Pareto front of the study's lab formats served by the engine (docs/quant.md, "The front").
-PRESETS: dict[str, str] = {}
+# The Pareto front of the study's split formats (docs/quant.md, "The front"), measured at block_size 32
+# with prefix caching off: kvqKV = KIVI keys at K bits, codebook values at V bits, 4 sink tokens, a
+# 32-token window (3.91 bits per value for kvq3 at 2k context, staging included)
+FRONT: dict[str, str] = {
+    "kvq4": "kivi4+pre+alloc+q8/cb4+rot@sink4@win32",
+    "kvq34": "kivi3+pre+alloc+q8/cb4+rot@sink4@win32",
+    "kvq3": "kivi3+pre+alloc+q8/cb3+rot@sink4@win32",
+    "kvq32": "kivi3+pre+alloc+q8/cb2+rot@sink4@win32",
+    "kvq2": "kivi2+pre+alloc+q8/cb2+rot@sink4@win32",
+}
+FRONT_BLOCK_SIZE = 32
 
-ALIASES: dict[str, str] = {"kivi": "int4_kivi", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
+ALIASES: dict[str, str] = {**FRONT,"kivi": "int4_kivi", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
                            "float32": "fp32", "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
 _DTYPE_FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8_e4m3",
                   "float8_e5m2": "fp8_e5m2", "int8": "int8"}
@@ -271,6 +280,8 @@ def lookup(name: str | KVFormat, dtype=None) -> KVFormat:
     key = ALIASES.get(key, key)
     if key in FORMATS:
         return FORMATS[key]
+    if key in FRONT.values():
+        return parse_split(key)
     if "/" in key or "@" in key:
         return parse_split(key)
     raise KVFormatError(f"unknown kv_format {name!r}; use one of 'auto', {', '.join(map(repr, FORMATS))}, "

@@ -26,6 +26,7 @@ from .attention import QuantKVAttention
 from .calibration import Calibration
 from .lab import LabCache, LabSpec
 from .metrics import TokenStats, summarize, token_stats
+from .schemes import Scheme
 from .runs import chunk_logits
 from .text import Chunk, make_chunks, scored_slice
 
@@ -76,6 +77,9 @@ class Evaluator:
         """The one-sequence cache of a :class:`LabSpec` or a :class:`~paged.quant.split_cache.Served`
         split format (tables fitted on this evaluator's calibration)."""
         from .split_cache import Served, SplitCache, tables_for
+        if isinstance(spec, Scheme):  # the study's earlier formats (paged.quant.schemes)
+            cfg = self.lm.config
+            return QuantKVAttention(spec, cfg.num_layers, cfg.head_dim)
         if not isinstance(spec, Served):
             return LabCache(spec, self.lm.model, self.calib)
         from paged.errors import ConfigError
@@ -105,8 +109,13 @@ class Evaluator:
         """One row per source and ``"all"`` for ``spec`` (``extra`` columns added to each)."""
         cfg = self.lm.config
         from .split_cache import Served
-        kb, vb, bits = (spec.bits(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) if isinstance(spec, Served)
-                        else spec.bits(cfg.num_layers, cfg.head_dim, 2048))
+        if isinstance(spec, Scheme):
+            kb, vb = spec.k.bits(cfg.head_dim), spec.v.bits(cfg.head_dim)
+            kb += 16.0 * spec.k.group / 2048 if spec.k.per_channel else 0.0  # KIVI's unfilled fp16 group
+            bits = (kb + vb) / 2
+        else:
+            kb, vb, bits = (spec.bits(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) if isinstance(spec, Served)
+                            else spec.bits(cfg.num_layers, cfg.head_dim, 2048))
         per = self.stats(spec)
         per["all"] = [s for parts in list(per.values()) for s in parts]
         rows = []

@@ -236,8 +236,16 @@ def engine_settings(name: "str | Scheme") -> dict:
     try:
         s = parse_scheme(name)
     except ConfigError:
-        from kernels.format_table import ALIASES  # the engine's other spellings of its formats
+        from kernels import KVFormatError, get_format
+        from kernels.format_table import ALIASES, FRONT_BLOCK_SIZE  # the engine's other spellings of its formats
         if isinstance(name, str) and (name.strip().lower() == "auto" or name.strip().lower() in ALIASES):
+            try:
+                f = get_format(name)
+            except KVFormatError:
+                return {"kv_cache_dtype": name}
+            if f.split:  # the study measured split formats at block 32; a sink or window needs prefix caching off
+                kw = {"kv_cache_dtype": name, "block_size": FRONT_BLOCK_SIZE}
+                return kw | ({"enable_prefix_caching": False} if f.sink or f.window else {})
             return {"kv_cache_dtype": name}
         raise
     kw = s.engine_kwargs
