@@ -86,3 +86,14 @@ def test_bad_names_and_groups_say_what_to_change():
     from paged.errors import ConfigError
     with pytest.raises(ConfigError, match="divide head_dim 80"):
         ModelSpec("odd", 2, 640, 8, 8, 1024, 100).kv_bytes_per_token("int4")
+
+
+@pytest.mark.parametrize("alias", sorted(format_table.FRONT))
+def test_front_formats_are_sized_alike_by_the_engine_and_the_simulator(alias):
+    """The split formats of the study's front, by alias, at their block size (32)."""
+    bs = format_table.FRONT_BLOCK_SIZE
+    engine = _kv_bytes_per_block(SMOL_CFG, bs, alias, torch.float16)
+    assert SMOL.kv_bytes_per_token(alias, block_size=bs) * bs == engine
+    assert format_table.lookup(alias).name == format_table.FRONT[alias]
+    sim = Simulator(SimConfig(model="smollm2-135m", gpu="a100-80gb", kv_format=alias, block_size=bs))
+    assert sim.block_bytes == engine

@@ -48,3 +48,18 @@ def test_markdown_table_order():
     md = markdown_table(_table(), 64)
     lines = md.splitlines()
     assert lines[2].startswith("| fp32 ") and lines[3].startswith("| fp16 ") and lines[4].startswith("| int8 ")
+
+
+def test_front_vs_llamacpp_draws_both_rotations_and_our_front():
+    ours = pd.DataFrame({"format": ["kvq2", "kvq3", "kvq4", "int8"], "bits": [2.9, 3.9, 4.9, 8.25],
+                         "kld_mean": [0.04, 0.005, 0.001, 0.0012], "kld_se": [0.001] * 4,
+                         "group": ["front", "front", "front", "earlier"]})
+    llama = pd.DataFrame({"format": ["q8_0/q8_0", "q4_0/q4_0", "q8_0/q8_0"], "bits_per_value": [8.5, 4.5, 8.5],
+                          "kld_mean": [0.0047, 0.074, 0.0057], "rotation": ["on", "on", "off"]})
+    fig = figures.front_vs_llamacpp(ours, llama)
+    names = [t.name for t in fig.data]
+    assert names == ["front", "earlier", "our Pareto front", "llama.cpp (rotation on, its default)",
+                     "llama.cpp (rotation off)"]
+    front = fig.data[2]
+    assert list(front.x) == [2.9, 3.9, 4.9]  # int8 (8.25 bits, 0.0012) is above the 4.9-bit point: off the front
+    assert list(fig.data[3].x) == [4.5, 8.5] and fig.layout.yaxis.type == "log"

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from paged.quant.metrics import survival
 
-__all__ = ["pareto", "error_vs_context", "survival_curves", "layer_heatmap", "key_outlier_heatmap",
+__all__ = ["pareto", "front_vs_llamacpp", "error_vs_context", "survival_curves", "layer_heatmap", "key_outlier_heatmap",
            "side_by_side", "render", "live_side_by_side"]
 
 
@@ -42,6 +42,48 @@ def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "k
         fig.add_scatter(x=f.bits_per_value, y=f[metric], mode="lines", name="Pareto front", line=dict(dash="dot"))
     fig.update_layout(title=f"Error vs memory (ctx {ctx}, {metric})", xaxis_title="bits per value (K and V mean)",
                       yaxis_title=metric, yaxis_type="log", height=450)
+    return fig
+
+
+def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, metric: str = "kld_mean",
+                      title: str = "KV formats: KLD vs bits per value (licence text, ctx 512)") -> go.Figure:
+    """Our formats and llama.cpp's cache types on one KLD (log) vs bits axis, with our Pareto front.
+
+    ``ours``: rows with ``format``, ``bits`` (or ``bits_per_value``), ``metric`` and optionally
+    ``kld_se`` (error bars) and ``group`` (one marker series per group, e.g. "front" vs
+    "earlier formats"); ``llama``: rows with ``format``, ``bits_per_value``, ``metric`` and
+    ``rotation`` (``"on"``: llama.cpp's default Hadamard rotation, ``"off"``:
+    ``LLAMA_ATTN_ROT_DISABLE=1``), drawn as two series. The front is the lower-left hull of ours.
+    """
+    d = ours.rename(columns={"bits": "bits_per_value"}) if "bits_per_value" not in ours else ours
+    d = d[d[metric] > 0].sort_values("bits_per_value")
+    fig = go.Figure()
+    groups = d.groupby("group", sort=False) if "group" in d else [("ours", d)]
+    for name, g in groups:
+        err = dict(type="data", array=g.kld_se, visible=True) if "kld_se" in g and metric == "kld_mean" else None
+        fig.add_scatter(x=g.bits_per_value, y=g[metric], mode="markers+text", text=g.format, name=str(name),
+                        textposition="top center", error_y=err,
+                        hovertemplate="%{text}<br>%{x:.3g} bits/value<br>" + metric + " %{y:.3g}<extra></extra>")
+    front, best = [], np.inf
+    for _, r in d.iterrows():
+        if r[metric] < best:
+            front.append(r)
+            best = r[metric]
+    if front:
+        f = pd.DataFrame(front)
+        fig.add_scatter(x=f.bits_per_value, y=f[metric], mode="lines", name="our Pareto front",
+                        line=dict(dash="dot"), hoverinfo="skip")
+    if llama is not None and len(llama):
+        for rot, sym, label in (("on", "diamond", "llama.cpp (rotation on, its default)"),
+                                ("off", "x", "llama.cpp (rotation off)")):
+            g = llama[(llama.rotation == rot) & (llama[metric] > 0)].sort_values("bits_per_value")
+            if len(g):
+                fig.add_scatter(x=g.bits_per_value, y=g[metric], mode="markers+text+lines", text=g.format,
+                                name=label, marker=dict(symbol=sym, size=10), textposition="bottom center",
+                                line=dict(width=1),
+                                hovertemplate="%{text}<br>%{x:.3g} bits/value<br>" + metric + " %{y:.3g}<extra></extra>")
+    fig.update_layout(title=title, xaxis_title="bits per value (K and V mean; scales, zeros, staging at 2k context)",
+                      yaxis_title=metric, yaxis_type="log", height=500)
     return fig
 
 
