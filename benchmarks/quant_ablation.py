@@ -127,7 +127,29 @@ def _decomp() -> list:
     return out
 
 
+def _mixed() -> list:
+    """Mixed precision by layer sensitivity (lab formats, K 3-bit KIVI + V 3-bit codebook, sink 4,
+    window 32): one-layer-at-a-time KLD of ``kivi_g32/int4`` on the calibration text ranks the
+    layers; the 6 most sensitive get 4/4 bits, the 6 least 2/2, the mean stays 3."""
+    from paged.quant.calibration import calibration_text
+    from paged.quant.diagnostics import layer_sensitivity
+    sens = layer_sensitivity(None, ["kivi_g32/int4"], texts={"calibration": calibration_text()})
+    order = sens.sort_values("kld_mean", ascending=False).layer.tolist()
+    print("layer sensitivity (calibration text, most first):", order, flush=True)
+
+    def k(b):
+        return S(b, axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
+
+    def v(b):
+        return S(b, "lloyd", rot=True)
+    uniform = LabSpec(k(3), v(3), sink=4, window=32, label="lab k3/v3 @sink4@win32 (uniform)")
+    layers = tuple((i, k(4), v(4)) for i in order[:6]) + tuple((i, k(2), v(2)) for i in order[-6:])
+    mixed = LabSpec(k(3), v(3), sink=4, window=32, layers=layers, label="lab k3/v3 @sink4@win32, 6 layers 4/4, 6 layers 2/2")
+    return [uniform, mixed]
+
+
 JOBS = {
+    "mixed": _mixed,
     "front": _front_full, "decomp": _decomp,
     "served": _served,
     "front32": lambda: _front(32), "front16": lambda: _front(16),

@@ -3,7 +3,11 @@
     python benchmarks/quant_vs_llamacpp.py --part ours  [--chunks 19] [--csv reports/quant_vs_llamacpp_ours.csv]
     python benchmarks/quant_vs_llamacpp.py --part llama --rotation on  --llama-site /tmp/venv-llamacpp/lib/python3.11/site-packages
     python benchmarks/quant_vs_llamacpp.py --part llama --rotation off --llama-site ...
-    python benchmarks/quant_vs_llamacpp.py --part table   # the side-by-side table from the three CSVs
+    python benchmarks/quant_vs_llamacpp.py --part table   # the side-by-side table from the CSVs
+
+Our split formats (the front) on the same 19 chunks come from ``benchmarks/quant_ablation.py front
+--protocol lic19`` (``reports/quant_ablation_front_lic19.csv``); ``--part ours`` adds the study's
+earlier formats (int8, int4, KIVI over 32 tokens, int8/int4) on the same chunks.
 
 Protocol (llama-perplexity's): the GPL-3 + Apache-2.0 text of ``data/text/licenses.txt`` as
 token ids from our tokenizer, chunks of ``ctx`` tokens, the cache cleared per chunk, the second
@@ -41,10 +45,7 @@ QUOTED = {"q8_0/q8_0": (0.00471, 0.00566), "q5_1/q5_1": (0.0213, 0.0369), "q4_1/
           "q4_0/q4_0": (0.0738, None)}
 # ours: the study's earlier formats and the split formats of the front (engine formats at block 32)
 OURS_LAB = ["int8", "int4", "kivi_g32/int4", "int8/int4_g64"]
-OURS_SERVED = ["kivi4+pre+alloc+q8/cb4+rot@sink4@win32", "kivi4+pre+alloc+q8/cb3+rot@sink4@win32",
-               "kivi3+pre+alloc+q8/cb4+rot@sink4@win32", "kivi3+pre+alloc+q8/cb3+rot@sink4@win32",
-               "kivi3+pre+alloc+q8/cb2+rot@sink4@win32", "kivi2+pre+alloc+q8/cb3+rot@sink4@win32",
-               "kivi2+pre+alloc+q8/cb2+rot@sink4@win32"]
+FRONT_CSV = "reports/quant_ablation_front_lic19.csv"
 
 
 def licence_ids():
@@ -55,9 +56,8 @@ def licence_ids():
 
 
 def ours(ctx: int, chunks: int) -> pd.DataFrame:
-    """The study's formats (fp32 base) and the engine's split formats on the licence chunks."""
-    from paged.quant import ablation, study
-    from paged.quant.split_cache import Served
+    """The study's earlier formats (fp32 base) on the licence chunks."""
+    from paged.quant import study
     lm, ids = licence_ids()
     n = min(chunks, len(ids) // ctx)
     old = study(lm, formats=OURS_LAB, texts={"licenses": ids}, context_lengths=(ctx,), max_chunks=n,
@@ -66,14 +66,6 @@ def ours(ctx: int, chunks: int) -> pd.DataFrame:
     rows = [{"tool": "ours", "format": r["format"], "bits_per_value": r["bits_per_value"], "kld_mean": r["kld_mean"],
              "kld_se": r["kld_se"], "kld_p99": r["kld_p99"], "same_top1_pct": r["same_top1_pct"],
              "delta_nll": r["delta_nll"], "n_chunks": n, "rotation": "n/a"} for r in old.to_dict(orient="records")]
-    ev = ablation.Evaluator(lm, ablation.eval_chunks(lm, {"licenses": (ctx, n)}))
-    for name in OURS_SERVED:
-        r = [x for x in ev.run(Served(name, 32)) if x["source"] == "all"][0]
-        rows.append({"tool": "ours (engine format, block 32)", "format": name, "bits_per_value": r["bits"],
-                     "kld_mean": r["kld_mean"], "kld_se": r["kld_se"], "kld_p99": r["kld_p99"],
-                     "same_top1_pct": r["same_top1_pct"], "delta_nll": r["delta_nll"], "n_chunks": n,
-                     "rotation": "n/a"})
-        print(rows[-1], flush=True)
     return pd.DataFrame(rows)
 
 
@@ -146,6 +138,13 @@ def llama_worker(ctx: int, n: int, gguf: str, out: str) -> None:
 def table(paths: list[str]) -> str:
     """Markdown: every row of the given CSVs by bits, with llama.cpp's rotated and unrotated rows."""
     frames = [pd.read_csv(p) for p in paths if Path(p).is_file()]
+    if Path(FRONT_CSV).is_file():
+        f = pd.read_csv(FRONT_CSV)
+        f = f[(f.source == "all") & (f.part == "both") & f.format.str.contains("|bs", regex=False)]
+        frames.append(pd.DataFrame({"tool": "ours (engine format, block 32)", "format": f.format.str.replace("|bs32", "", regex=False),
+                                    "bits_per_value": f.bits, "kld_mean": f.kld_mean, "kld_se": f.kld_se,
+                                    "kld_p99": f.kld_p99, "same_top1_pct": f.same_top1_pct, "n_chunks": f.n_chunks,
+                                    "rotation": "n/a"}))
     if not any((f.tool.str.startswith("llama.cpp")).any() for f in frames):
         frames.append(pd.DataFrame([{"tool": "llama.cpp (quoted)", "format": kv, "bits_per_value":
                                      (LLAMA_BITS[kv.split('/')[0]] + LLAMA_BITS[kv.split('/')[1]]) / 2,
