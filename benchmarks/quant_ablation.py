@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/quant_ablation.py JOB [--protocol screen]
         [--decompose] [--csv reports/quant_ablation_JOB.csv]
+    .venv/bin/python benchmarks/quant_ablation.py report reports/quant_ablation_*.csv [--source licenses]
 
 Each job is a list of lab specs, scored with llama-perplexity's KL protocol (ctx 512 or 2048,
 second half of each chunk scored) against the fp32 base; rows are appended to the CSV as each
@@ -160,7 +161,29 @@ JOBS = {
 }
 
 
+def report(paths: list[str], source: str = "all") -> str:
+    """A markdown table of ablation CSVs (one row per spec and part, pooled over ``source``)."""
+    import pandas as pd
+    df = pd.concat([pd.read_csv(p).assign(csv=Path(p).stem.removeprefix("quant_ablation_")) for p in paths])
+    df = df[df.source == source].drop_duplicates(["format", "part", "protocol"], keep="last")
+    lines = ["| job | format | part | K bits | V bits | mean bits | KLD | ± SE (tokens) | ± SE (chunks) | same top-1 % |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for _, r in df.iterrows():
+        if "|bs" in r.format:  # engine formats: bits from the format table (the current staging count)
+            from paged.quant.split_cache import served_bits
+            name, bs = r.format.split("|bs")
+            r.bits_k, r.bits_v, r.bits = served_bits(name, int(bs), 3, 64)
+        lines.append(f"| {r.csv} | `{r.format}` | {r.part} | {r.bits_k:.3g} | {r.bits_v:.3g} | {r.bits:.3g} | "
+                     f"{r.kld_mean:.4g} | {r.kld_se:.2g} | {r.kld_se_chunks:.2g} | {r.same_top1_pct:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "report":  # python benchmarks/quant_ablation.py report CSV... [--source S]
+        args = sys.argv[2:]
+        src = args[args.index("--source") + 1] if "--source" in args else "all"
+        print(report([a for a in args if a.endswith(".csv")], src))
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("job", choices=sorted(JOBS))
     ap.add_argument("--protocol", default="screen", choices=sorted(ablation.PROTOCOLS))
