@@ -106,8 +106,16 @@ def test_swap_preemption_and_compaction_keep_greedy_outputs(tmp_path, monkeypatc
     tight = LLM(model=lm, num_blocks=24, preemption_mode="swap", num_cpu_blocks=64, **common)
     assert [o.outputs[0].token_ids for o in tight.generate(prompts, params)] == ref
     assert tight.engine.scheduler.num_preemptions["swap"] > 0, "the pool was meant to be too small"
-    packed = LLM(model=lm, num_blocks=64, enable_block_compaction=True, **common)
+    packed = LLM(model=lm, num_blocks=64, enable_block_compaction=True, compaction_interval=1,
+                 compaction_threshold=0.0, **common)
+    copies, apply = [], packed.engine.runner.apply_cache_ops
+
+    def spy(plan):
+        copies.append(len(plan.compaction_copies))
+        return apply(plan)
+    packed.engine.runner.apply_cache_ops = spy
     assert [o.outputs[0].token_ids for o in packed.generate(prompts, params)] == ref
+    assert sum(copies) > 0, "compaction was meant to move blocks (codes, scales, staging and sink rows)"
     for llm in (roomy, tight, packed):
         assert llm.kv_manager.num_used_blocks == 0
         assert all(x.staging.num_used == 0 and x.sink.num_used == 0 for x in llm.engine.runner.layers)
@@ -156,3 +164,35 @@ def test_an_artefact_of_another_model_or_format_is_refused(smollm2, tmp_path, mo
     monkeypatch.setenv(ENV, str(bad))
     with pytest.raises(ConfigError, match="not a KV calibration artefact"):
         LLM(smollm2, num_blocks=16, block_size=32, kv_cache_dtype="kvq3", enable_prefix_caching=False)
+
+
+def test_host_tier_keeps_greedy_outputs_for_a_split_format_without_window(tmp_path, monkeypatch):
+    """KIVI keys + codebook values without sink/window serve with prefix caching and the host
+    tier: cached blocks move to host layers and back, outputs as with the tier off."""
+    import random
+    from paged import telemetry
+    fmt = "kivi3+pre+alloc+q8/cb3_g16+rot"
+    lm = _tiny(tmp_path, monkeypatch, [fmt])
+    rng = random.Random(0)
+    prefixes = [[rng.randrange(256) for _ in range(12)] for _ in range(4)]
+    waves = [[0, 1], [2, 3], [0, 1], [2, 3], [0, 2]]
+    prompts = [[prefixes[p] + [rng.randrange(256) for _ in range(rng.randrange(1, 6))] for p in w] for w in waves]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+    def run(**kw):
+        llm = LLM(lm, kv_cache_dtype=fmt, block_size=4, num_blocks=14, max_num_batched_tokens=64, max_model_len=64,
+                  max_num_seqs=2, **kw)
+        eng, outs, rows = llm.engine, [], []
+        for i, wave in enumerate(prompts):
+            for j, p in enumerate(wave):
+                eng.add_request(f"{i}.{j}", p, params)
+            while eng.has_unfinished_requests():
+                s = eng.step()
+                rows.append(s.to_row())
+                outs += [(o.request_id, tuple(o.outputs[0].token_ids)) for o in s.finished]
+        return sorted(outs), telemetry.steps_frame(rows)
+
+    base, _ = run()
+    tier, st = run(enable_host_tier=True, num_cpu_blocks=16)
+    assert tier == base
+    assert st["num_tier_out_blocks"].sum() > 0 and st["num_tier_in_blocks"].sum() > 0
