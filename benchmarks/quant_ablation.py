@@ -77,7 +77,8 @@ def _combos() -> list[LabSpec]:
         return S(b, "lloyd", rot=True)
     return [LabSpec(k(4), v(4)), LabSpec(k(4), v(4), window=32), LabSpec(k(4), v(4), window=32, sink=4),
             LabSpec(k(3), v(3), window=32), LabSpec(k(3), v(3), window=64), LabSpec(k(3), v(4), window=32),
-            LabSpec(k(4), v(3), window=32), LabSpec(k(2), v(2), window=64), LabSpec(k(3, scale_bits=8), v(3), window=32)]
+            LabSpec(k(4), v(3), window=32), LabSpec(k(2), v(2), window=64),
+            LabSpec(k(3, scale_bits=8), v(3), window=32)]
 
 
 def _kq(b: int, group: int = 32, compact: bool = True) -> SideSpec:
@@ -145,7 +146,8 @@ def _mixed() -> list:
         return S(b, "lloyd", rot=True)
     uniform = LabSpec(k(3), v(3), sink=4, window=32, label="lab k3/v3 @sink4@win32 (uniform)")
     layers = tuple((i, k(4), v(4)) for i in order[:6]) + tuple((i, k(2), v(2)) for i in order[-6:])
-    mixed = LabSpec(k(3), v(3), sink=4, window=32, layers=layers, label="lab k3/v3 @sink4@win32, 6 layers 4/4, 6 layers 2/2")
+    mixed = LabSpec(k(3), v(3), sink=4, window=32, layers=layers,
+                    label="lab k3/v3 @sink4@win32, 6 layers 4/4, 6 layers 2/2")
     return [uniform, mixed]
 
 
@@ -166,7 +168,8 @@ def report(paths: list[str], source: str = "all") -> str:
     import pandas as pd
     df = pd.concat([pd.read_csv(p).assign(csv=Path(p).stem.removeprefix("quant_ablation_")) for p in paths])
     df = df[df.source == source].drop_duplicates(["format", "part", "protocol"], keep="last")
-    lines = ["| job | format | part | K bits | V bits | mean bits | KLD | ± SE (tokens) | ± SE (chunks) | same top-1 % |",
+    lines = ["| job | format | part | K bits | V bits | mean bits | KLD | ± SE (tokens) | ± SE (chunks) "
+             "| same top-1 % |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for _, r in df.iterrows():
         if "|bs" in r.format:  # engine formats: bits from the format table (the current staging count)

@@ -141,7 +141,8 @@ def table(paths: list[str]) -> str:
     if Path(FRONT_CSV).is_file():
         f = pd.read_csv(FRONT_CSV)
         f = f[(f.source == "all") & (f.part == "both") & f.format.str.contains("|bs", regex=False)]
-        frames.append(pd.DataFrame({"tool": "ours (engine format, block 32)", "format": f.format.str.replace("|bs32", "", regex=False),
+        frames.append(pd.DataFrame({"tool": "ours (engine format, block 32)",
+                                    "format": f.format.str.replace("|bs32", "", regex=False),
                                     "bits_per_value": f.bits, "kld_mean": f.kld_mean, "kld_se": f.kld_se,
                                     "kld_p99": f.kld_p99, "same_top1_pct": f.same_top1_pct, "n_chunks": f.n_chunks,
                                     "rotation": "n/a"}))

@@ -338,7 +338,8 @@ def _check_split(layer: KVCacheLayer) -> None:
             raise ShapeError(f"{fmt.name} needs kivi channel widths [{h}, {d}] in its tables")
     if not fmt.v_side.exact:
         g = d // fmt.v_side.group
-        if layer.v_scale is None or tuple(layer.v_scale.shape) != (nb, bs, h, g) or layer.v_scale.dtype != torch.float16:
+        vs = layer.v_scale
+        if vs is None or tuple(vs.shape) != (nb, bs, h, g) or vs.dtype != torch.float16:
             raise ShapeError(f"{fmt.name} needs v_scale as float16 [{nb}, {bs}, {h}, {g}]")
         if t.v_levels is None or t.v_levels.shape != (1 << fmt.v_side.bits,):
             raise ShapeError(f"{fmt.name} needs a codebook of {1 << fmt.v_side.bits} levels in its tables")

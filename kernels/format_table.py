@@ -51,7 +51,8 @@ from dataclasses import dataclass
 
 from .errors import KVFormatError, ShapeError
 
-__all__ = ["KVFormat", "SideFormat", "FORMATS", "FRONT", "FRONT_BLOCK_SIZE", "ALIASES", "DEFAULT_INT4_GROUP", "lookup", "format_for_dtype",
+__all__ = ["KVFormat", "SideFormat", "FORMATS", "FRONT", "FRONT_BLOCK_SIZE", "ALIASES", "DEFAULT_INT4_GROUP", "lookup",
+           "format_for_dtype",
            "bytes_per_token", "int4_group", "parse_split", "side_bytes", "staging_tokens_per_seq", "CODE_PLAIN",
            "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4", "CODE_INT4_KIVI", "CODE_KIVI", "CODE_CB", "CODE_SPLIT",
            "FP8_CODES", "INT4_CODES"]
@@ -301,7 +302,8 @@ def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int,
                     group_size: int | None = None, block_size: int = 16) -> int:
     """Bytes one token occupies in one layer for K and V together, side tensors included.
 
-    ``dtype`` only resolves ``"auto"``; ``group_size`` defaults to :func:`int4_group`. Per-head fp8 scales are per layer, not per token, and are
+    ``dtype`` only resolves ``"auto"``; ``group_size`` defaults to :func:`int4_group`. Split formats: see
+    :func:`split_bytes_per_token`. Per-head fp8 scales are per layer, not per token, and are
     not counted. ``int4_kivi`` reports the steady-state cost of full blocks: its per-channel K
     scale and zero (``4 * head_dim`` bytes per block-head) are spread over ``block_size`` tokens
     (rounded up to whole bytes per token); the staging pool for unfilled blocks is a fixed cost

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from .cache import KVCacheLayer
 
 __all__ = ["SplitTables", "rope", "unrope", "rope_tables", "hadamard", "bit_layout", "pack_bits", "unpack_bits",
-           "cb_quantize", "cb_dequantize", "lloyd_levels", "normal_levels", "kivi_quantize", "kivi_dequantize", "uniform_widths", "write_split",
+           "cb_quantize", "cb_dequantize", "lloyd_levels", "normal_levels", "kivi_quantize", "kivi_dequantize",
+           "uniform_widths", "write_split",
            "gather_split", "attend_split", "split_prefill_ref", "split_decode_ref", "window_out_blocks",
            "STAGING_DTYPE"]
 
@@ -240,7 +241,8 @@ def kivi_quantize(x: torch.Tensor, width: torch.Tensor, compact: bool, exclude: 
     return q.to(torch.int64), stored_s, stored_z, sup
 
 
-def kivi_step_zero(step: torch.Tensor, zero: torch.Tensor, sup: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def kivi_step_zero(step: torch.Tensor, zero: torch.Tensor, sup: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 step and zero ``[..., H, D]`` from what :func:`kivi_quantize` stored."""
     if sup is None:
         return step.float(), zero.float()

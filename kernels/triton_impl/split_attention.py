@@ -171,7 +171,8 @@ def split_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, k
     bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
     acc, m_i, l_i = split_attend(q, q_pos, start, end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr,
                                  ko_ptr, lv_ptr, cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr,
-                                 xmap_ptr, bt_row, kvh, offs_d, mask_d, sm_scale, SINK, WINDOW, GP, H, D, BS, RK, RV, VBITS, VG, BLOCK_N,
+                                 xmap_ptr, bt_row, kvh, offs_d, mask_d, sm_scale, SINK, WINDOW, GP, H, D, BS, RK, RV,
+                                 VBITS, VG, BLOCK_N,
                                  BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK, DOT)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -215,7 +216,8 @@ def split_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, 
     bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
     acc, m_i, l_i = split_attend(q, q_pos, 0, kv_end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr,
                                  ko_ptr, lv_ptr, cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr,
-                                 xmap_ptr, bt_row, kvh, offs_d, mask_d, sm_scale, SINK, WINDOW, M, H, D, BS, RK, RV, VBITS, VG, BLOCK_N,
+                                 xmap_ptr, bt_row, kvh, offs_d, mask_d, sm_scale, SINK, WINDOW, M, H, D, BS, RK, RV,
+                                 VBITS, VG, BLOCK_N,
                                  BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK, DOT)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_rows[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),

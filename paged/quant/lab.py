@@ -240,7 +240,7 @@ def _round_scale(s: torch.Tensor, bits: int) -> torch.Tensor:
         return s.half().float()
     if bits != 8:
         raise ConfigError(f"scale_bits must be 16 or 8, got {bits}")
-    e = torch.ceil(torch.log2(s.clamp_min(1e-30)) * 8).clamp(-128 * 1, 127)
+    e = torch.ceil(torch.log2(s.clamp_min(1e-30)) * 8).clamp(-128, 127)
     return torch.where(s > 0, torch.exp2(e / 8), torch.zeros_like(s))
 
 

@@ -81,7 +81,8 @@ def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, 
                 fig.add_scatter(x=g.bits_per_value, y=g[metric], mode="markers+text+lines", text=g.format,
                                 name=label, marker=dict(symbol=sym, size=10), textposition="bottom center",
                                 line=dict(width=1),
-                                hovertemplate="%{text}<br>%{x:.3g} bits/value<br>" + metric + " %{y:.3g}<extra></extra>")
+                                hovertemplate="%{text}<br>%{x:.3g} bits/value<br>" + metric
+                                + " %{y:.3g}<extra></extra>")
     fig.update_layout(title=title, xaxis_title="bits per value (K and V mean; scales, zeros, staging at 2k context)",
                       yaxis_title=metric, yaxis_type="log", height=500)
     return fig
