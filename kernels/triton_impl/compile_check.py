@@ -15,8 +15,8 @@ import os
 import time
 from typing import Iterator
 
-from ..format_table import (CODE_E4M3, CODE_E5M2, CODE_INT4, CODE_INT4_KIVI, CODE_INT8, CODE_PLAIN,
-                            INT4_CODES)
+from ..format_table import (CODE_CB, CODE_E4M3, CODE_E5M2, CODE_INT4, CODE_INT4_KIVI, CODE_INT8, CODE_KIVI,
+                            CODE_PLAIN, INT4_CODES)
 
 # (format code, data pointer type, scale pointer type) for every KV format
 _FORMATS = [(CODE_PLAIN, "*fp16", "*fp16"), (CODE_PLAIN, "*bf16", "*bf16"), (CODE_PLAIN, "*fp32", "*fp32"),
@@ -70,12 +70,39 @@ def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
                    dict(key_ptr=src, value_ptr=src, slot_ptr="*i32", k_ptr=wdata, v_ptr=wdata, ks_ptr=scale,
                         vs_ptr=scale, kz_ptr=scale, vz_ptr=scale),
                    dict(H=8, D=128, NG=ng, NGP=ng, HGP=16 if fmt == CODE_INT4 else 64, BLOCK_D=128, FMT=fmt, BF16=bf16))
+    yield from _split_cases(quick)
     for q in ("*fp16", "*bf16", "*fp32"):
         yield (f"merge q={q}", decode_merge_kernel,
                dict(mid_o_ptr="*fp32", mid_lse_ptr="*fp32", out_ptr=q, lse_ptr="*fp32", nsplit="i32"),
                dict(D=128, SP=8, BLOCK_D=128))
     for t in ("*i32", "*u8"):
         yield (f"copy {t}", copy_blocks_kernel, dict(ptr=t, map_ptr="*i64"), dict(ROW=4096, BLOCK=1024))
+
+
+def _split_cases(quick: bool) -> Iterator[tuple[str, object, dict, dict]]:
+    """Split formats (kernels.split): KIVI keys (compact or fp16 step/zero, RoPE on read) or exact
+    keys, codebook values (rotated or not), with a sink and window or KIVI staging only."""
+    from .split_attention import split_decode_kernel, split_prefill_kernel
+    configs = [  # (name, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK)
+        ("kvq3", CODE_KIVI, CODE_CB, True, True, True, True, False, True),
+        ("kivi/cb staging", CODE_KIVI, CODE_CB, False, False, False, False, True, False),
+        ("fp16/cb window", CODE_PLAIN, CODE_CB, False, False, True, True, False, False)]
+    for name, kf, vf, compact, pre, rot, win, staged, sink in configs[:1] if quick else configs:
+        for q in ("*fp16",) if quick else ("*fp16", "*bf16"):
+            dot = {"*fp16": 1, "*bf16": 2}[q]
+            k = "*u8" if kf == CODE_KIVI else "*fp16"
+            ptrs = dict(q_ptr=q, k_ptr=k, v_ptr="*u8", ks_ptr="*u8" if compact else "*fp16",
+                        kz_ptr="*i8" if compact else "*fp16", ksup_ptr="*fp16", vs_ptr="*fp16", kw_ptr="*i32",
+                        ko_ptr="*i32", lv_ptr="*fp32", cos_ptr="*fp32", sin_ptr="*fp32", had_ptr="*fp32",
+                        sk_ptr="*fp16", sv_ptr="*fp16", map_ptr="*i32", xk_ptr="*fp16", xv_ptr="*fp16",
+                        xmap_ptr="*i32", bt_ptr="*i32", sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32",
+                        mid_lse_ptr="*fp32", out_ptr=q, sm_scale="fp32", bt_stride="i32", tokens_per_split="i32",
+                        nsplit="i32", SINK="i32", WINDOW="i32")
+            common = dict(HQ=24, H=8, D=64, BS=32, RK=24 if kf == CODE_KIVI else 64, RV=24, VBITS=3, VG=64,
+                          BLOCK_N=64, BLOCK_D=64, KFMT=kf, VFMT=vf, COMPACT=compact, PRE=pre, ROT=rot, WIN=win,
+                          STAGED=staged, HAS_SINK=sink, DOT=dot)
+            yield (f"split decode {name} q={q}", split_decode_kernel, ptrs, dict(common, GROUP=3, GP=16))
+            yield (f"split prefill {name} q={q}", split_prefill_kernel, ptrs, dict(common, GROUP=3, GP=4, BLOCK_Q=16))
 
 
 def compile_all(archs: tuple[int, ...] = (80, 90), quick: bool = False, log=print) -> int:
