@@ -135,7 +135,8 @@ def _mixed() -> list:
     layers; the 6 most sensitive get 4/4 bits, the 6 least 2/2, the mean stays 3."""
     from paged.quant.calibration import calibration_text
     from paged.quant.diagnostics import layer_sensitivity
-    sens = layer_sensitivity(None, ["kivi_g32/int4"], texts={"calibration": calibration_text()})
+    lm = load()  # loaded outside inference mode (layer_sensitivity runs under it)
+    sens = layer_sensitivity(lm, ["kivi_g32/int4"], texts={"calibration": calibration_text()})
     order = sens.sort_values("kld_mean", ascending=False).layer.tolist()
     print("layer sensitivity (calibration text, most first):", order, flush=True)
 

@@ -137,7 +137,7 @@ def llama_worker(ctx: int, n: int, gguf: str, out: str) -> None:
 
 def table(paths: list[str]) -> str:
     """Markdown: every row of the given CSVs by bits, with llama.cpp's rotated and unrotated rows."""
-    frames = [pd.read_csv(p) for p in paths if Path(p).is_file()]
+    frames = [pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in paths if Path(p).is_file()]
     if Path(FRONT_CSV).is_file():
         f = pd.read_csv(FRONT_CSV)
         f = f[(f.source == "all") & (f.part == "both") & f.format.str.contains("|bs", regex=False)]
@@ -152,7 +152,8 @@ def table(paths: list[str]) -> str:
                                      "kld_mean": val, "rotation": rot}
                                     for kv, pair in QUOTED.items() for val, rot in zip(pair, ("on", "off"))
                                     if val is not None]))
-    df = pd.concat(frames).sort_values("bits_per_value", ascending=False)
+    df = pd.concat(frames)
+    df = df[df.format != "fp32"].sort_values(["bits_per_value", "kld_mean"], ascending=[False, True])
     lines = ["| tool | format | llama.cpp rotation | bits/value | KLD | ± SE | p99 | same top-1 % | chunks |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for _, r in df.iterrows():
