@@ -1,5 +1,5 @@
 """The headline report: markdown + CSV files from the demo's measurements (``paged.demo``) and
-the simulated paper studies (``paged.sim.studies``). ``python -m paged demo`` prints what
+the simulated paper studies (``paged.studies.papers``). ``python -m paged demo`` prints what
 ``demo_report`` returns; nothing here prints.
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def demo_report(out: str = "reports", *, num_requests: int = 2000, jobs: int = 1
                 engine_requests: int = 12, engine_blocks: int = 24, max_tokens: int = 48) -> tuple[str, str]:
     """Measure and write the headline report into ``out`` (demo.md, simulation.md, CSVs);
     ``engine_requests=0`` skips the real-engine part. Returns (markdown, path of demo.md)."""
-    from paged.sim.studies import interference_study, memory_story
+    from paged.studies.papers import interference_study, memory_story
 
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()

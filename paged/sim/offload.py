@@ -27,7 +27,7 @@ import pandas as pd
 
 from paged.sim.cost_model import CostModel, StepShape, swap_bytes_ratio
 from paged.sim.specs import get_model, kv_cache_sizing
-from paged.sim.studies import run_grid
+from paged.studies.grid import run_grid
 
 __all__ = ["VARIANTS", "offload_study", "streaming_study", "verdicts"]
 
