@@ -226,7 +226,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The embedded model through our paged cache on this machine, then the simulated studies."""
-    from paged.report import demo_report
+    from paged.studies.demo import demo_report
 
     md, path = demo_report(args.out, num_requests=args.num_requests, jobs=args.jobs, model=args.model,
                            engine_requests=args.engine_requests, engine_blocks=args.engine_blocks,
