@@ -42,7 +42,7 @@ def model_spec(model: str | ModelSpec) -> ModelSpec:
     """A preset by name (LLaMA-65B included), or the spec given."""
     if isinstance(model, str) and model.lower() == LLAMA_65B.name:
         return LLAMA_65B
-    return getmodel_spec(model)
+    return get_model(model)
 
 
 def model_choices() -> list[str]:
