@@ -28,7 +28,7 @@ import gc
 import math
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence, TypeVar
 
@@ -216,14 +216,10 @@ class ResidentGC:
     @contextmanager
     def building(self) -> Iterator[None]:
         """Build resident state inside this block."""
-        was = gc.isenabled()
-        if self.mode != "on":
-            gc.disable()
         try:
-            yield
+            with _collector_paused(self.mode != "on"):
+                yield
         finally:
-            if was:
-                gc.enable()
             if self.mode == "freeze":
                 gc.collect()
                 gc.freeze()
@@ -235,14 +231,19 @@ class ResidentGC:
         gc.unfreeze()
         gc.collect()
 
-    @contextmanager
-    def session(self) -> Iterator[None]:
+    def session(self) -> AbstractContextManager[None]:
         """The whole benchmark: with mode "off" the collector stays off throughout."""
-        was = gc.isenabled()
-        if self.mode == "off":
-            gc.disable()
-        try:
-            yield
-        finally:
-            if was:
-                gc.enable()
+        return _collector_paused(self.mode == "off")
+
+
+@contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """The cyclic collector off inside the block when ``pause``; as it was afterwards."""
+    was = gc.isenabled()
+    if pause:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
