@@ -153,12 +153,18 @@ class CacheConfig:
         if not isinstance(self.hash_fn, str) and not callable(self.hash_fn):
             raise ConfigError(f"hash_fn must be a name ('xxh3_128', 'sha256', 'builtin') or a callable, "
                               f"got {self.hash_fn!r}")
-        resolve_hash_fn(self.hash_fn)
+        try:
+            resolve_hash_fn(self.hash_fn)
+        except ConfigError as e:
+            raise ConfigError(f"hash_fn={self.hash_fn!r}: {e}") from None
         for name in ("eviction", "host_eviction"):
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"{name} must be a policy name such as 'lru' or 'score:decay=0.999', "
-                                  f"got {getattr(self, name)!r}")
-            make_policy(getattr(self, name))  # parses the name and its parameters
+            spec = getattr(self, name)
+            if not isinstance(spec, str):
+                raise ConfigError(f"{name} must be a policy name such as 'lru' or 'score:decay=0.999', got {spec!r}")
+            try:
+                make_policy(spec)  # parses the name and its parameters
+            except ConfigError as e:
+                raise ConfigError(f"{name}={spec!r}: {e}") from None
         put("num_cpu_blocks", need_int("num_cpu_blocks", self.num_cpu_blocks, _error, minimum=0, optional=True))
         put("swap_space", need_real("swap_space", self.swap_space, _error, minimum=0.0, optional=True,
                                     hint="GiB of host memory for the CPU pool"))
