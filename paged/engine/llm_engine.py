@@ -3,7 +3,8 @@
 ``LLMEngine`` is the step-level API (``add_request``, ``step``, ``abort``,
 ``has_unfinished_requests``, ``kv_manager``); ``paged.engine.llm.LLM`` wraps it for offline
 batches. User requests are groups of scheduler sequences (``paged.engine.groups``: n > 1,
-beam search); outputs and step records live in ``paged.engine.outputs``.
+beam search); outputs and step records live in ``paged.engine.outputs``; the settings in
+``paged.engine.config`` (``EngineConfig``) and the cache's size in ``paged.engine.cache_sizing``.
 
 Invariant: after ``abort`` or completion all of a group's blocks are released by the scheduler.
 """
@@ -25,7 +26,8 @@ from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from paged.errors import (ConfigError, DuplicateRequestError, InvalidRequestError, StepFailedError,
                           UnknownRequestError)
 from paged.models.loader import LoadedModel
-from .cache_sizing import allocation_error, kv_bytes_per_block as _kv_bytes_per_block, size_cache
+from .cache_sizing import allocation_error, size_cache
+from .cache_sizing import kv_bytes_per_block as _kv_bytes_per_block  # noqa: F401 - its old import path
 from .config import EngineConfig
 from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
 from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
