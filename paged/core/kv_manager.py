@@ -133,7 +133,8 @@ class KVCacheManager(KVCacheParts):
         allocation-latency event of ``allocate_slots`` is not emitted here.
 
         The one place that appends a token into a block the request owns: ``allocate_slots``
-        calls it for one token (``last_only=False``: the token need not be the request's last)."""
+        calls it for one token into a partly filled block (``last_only=False``: the token need
+        not be the request's last; a new block is left to its general path)."""
         bs, pool, caching = self.block_size, self.pool, self.enable_prefix_caching
         index = self.prefix.index_full
         added = 0  # reported to the pool once at the end
@@ -165,9 +166,7 @@ class KVCacheManager(KVCacheParts):
                 table.append(block)
                 block.num_filled = 1  # pool.fill(block, 1), inlined: a new block holds nothing
                 added += 1
-                # block size 1: the new block is also full. In the lane every earlier block was
-                # indexed as it filled; allocate_slots may follow a swap-in (nothing indexed yet).
-                if caching and (bs == 1 or not last_only):
+                if bs == 1 and caching:  # one slot: the new block is also full (earlier ones are indexed)
                     index(req, table, start + 1)
             mark(start)
             keep(table)
@@ -181,14 +180,15 @@ class KVCacheManager(KVCacheParts):
                        cached_blocks: Sequence[Block] = ()) -> BlockMapping | None:
         """Make room for tokens [computed + cached, + num_new_tokens) of `request`.
 
-        Only the allocation-latency event is skipped for one token into a block the request
-        owns alone (``append_decode_slots``: no copy).
+        Only the allocation-latency event is skipped for one token into a partly filled block
+        the request owns alone (``append_decode_slots``: no new block, no copy).
 
         `cached_blocks` (from `find_cached_prefix`, only for a request holding no blocks)
         are taken as computed. Returns the (src, dst) copies to apply before the forward
         pass, or None when the pool cannot hold them now (nothing changed).
         """
-        if num_new_tokens == 1 and not cached_blocks and self._append_tokens((request,), 0, 1, [], [], False):
+        if num_new_tokens == 1 and not cached_blocks and request.num_computed_tokens % self.block_size \
+                and self._append_tokens((request,), 0, 1, [], [], False):  # into a partly filled block
             return []
         rid = request.request_id
         t0 = time.perf_counter_ns() if self._timed else 0
