@@ -1,7 +1,7 @@
 """``sweep(study, grid, ...)``: every point of a grid through one study, into one tidy DataFrame.
 
 Columns, in order: the points' parameters (grid key order), ``row`` (only when the study returns
-several rows per point), the study's results, then ``META``: ``status`` ("ok" | "error": the
+several rows for some point: the row's index within its point), the study's results, then ``META``: ``status`` ("ok" | "error": the
 study raised, ``error`` says what | "lost": its worker died past the retries), ``error``,
 ``wall_s`` and ``cpu_s`` (of the point, measured in its worker), ``host``, ``pid``, ``node``
 (where it ran; a Ray node id under Ray), ``backend``, ``cached`` (read from the point store, not
@@ -24,7 +24,7 @@ import pandas as pd
 from paged.errors import ConfigError
 
 from .grid import Grid, expand, point_id
-from .point import META
+from .point import META, ROW
 from .registry import Study, get_study
 from .store import PointStore, normalize
 
@@ -49,8 +49,10 @@ def _backend(backend: str, jobs: int, address: str | None, max_retries: int, ray
 
 
 def _frame(rows: Rows) -> pd.DataFrame:
-    """Rows -> DataFrame with parameters first and ``META`` last."""
+    """Rows -> DataFrame with parameters first and ``META`` last; ``row`` 0 for one-row points."""
     df = pd.DataFrame(rows)
+    if ROW in df.columns:
+        df[ROW] = df[ROW].fillna(0).astype(int)
     meta = [c for c in META if c in df.columns]
     head = [c for c in df.columns if c not in meta]
     return df[head + meta]
