@@ -121,7 +121,8 @@ def parallel_coordinates(df: pd.DataFrame, dims: Sequence[str], color: str, titl
 def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), minimize: Sequence[str] = (),
            color: str | None = None, hover: Sequence[str] = (), title: str | None = None) -> go.Figure:
     """Every ok point (``y`` against ``x``), the Pareto-optimal ones over ``maximize``/``minimize``
-    (which may include objectives not on the axes, e.g. memory) ringed and listed in the legend."""
+    (which may include objectives not on the axes, e.g. memory) ringed and counted in the legend;
+    joined by a line when the two axes are the only objectives."""
     from paged.sweeps.pareto import pareto_front
 
     d = _ok(df).reset_index(drop=True)
@@ -136,13 +137,16 @@ def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), mi
     fig = go.Figure(go.Scatter(x=d[x], y=d[y], mode="markers", name="points", marker=marker, text=text,
                                hovertemplate=f"{x}=%{{x:.4g}}<br>{y}=%{{y:.4g}}<br>%{{text}}<extra></extra>"))
     f = d[front.to_numpy()].sort_values(x)
-    fig.add_scatter(x=f[x], y=f[y], mode="markers+lines", name=f"Pareto front ({len(f)})",
+    # a line through the front only when the axes are its two objectives (with a third it zig-zags)
+    on_axes = set(maximize) | set(minimize) == {x, y}
+    fig.add_scatter(x=f[x], y=f[y], mode="markers+lines" if on_axes else "markers", name=f"Pareto front ({len(f)})",
                     text=[text[i] for i in f.index],
                     marker=dict(size=11, symbol="circle-open", line=dict(width=2), color="crimson"),
                     line=dict(dash="dot", color="crimson"),
                     hovertemplate=f"{x}=%{{x:.4g}}<br>{y}=%{{y:.4g}}<br>%{{text}}<extra>front</extra>")
     objectives = ", ".join([f"max {m}" for m in maximize] + [f"min {m}" for m in minimize])
-    fig.update_layout(title=title or f"Pareto front ({objectives})", xaxis_title=x, yaxis_title=y, height=450)
+    fig.update_layout(title=title or f"Pareto front ({objectives})", xaxis_title=x, yaxis_title=y, height=450,
+                      legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"))  # clear of the colour bar
     return fig
 
 
