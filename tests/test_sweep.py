@@ -177,6 +177,14 @@ def test_study_results_a_dataframe_collisions_and_plain_functions(tmp_path):
     assert df["point"].isna().all()  # no store, no key
 
 
+def test_a_registered_paper_study_sweeps_by_name(tmp_path):
+    df = sweep("interference", {"num_requests": 20, "budgets": [(256,)], "rate": [2.0, 8.0]}, store=tmp_path,
+               progress=False)
+    assert list(df["rate"]) == [2.0, 2.0, 8.0, 8.0] and list(df["row"]) == [0, 1, 0, 1]
+    assert list(df["chunked_prefill"]) == ["none", "256"] * 2 and (df["status"] == "ok").all()
+    assert df["tbt_p99_ms"].gt(0).all() and df.attrs["sweep"]["points"] == 2
+
+
 def test_local_processes_give_the_serial_results(tmp_path):
     grid = {**H.SIM_BASE, "rate": [2.0, 8.0], "block_size": [8, 32], "kv_format": ["fp16", "fp8"]}
     one = sweep("simulate", grid, store=tmp_path / "a", progress=False)
