@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from paged.sweeps.backends import start_local_ray
 
     t0 = time.perf_counter()
-    start_local_ray(num_cpus=cpus, log_to_driver=False)
+    started = start_local_ray(num_cpus=cpus, log_to_driver=False)  # False: one was running (then not timed)
     t_start = time.perf_counter() - t0
     print(f"  {'ray.init (embedded instance)':<34} {t_start:8.2f} s")
     first, t_first = timed("ray, first sweep (workers start)", lambda: sweep(
@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                                                             progress=False))
     _, t_noop_local = timed("serial, no-op study", lambda: sweep(noop, ids, store=tmp / "noop_local",
                                                                  progress=False))
-    ray.shutdown()
+    if started:
+        ray.shutdown()
 
     cost = serial["wall_s"].mean()
     cpu = serial["cpu_s"].mean()

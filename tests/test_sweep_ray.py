@@ -92,3 +92,16 @@ def test_cli_sweep_on_ray(tmp_path, capsys):
                  "--grid", "block_size=8,16", "--backend", "ray", "--out", str(out)]) == 0
     df = pd.read_csv(out)
     assert list(df["block_size"]) == [8, 16] and (df["backend"] == "ray").all() and (df["status"] == "ok").all()
+
+
+def test_benchmark_runs_small(capsys):
+    """benchmarks/sweep.py at toy size on this module's instance, so the script cannot rot."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_sweep", HERE.parent / "benchmarks" / "sweep.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick", "-n", "8", "--skip-processes"]) == 0
+    out = capsys.readouterr().out
+    assert "Ray table identical to serial (all result columns, order-independent): yes" in out
+    assert "sweep overhead per point, Ray" in out and ray.is_initialized()  # the module's instance is left up
