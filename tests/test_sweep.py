@@ -256,6 +256,13 @@ def test_a_dead_local_worker_is_lost_not_stored_and_computed_on_the_next_run(tmp
     assert list(again["y"]) == [10, 20, 30, 40]
 
 
+def test_the_store_without_pyarrow_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(ConfigError, match="pip install pyarrow.*store=False"):
+        sweep(H.square, {"x": [1]}, store=tmp_path, progress=False)
+    assert sweep(H.square, {"x": [1]}, store=False, progress=False).loc[0, "y"] == 1
+
+
 def test_stored_points_load_without_the_grid(tmp_path):
     sweep(H.square, {"x": [1, 2]}, store=tmp_path, progress=False)
     df = paged.sweeps.load(H.square, tmp_path)

@@ -130,11 +130,11 @@ def sweep(study: "str | Study | Callable[..., Any]", grid: Grid, *, backend: Lit
             bar.close()
 
     df = _frame([r for rows in results for r in rows])  # type: ignore[union-attr]
-    status = pd.Series([rows[0]["status"] for rows in results])  # type: ignore[index]
+    status = [rows[0]["status"] for rows in results]  # type: ignore[index]
     df.attrs["sweep"] = {
         "study": s.name, "backend": runner.name, "points": len(points), "computed": len(todo),
-        "cached": len(points) - len(todo), "errors": int((status == "error").sum()),
-        "lost": int((status == "lost").sum()), "seconds": time.perf_counter() - t0,
+        "cached": len(points) - len(todo), "errors": status.count("error"),
+        "lost": status.count("lost"), "seconds": time.perf_counter() - t0,
         "store": str(ps.folder) if ps is not None else None, "version": ps.version if ps is not None else None}
     return df
 

@@ -73,6 +73,7 @@ class PointStore:
     """The stored points of one study under ``root`` (see the module docstring)."""
 
     def __init__(self, root: str | os.PathLike, study: Study, version: str | None = None) -> None:
+        _pyarrow()  # before any point runs: a store that cannot write says so first
         self.study = study
         self.version = project_version() if version is None else str(version)
         self.folder = Path(root) / study.name
