@@ -36,9 +36,9 @@ def grid(quick: bool, num_requests: int | None) -> dict:
             "num_requests": num_requests or (60 if quick else 400)}
     if quick:
         return {**base, "rate": [4.0, 16.0], "block_size": [16, 64], "max_num_batched_tokens": [512, 2048],
-                "kv_format": ["fp16", "fp8"]}
+                "kv_cache_dtype": ["fp16", "fp8"]}
     return {**base, "rate": [2.0, 4.0, 8.0, 16.0, 32.0], "block_size": [8, 16, 32, 64, 128],
-            "max_num_batched_tokens": [512, 1024, 2048, 4096], "kv_format": ["fp16", "fp8"]}
+            "max_num_batched_tokens": [512, 1024, 2048, 4096], "kv_cache_dtype": ["fp16", "fp8"]}
 
 
 def noop(i: int) -> dict:
@@ -55,7 +55,7 @@ def timed(label: str, fn) -> tuple[pd.DataFrame, float]:
 
 
 def results(df: pd.DataFrame) -> pd.DataFrame:
-    keys = ["rate", "block_size", "max_num_batched_tokens", "kv_format"]
+    keys = ["rate", "block_size", "max_num_batched_tokens", "kv_cache_dtype"]
     return df.drop(columns=VOLATILE).sort_values(keys).reset_index(drop=True)
 
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cpus = args.cpus or os.cpu_count() or 1
     g = grid(args.quick, args.num_requests)
-    n = len(g["rate"]) * len(g["block_size"]) * len(g["max_num_batched_tokens"]) * len(g["kv_format"])
+    n = len(g["rate"]) * len(g["block_size"]) * len(g["max_num_batched_tokens"]) * len(g["kv_cache_dtype"])
     tmp = Path(tempfile.mkdtemp(prefix="paged-sweep-bench-"))
     print(f"load average before: {os.getloadavg()[0]:.1f}")
     print(f"## sweep: {n} simulator points ({g['model']} on {g['gpu']} x{g['tensor_parallel']}, "

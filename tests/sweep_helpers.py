@@ -17,7 +17,7 @@ SIM_BASE = {"model": "llama-2-7b", "gpu": "a100-40gb", "max_model_len": 1024, "n
 def sim_grid_48() -> dict:
     """48 simulator points: rate x block size x token budget x KV format."""
     return {**SIM_BASE, "rate": [2.0, 8.0, float("inf")], "block_size": [8, 16, 32, 64],
-            "max_num_batched_tokens": [512, 2048], "kv_format": ["fp16", "fp8"]}
+            "max_num_batched_tokens": [512, 2048], "kv_cache_dtype": ["fp16", "fp8"]}
 
 
 def square(x: int, note: str = "") -> dict:

@@ -186,7 +186,7 @@ def test_a_registered_paper_study_sweeps_by_name(tmp_path):
 
 
 def test_local_processes_give_the_serial_results(tmp_path):
-    grid = {**H.SIM_BASE, "rate": [2.0, 8.0], "block_size": [8, 32], "kv_format": ["fp16", "fp8"]}
+    grid = {**H.SIM_BASE, "rate": [2.0, 8.0], "block_size": [8, 32], "kv_cache_dtype": ["fp16", "fp8"]}
     one = sweep("simulate", grid, store=tmp_path / "a", progress=False)
     two = sweep("simulate", grid, jobs=2, store=tmp_path / "b", progress=False)
     pd.testing.assert_frame_equal(results_only(one), results_only(two))
@@ -219,7 +219,7 @@ def test_interrupted_sweep_resumes_with_only_the_missing_points(tmp_path):
 def test_killed_driver_resumes_with_only_the_missing_points(tmp_path):
     store = tmp_path / "store"
     grid = {**H.SIM_BASE, "num_requests": 48, "rate": [4.0, 16.0], "block_size": [8, 16, 32],
-            "kv_format": ["fp16", "fp8"]}
+            "kv_cache_dtype": ["fp16", "fp8"]}
     script = textwrap.dedent(f"""
         import paged
         paged.sweep("simulate", {grid!r}, store={str(store)!r}, progress=False)
@@ -293,7 +293,7 @@ def test_cli_sweep_goes_through_the_store_and_resumes(tmp_path, capsys):
             "--grid", "block_size=0,16", "--out", str(out), "-j", "1"]
     assert main(args) == 0
     text = capsys.readouterr()
-    assert "0 from" in text.out and "1 failed" in text.out and "block_size and tensor_parallel" in text.err
+    assert "0 from" in text.out and "1 failed" in text.out and "ConfigError: block_size" in text.err
     assert (tmp_path / "s.points" / "simulate").is_dir()
     assert main(args) == 0 and "2 from" in capsys.readouterr().out
     assert main(args + ["--force"]) == 0 and "0 from" in capsys.readouterr().out

@@ -41,7 +41,7 @@ def test_48_point_simulator_sweep_on_ray_equals_local(tmp_path):
     assert len(on_ray) == len(local) == 48 and (on_ray["status"] == "ok").all()
     assert (on_ray["backend"] == "ray").all() and on_ray["node"].nunique() == 1 and on_ray["node"].iloc[0] != "vm"
     assert on_ray["pid"].nunique() >= 2  # two worker processes shared the points
-    keys = ["rate", "block_size", "max_num_batched_tokens", "kv_format"]
+    keys = ["rate", "block_size", "max_num_batched_tokens", "kv_cache_dtype"]
     # shuffled: order-independent, and the rows still match number for number
     pd.testing.assert_frame_equal(_sorted(on_ray.sample(frac=1, random_state=0), keys), _sorted(local, keys))
     assert sorted(on_ray["point"]) == sorted(local["point"])  # the same keys: either store resumes the other

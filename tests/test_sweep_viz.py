@@ -17,9 +17,9 @@ def table() -> pd.DataFrame:
     for rate in (1.0, 4.0, math.inf):
         for bs in (8, 16):
             for fmt in ("fp16", "fp8"):
-                rows.append({"rate": rate, "block_size": bs, "kv_format": fmt, "status": "ok",
+                rows.append({"rate": rate, "block_size": bs, "kv_cache_dtype": fmt, "status": "ok",
                              "tp": rate if rate < 10 else 10.0 + (fmt == "fp8"), "p99": bs / 8 + (fmt == "fp16")})
-    rows.append({"rate": 1.0, "block_size": 0, "kv_format": "fp16", "status": "error", "tp": None, "p99": None})
+    rows.append({"rate": 1.0, "block_size": 0, "kv_cache_dtype": "fp16", "status": "error", "tp": None, "p99": None})
     return pd.DataFrame(rows)
 
 
@@ -38,16 +38,16 @@ def test_heatmap_aggregates_over_the_other_parameters_and_skips_failures():
 
 
 def test_parallel_coordinates_encodes_categories_and_infinite_rates():
-    fig = V.parallel_coordinates(table(), ["rate", "block_size", "kv_format", "p99"], "tp")
+    fig = V.parallel_coordinates(table(), ["rate", "block_size", "kv_cache_dtype", "p99"], "tp")
     dims = fig.data[0].dimensions
-    assert [d.label for d in dims] == ["rate", "block_size", "kv_format", "p99"]
+    assert [d.label for d in dims] == ["rate", "block_size", "kv_cache_dtype", "p99"]
     assert list(dims[2].ticktext) == ["fp16", "fp8"] and set(dims[2].values) == {0, 1}
     assert max(dims[0].values) == 40.0 and len(dims[0].values) == 12  # inf -> 10 x the largest finite rate
 
 
 def test_pareto_rings_exactly_the_front():
     df = table()
-    fig = V.pareto(df, "p99", "tp", maximize=["tp"], minimize=["p99"], color="block_size", hover=["kv_format"])
+    fig = V.pareto(df, "p99", "tp", maximize=["tp"], minimize=["p99"], color="block_size", hover=["kv_cache_dtype"])
     front = pareto_front(df[df.status == "ok"], maximize=["tp"], minimize=["p99"])
     assert len(fig.data[1].x) == int(front.sum()) > 0 and len(fig.data[0].x) == 12
     assert list(fig.data[1].x) == sorted(fig.data[1].x)
@@ -55,7 +55,7 @@ def test_pareto_rings_exactly_the_front():
 
 def test_live_view_fills_as_points_arrive_at_a_bounded_frame_rate():
     df = table()
-    view = V.SweepView("tp", x="rate", y="block_size", dims=["rate", "block_size", "kv_format", "tp"],
+    view = V.SweepView("tp", x="rate", y="block_size", dims=["rate", "block_size", "kv_cache_dtype", "tp"],
                        grid={"rate": [1.0, 4.0, math.inf], "block_size": [8, 16]}, fps=2.0)
     assert set(view.figures) == {"heatmap", "parcoords"}
 

@@ -82,26 +82,29 @@ class Study:
 
 _SIM_TIMING = ("wall_s", "sim_requests_per_wall_s")  # the simulator's own wall time: varies run to run
 
-# Today's import paths (issue 22); after a module moves, change its target string here.
+# Import paths (paged.studies, paged.quant); after a module moves, change its target string here.
 STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study("simulate", "paged.sim.studies:run_point", call="point", drop=_SIM_TIMING, files=("trace", "calibration"),
+    Study("simulate", "paged.studies.grid:run_point", call="point", drop=_SIM_TIMING, files=("trace", "calibration"),
           doc="one simulated deployment: SimConfig fields + trace keys -> the run summary"),
-    Study("memory_story", "paged.sim.studies:memory_story", doc="vLLM paper Fig. 2: token share per allocator"),
-    Study("interference", "paged.sim.studies:interference_study",
+    Study("memory_story", "paged.studies.papers:memory_story", doc="vLLM paper Fig. 2: token share per allocator"),
+    Study("interference", "paged.studies.papers:interference_study",
           doc="Sarathi-Serve: p99 TBT/TTFT without and with chunked prefill"),
-    Study("block_size_ablation", "paged.sim.studies:block_size_ablation", doc="vLLM paper Fig. 18"),
-    Study("host_tier", "paged.sim.tiers:tier_study", doc="recompute vs host tier on shared prefixes (simulated)"),
-    Study("offload", "paged.sim.offload:offload_study", doc="when swap preemption pays at scale (simulated)"),
-    Study("streaming", "paged.sim.offload:streaming_study", doc="KV streaming from host memory (modelled)"),
-    Study("compaction", "paged.sim.compaction:compaction_sim_table", doc="block compaction on vs off (simulated)"),
-    Study("preemption_modes", "paged.viz.preemption:simulate_modes", doc="recompute vs swap (simulated)"),
-    Study("prefix_eviction", "paged.viz.prefix:eviction_sweep", doc="prefix hit rate vs pool size (simulated)"),
-    Study("engine_swap", "paged.engine.swap_study:engine_swap_study", doc="swap transports on the real engine"),
-    Study("engine_host_tier", "paged.engine.tier_study:engine_tier_study", doc="host tier on the real engine"),
+    Study("block_size_ablation", "paged.studies.papers:block_size_ablation", doc="vLLM paper Fig. 18"),
+    Study("host_tier", "paged.studies.host_tier:tier_study", doc="recompute vs host tier on shared prefixes (simulated)"),
+    Study("offload", "paged.studies.offload:offload_study", doc="when swap preemption pays at scale (simulated)"),
+    Study("streaming", "paged.studies.offload:streaming_study", doc="KV streaming from host memory (modelled)"),
+    Study("compaction", "paged.studies.compaction:compaction_sim_table", doc="block compaction on vs off (simulated)"),
+    Study("preemption_modes", "paged.studies.preemption:simulate_modes", doc="recompute vs swap (simulated)"),
+    Study("prefix_eviction", "paged.studies.prefix_caching:eviction_sweep", doc="prefix hit rate vs pool size (simulated)"),
+    Study("preemption_cost", "paged.studies.preemption:cost_table", doc="recompute vs swap priced per context length"),
+    Study("engine_swap", "paged.studies.preemption:engine_swap_study", doc="swap transports on the real engine"),
+    Study("engine_host_tier", "paged.studies.host_tier:engine_tier_study", doc="host tier on the real engine"),
+    Study("kv_formats", "paged.studies.kv_formats:side_by_side",
+          doc="greedy text of one prompt under each KV format on the real engine"),
     Study("quant", "paged.quant.study:study", defaults={"progress": False},
           doc="KV-quantization error study (perplexity, KL, greedy divergence)"),
-    Study("sharing", "paged.quant.sharing:sharing_study", doc="cross-layer KV sharing: memory vs quality"),
-    Study("swap_error", "paged.quant.swap_error:swap_error_study", doc="the error compressed swap adds"),
+    Study("sharing", "paged.studies.sharing:sharing_study", doc="cross-layer KV sharing: memory vs quality"),
+    Study("swap_error", "paged.studies.swap_error:swap_error_study", doc="the error compressed swap adds"),
 )}
 
 

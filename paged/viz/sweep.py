@@ -3,7 +3,7 @@
 Pure figures (DataFrame -> ``go.Figure``; failed points are left out, "ok" rows only)::
 
     heatmap(df, x="rate", y="block_size", z="throughput_tok_s", agg="max")   # best over the other axes
-    parallel_coordinates(df, dims=["rate", "block_size", "kv_format"], color="tbt_p99_s")
+    parallel_coordinates(df, dims=["rate", "block_size", "kv_cache_dtype"], color="tbt_p99_s")
     pareto(df, x="tbt_p99_s", y="throughput_tok_s", minimize=["tbt_p99_s"], maximize=["throughput_tok_s"])
 
 Live (the conventions of ``paged.viz.live``: ``liveplot.LivePlot``s displayed one by one, each
