@@ -15,7 +15,7 @@ from typing import Hashable, Sequence
 
 from .block import Block
 from .block_pool import BlockPool
-from .host_tier import HostBlock, HostTier, find_tiered_prefix
+from .host_tier import HostBlock, HostTier
 from .prefix_cache import DEFAULT_HASH_FN, BlockHasher, HashFn, find_cached_prefix
 from .request import Request
 
@@ -43,9 +43,8 @@ class PrefixIndex:
         self.hasher.extend(hashes, request.token_ids, request.extra_keys, request.num_tokens)
         bs = self.block_size
         max_blocks = (request.num_tokens - 1) // bs
-        if self.host is not None:
-            return find_tiered_prefix(self.pool, self.host, hashes, request.token_ids, bs, max_blocks)
-        return find_cached_prefix(self.pool, hashes, request.token_ids, bs, max_blocks)
+        host = self.host.entries if self.host is not None else None
+        return find_cached_prefix(self.pool, hashes, request.token_ids, bs, max_blocks, host)
 
     def index_full(self, request: Request, table: Sequence[Block], end: int) -> None:
         """Offer every block of ``table`` full below position ``end`` and not offered yet to the
@@ -60,8 +59,9 @@ class PrefixIndex:
         bs, pool, host, tokens = self.block_size, self.pool, self.host, request.token_ids
         for i in range(first, last):
             block = table[i]
-            if pool.register(block, hashes[i], tuple(tokens[i * bs:(i + 1) * bs]), table[i - 1] if i else None,
-                             rid) and host is not None:
+            parent = table[i - 1] if i else None
+            if pool.register(block, hashes[i], tuple(tokens[i * bs:(i + 1) * bs]), parent.cid if parent else 0, rid,
+                             depth=parent.depth + 1 if parent else 0) and host is not None:
                 host.dedupe(pool, block)
         self.num_indexed[rid] = last
 

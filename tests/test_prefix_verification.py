@@ -1,0 +1,75 @@
+"""Verified prefix hits around duplicates: blocks that hold content another block already indexes.
+
+A duplicate arises when a request computes a block whose hash the pool already indexes (it bypassed
+the prefix cache, e.g. for prompt logprobs; it swapped back in; or two requests computed the same
+block at once). First writer wins, so the duplicate is not indexed. Two promises:
+- a hit is never wrong: a block computed after a duplicate is never verified against whatever the
+  duplicate's physical block holds later (the hash may collide: only content ids decide);
+- a hit is not lost: that block is indexed as the child of the indexed block holding the same tokens
+  after the same content (checked by tokens and chain, not by hash alone), so later requests find it.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from paged import KVCacheManager, Request
+
+
+def sum_mod_3(parent, token_ids, extra_keys):
+    """Ignores the parent and collides on token sums mod 3: only verification keeps hits right."""
+    return sum(token_ids) % 3
+
+
+def run(kv: KVCacheManager, rid: str, tokens: list[int], *, use_cache: bool = True) -> list:
+    """Admit ``tokens`` (with or without a prefix-cache lookup), compute them and free the request;
+    returns the hit."""
+    req = Request(rid, tokens, max_tokens=1)
+    hit = kv.find_cached_prefix(req) if use_cache else []
+    assert kv.allocate_slots(req, req.num_tokens - len(hit) * kv.block_size, hit) is not None
+    req.num_computed_tokens = req.num_tokens
+    kv.take_tier_ops()
+    kv.check_invariants()
+    kv.free(rid)
+    return hit
+
+
+def hit_of(kv: KVCacheManager, tokens: list[int]) -> list:
+    """The verified hit for ``tokens`` (a new request id each time: the manager keeps a request's
+    hashes until it is freed)."""
+    return kv.find_cached_prefix(Request(f"probe{next(_probe_ids)}", tokens, max_tokens=1))
+
+
+_probe_ids = itertools.count()
+
+
+def test_a_block_computed_after_a_duplicate_is_no_hit_once_the_duplicate_holds_other_tokens():
+    """Block size 1, a hash colliding on token sums. [1] is indexed (X). B = [1, 2] bypasses the
+    cache: its [1] is a duplicate P (not indexed), its [2] (C) is indexed as computed after [1].
+    P is freed and reused for [3], indexed under its own hash. E = [3, 2, 9] matches P on hash and
+    tokens, then C on hash and tokens -- but C's K/V was computed after [1], not [3], so the hit is
+    P alone. The shrunk case of the property test (tests/test_kv_properties.py); with parent checks
+    by block identity and a generation bumped only when a block loses a hash, the never-indexed P
+    kept its generation and C was a (wrong) hit."""
+    kv = KVCacheManager(8, 1, hash_fn=sum_mod_3)
+    run(kv, "a", [1])
+    run(kv, "b", [1, 2], use_cache=False)
+    p, c = kv.pool.blocks[1], kv.pool.blocks[2]
+    assert p.block_hash is None and c.token_ids == (2,)  # P: the duplicate of [1]; C: indexed
+    run(kv, "d", [3])                                   # takes P's physical block again
+    assert kv.pool.index[0] is p and p.token_ids == (3,)
+    assert [b.block_id for b in hit_of(kv, [3, 2, 9])] == [p.block_id]
+
+
+@pytest.mark.parametrize("second", [[3, 1, 2], [0, 4, 2]], ids=["other-parent", "other-tokens"])
+def test_a_duplicate_is_linked_only_to_the_same_tokens_after_the_same_content(second):
+    """Block size 1, a hash colliding on token sums mod 3. A = [0, 1] indexes [0] (hash 0) and [1]
+    (hash 1) after it. B bypasses the cache with ``second``: [3, 1, 2] has a [1] under hash 1 after
+    [3], not after [0]; [0, 4, 2] has a [4] under hash 1 whose tokens differ from A's [1]. Either
+    way B's [2] was computed after another prefix than [0, 1], so [0, 1, 2, x] hits two blocks, not
+    three (a duplicate matched by hash alone would make B's [2] a wrong hit)."""
+    kv = KVCacheManager(8, 1, hash_fn=sum_mod_3)
+    run(kv, "a", [0, 1])
+    run(kv, "b", second, use_cache=False)
+    assert [b.token_ids for b in hit_of(kv, [0, 1, 2, 9])] == [(0,), (1,)]
