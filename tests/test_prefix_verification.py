@@ -15,6 +15,7 @@ import itertools
 import pytest
 
 from paged import KVCacheManager, Request
+from paged.core.host_tier import HostBlock
 
 
 def sum_mod_3(parent, token_ids, extra_keys):
@@ -60,6 +61,55 @@ def test_a_block_computed_after_a_duplicate_is_no_hit_once_the_duplicate_holds_o
     run(kv, "d", [3])                                   # takes P's physical block again
     assert kv.pool.index[0] is p and p.token_ids == (3,)
     assert [b.block_id for b in hit_of(kv, [3, 2, 9])] == [p.block_id]
+
+
+@pytest.mark.parametrize("host_tier", [False, True])
+def test_a_block_computed_after_a_duplicate_parent_stays_a_hit(host_tier):
+    """A = [1,2] caches [1,2]; B = [1,2][3,4] bypasses the cache: its [1,2] is a duplicate, its
+    [3,4] is new. A later [1,2,3,4,x] must hit both blocks ([3,4] is a child of A's [1,2], the
+    indexed block holding the same content); before, [3,4] was indexed as the duplicate's child and
+    never found."""
+    kw = dict(num_cpu_blocks=8, host_tier=True) if host_tier else {}
+    kv = KVCacheManager(8, 2, hash_fn="builtin", **kw)
+    run(kv, "a", [1, 2, 3])
+    run(kv, "b", [1, 2, 3, 4, 5], use_cache=False)
+    hit = hit_of(kv, [1, 2, 3, 4, 0])
+    assert [b.token_ids for b in hit] == [(1, 2), (3, 4)]
+    assert hit[1].parent_cid == hit[0].cid and hit[1].depth == 1
+
+
+def test_a_recomputed_child_takes_over_its_host_entry_after_a_duplicate_parent():
+    """Host tier: [1,2] on the GPU, its child [3,4] in the host tier. B = [1,2,3,4,x] bypasses the
+    cache: its [1,2] is a duplicate of the GPU block, its [3,4] the same content as the host entry.
+    The recomputed [3,4] must be indexed after the GPU [1,2] and take over the entry's content id
+    (one tier each), so [1,2,3,4,x] still hits both; before, the entry was discarded and the new
+    block indexed after the duplicate: 1 of 2."""
+    kv = KVCacheManager(4, 2, num_cpu_blocks=8, host_tier=True, hash_fn="builtin")
+    run(kv, "a", [1, 2, 3, 4, 5])
+    run(kv, "f", [20, 21, 22, 23, 24, 25])  # 3 blocks: demotes a's [3,4] and [1,2] to the host tier
+    run(kv, "g", [1, 2, 9])                 # a hit brings [1,2] back to the GPU; [3,4] stays in host
+    assert [type(b) for b in hit_of(kv, [1, 2, 3, 4, 0])] == [type(kv.pool.blocks[0]), HostBlock]
+    entry_cid = hit_of(kv, [1, 2, 3, 4, 0])[1].cid
+    run(kv, "b", [1, 2, 3, 4, 5], use_cache=False)
+    hit = hit_of(kv, [1, 2, 3, 4, 0])
+    assert [b.token_ids for b in hit] == [(1, 2), (3, 4)]
+    assert not any(isinstance(b, HostBlock) for b in hit) and hit[1].cid == entry_cid
+    assert hit[1].block_hash not in kv.host.entries  # the entry gave way to the GPU copy
+
+
+def test_the_blocks_after_a_swap_in_stay_hits():
+    """A request swapped out and back in re-indexes its blocks: duplicates of its own cached-free
+    originals. The block it fills next must follow them: [1,2][3,4][5,6] is a 3-block hit."""
+    kv = KVCacheManager(16, 2, num_cpu_blocks=8, hash_fn="builtin")
+    req = Request("a", [1, 2, 3, 4, 5], max_tokens=4)
+    assert kv.allocate_slots(req, 5) == []
+    req.num_computed_tokens = 5
+    assert kv.swap_out("a") is not None and kv.swap_in("a") is not None
+    req.token_ids.append(6)
+    assert kv.allocate_slots(req, 1) is not None
+    req.num_computed_tokens = 6
+    kv.check_invariants()
+    assert [b.token_ids for b in hit_of(kv, [1, 2, 3, 4, 5, 6, 0])] == [(1, 2), (3, 4), (5, 6)]
 
 
 @pytest.mark.parametrize("second", [[3, 1, 2], [0, 4, 2]], ids=["other-parent", "other-tokens"])
