@@ -112,14 +112,22 @@ def test_the_blocks_after_a_swap_in_stay_hits():
     assert [b.token_ids for b in hit_of(kv, [1, 2, 3, 4, 5, 6, 0])] == [(1, 2), (3, 4), (5, 6)]
 
 
-@pytest.mark.parametrize("second", [[3, 1, 2], [0, 4, 2]], ids=["other-parent", "other-tokens"])
-def test_a_duplicate_is_linked_only_to_the_same_tokens_after_the_same_content(second):
-    """Block size 1, a hash colliding on token sums mod 3. A = [0, 1] indexes [0] (hash 0) and [1]
-    (hash 1) after it. B bypasses the cache with ``second``: [3, 1, 2] has a [1] under hash 1 after
-    [3], not after [0]; [0, 4, 2] has a [4] under hash 1 whose tokens differ from A's [1]. Either
-    way B's [2] was computed after another prefix than [0, 1], so [0, 1, 2, x] hits two blocks, not
-    three (a duplicate matched by hash alone would make B's [2] a wrong hit)."""
-    kv = KVCacheManager(8, 1, hash_fn=sum_mod_3)
+def tokens_only(parent, token_ids, extra_keys):
+    """Ignores the parent: the same tokens after any prefix share one hash."""
+    return ("tokens", tuple(token_ids))
+
+
+@pytest.mark.parametrize("hash_fn, second", [(tokens_only, [3, 1, 2]), (sum_mod_3, [0, 4, 2])],
+                         ids=["other-parent", "other-tokens"])
+def test_a_duplicate_is_linked_only_to_the_same_tokens_after_the_same_content(hash_fn, second):
+    """Block size 1, a parent-blind hash. A = [0, 1] indexes [0] and [1] after it. B bypasses the
+    cache with ``second``: in [3, 1, 2] the [1] has A's [1]'s hash and tokens but follows [3], not
+    [0]; in [0, 4, 2] (hashes colliding on token sums mod 3) the [4] has A's [1]'s hash but other
+    tokens. Either way B's [2] was computed after another prefix than [0, 1], so [0, 1, 2, x] hits
+    two blocks, not three (a duplicate matched by hash alone, or by hash and tokens without the
+    parent content, would make B's [2] a wrong hit); nor is B's [2] a first block: [2, x] misses."""
+    kv = KVCacheManager(8, 1, hash_fn=hash_fn)
     run(kv, "a", [0, 1])
     run(kv, "b", second, use_cache=False)
     assert [b.token_ids for b in hit_of(kv, [0, 1, 2, 9])] == [(0,), (1,)]
+    assert hit_of(kv, [2, 9]) == []
