@@ -198,3 +198,12 @@ def test_views_run_no_executor():
     views = sorted((ROOT / "paged" / "viz").rglob("*.py"))
     bad = _offenders(views, ("paged.engine", "paged.sim.simulator", "paged.runs"))
     assert not bad, f"views import an executor; move the runner to paged/studies/: {bad}"
+
+
+def test_kernels_import_nothing_of_paged():
+    """The kernels are a library of their own (tensors in, tensors out): no module in ``kernels/``
+    imports ``paged`` (lazily either); ``paged`` imports ``kernels``, never the other way."""
+    files = sorted((ROOT / "kernels").rglob("*.py"))
+    assert len(files) > 10
+    bad = _offenders(files, ("paged",))
+    assert not bad, f"kernels import paged: {bad}"
