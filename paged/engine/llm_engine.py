@@ -90,6 +90,10 @@ class EngineConfig:
     enable_host_tier: bool = False
     host_eviction: str = "lru"
     host_tier_threshold: float = 1.0
+    # paged.connect.speak: publish the prefix cache as vLLM KV events on this ZMQ endpoint ('tcp://*:5557', or a
+    # dict of vLLM's KVEventsConfig keys) and serve Prometheus metrics under vLLM's names on this port (0: any free)
+    kv_events_endpoint: str | dict | None = None
+    metrics_port: int | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
@@ -176,6 +180,10 @@ class LLMEngine:
         self._groups = Groups(self.scheduler, c.seed, self._text)
         self._request_rows: list[dict] = []
         self._t0 = time.perf_counter()  # the engine clock of step and request records
+        self.vllm = None  # paged.connect.speak.EngineSpeaker when kv_events_endpoint / metrics_port are set
+        if c.kv_events_endpoint is not None or c.metrics_port is not None:
+            from paged.connect.speak import connect_engine
+            self.vllm = connect_engine(self)
 
     # ---- introspection ---------------------------------------------------------------
     @property
