@@ -77,6 +77,8 @@ class SubscriberStatus:
 class KVEventSubscriber:
     """A SUB socket on one publisher (see the module docstring). Not thread-safe: one thread polls."""
 
+    SUBSCRIBE_DELAY = 0.1  # seconds connect() waits after the handshake for the subscription to arrive
+
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
                  timeout: float = 5.0, connect_timeout: float = 10.0, context: zmq.Context | None = None,
                  warn: bool = True) -> None:
@@ -125,17 +127,22 @@ class KVEventSubscriber:
                     refused += kind == zmq.EVENT_CONNECT_RETRIED
                     handshake_failed += kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                                                  zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            time.sleep(self.SUBSCRIBE_DELAY)  # ZMQ's slow joiner: the subscription reaches the PUB just after
         return self
 
     def close(self) -> None:
         """Close the sockets (idempotent)."""
+        if self._sub is not None and self._mon is not None:
+            # stopping a monitor sends it one last event: drain and stop it while its reader is open
+            # (a PAIR socket without a peer would block that send, and close() with it)
+            while self._mon.poll(0):
+                self._mon.recv_multipart()
+            try:
+                self._sub.disable_monitor()
+            except zmq.ZMQError:
+                pass
         for s in (self._mon, self._sub):
             if s is not None:
-                try:
-                    if s is self._sub:
-                        s.disable_monitor()
-                except zmq.ZMQError:
-                    pass
                 s.close(linger=0)
         self._sub = self._mon = None
         self.status.connected = False
