@@ -10,8 +10,10 @@ Sequence rules (vLLM numbers its batches 0, 1, 2, ... per publisher start): the 
 number is applied; a jump ahead is a gap, caught up from the replay socket (ROUTER: we send
 ``[b"", start (8-byte big-endian)]``, it answers ``[b"", topic, seq, payload]`` per buffered batch
 and ``[b"", b"", -1, b""]`` at the end) or, without one, counted as lost with a warning; a repeated
-number is a duplicate (skipped); a number going back is a publisher restart (its cache starts
-empty: the batch is flagged ``after_restart``). Malformed messages are counted with a warning
+number (same sequence and time stamp as a batch already applied) is a duplicate (skipped); a
+number going back otherwise is a publisher restart (its cache starts empty: the batch is flagged
+``after_restart``). With a replay endpoint, ``connect()`` first catches up on everything the
+publisher still buffers (joining a running server late), handed out by the first ``poll``. Malformed messages are counted with a warning
 and skipped. Every socket operation has a timeout: nothing here blocks longer than asked.
 
 Connection state comes from a ZMQ monitor socket: ``connect()`` waits for a ZMTP handshake, so a
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import zmq
@@ -91,6 +93,8 @@ class KVEventSubscriber:
         self._mon: zmq.Socket | None = None
         self._warn = warn
         self.status = SubscriberStatus()
+        self._seen: OrderedDict[int, float] = OrderedDict()  # seq -> ts of recent batches (duplicates vs restarts)
+        self._pending: list[Batch] = []                      # caught up at connect, handed out by the next poll
 
     # ---- life cycle ---------------------------------------------------------------------------------
     def connect(self, wait: bool = True) -> "KVEventSubscriber":
@@ -128,6 +132,20 @@ class KVEventSubscriber:
                     handshake_failed += kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                                                  zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
             time.sleep(self.SUBSCRIBE_DELAY)  # ZMQ's slow joiner: the subscription reaches the PUB just after
+        if self.replay_endpoint is not None:  # join: what the publisher still buffers, before live messages
+            try:
+                history = sorted({b.seq: b for b in self.replay(0)}.values(), key=lambda b: b.seq)
+            except ConnectError as e:
+                history = []
+                self._note(f"could not catch up at connect: {e}")
+            for b in history:
+                b.replayed = True
+                self._pending.extend(self._sequence(b, replaying=True))
+            self.status.replayed += len(history)
+            if history and history[0].seq > 0:
+                self.status.lost += history[0].seq
+                self._note(f"joined at sequence {history[0].seq}: {history[0].seq} earlier batch(es) were no longer "
+                           "buffered; blocks they stored are unknown to the view")
         return self
 
     def close(self) -> None:
@@ -159,8 +177,10 @@ class KVEventSubscriber:
         what is queued), in sequence order, gaps caught up where the replay socket can."""
         if self._sub is None:
             raise ConnectError("the subscriber is closed; call connect() first")
-        out: list[Batch] = []
+        out, self._pending = self._pending, []
         self._drain_monitor()
+        if out:
+            timeout = 0.0
         if not self._sub.poll(int(max(timeout, 0.0) * 1000)):
             self._drain_monitor()
             return out
@@ -181,20 +201,22 @@ class KVEventSubscriber:
         self._drain_monitor()
         return out
 
-    def _sequence(self, batch: Batch) -> list[Batch]:
+    def _sequence(self, batch: Batch, replaying: bool = False) -> list[Batch]:
         st, last = self.status, self.status.last_seq
         if batch.seq < 0:
             st.malformed_messages += 1
             self._note(f"message with negative sequence {batch.seq} skipped")
             return []
         out: list[Batch] = []
-        if last is None:
+        if replaying:
+            pass  # the connect-time history: in order, counted by connect()
+        elif last is None:
             if batch.seq > 0:
                 out.extend(self._catch_up(0, batch.seq, joined=True))
-        elif batch.seq == last:
-            st.duplicates += 1
+        elif batch.seq <= last and self._seen.get(batch.seq) == batch.ts:
+            st.duplicates += 1  # seen already (e.g. in the history caught up at connect)
             return []
-        elif batch.seq < last:
+        elif batch.seq <= last:
             st.restarts += 1
             batch.after_restart = True
             self._note(f"sequence went back from {last} to {batch.seq}: the publisher restarted (its cache is "
@@ -210,6 +232,9 @@ class KVEventSubscriber:
         st.last_seq = batch.seq
         for b in out:
             self._count(b)
+            self._seen[b.seq] = b.ts
+        while len(self._seen) > 20_000:
+            self._seen.popitem(last=False)
         return out
 
     def _count(self, b: Batch) -> None:
