@@ -69,20 +69,29 @@ def make_ours(model_dir: Path, pool: int, **kw) -> paged.LLM:
                      max_num_batched_tokens=BUDGET, watermark=0.0, eviction="lru", **kw)
 
 
-def server_cpu(srv: VLLMServer) -> float:
-    """User + system CPU seconds of the server's processes so far."""
-    total = 0.0
+def server_cpu_by_process(srv: VLLMServer) -> dict[str, float]:
+    """User + system CPU seconds so far of each of the server's processes, by name (API server,
+    engine core, worker)."""
+    out: dict[str, float] = {}
     try:
         root = psutil.Process(srv.proc.pid)
-        for p in [root, *root.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:
-                pass
+        procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        pass
-    return total
+        return out
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            name = p.name()
+        except psutil.NoSuchProcess:
+            continue
+        key = "api server" if p.pid == root.pid else name
+        out[key] = out.get(key, 0.0) + t.user + t.system
+    return out
+
+
+def server_cpu(srv: VLLMServer) -> float:
+    """User + system CPU seconds of the server's processes so far."""
+    return sum(server_cpu_by_process(srv).values())
 
 
 def vllm_batch(srv: VLLMServer, prompts, max_tokens: int, logprobs: int | None = None) -> list[dict]:
@@ -175,8 +184,10 @@ def scheduler_questions(model_dir, srv, prompts, max_tokens, pool, tmp: Path) ->
                 runs = (lambda: ours_batch(llm, prompts, max_tokens), lambda: vllm_batch(srv, prompts, max_tokens))
             o = measure(ours_src, lambda: (runs[0](), llm.engine.vllm.update_metrics()))
             v = measure(vllm_src, runs[1])
-            both = o.pop("_hashes") & v.pop("_hashes")
-            out[mode] = {"ours": o, "vllm": v, "same_hashes_stored": len(both)}
+            ho, hv = o.pop("_hashes"), v.pop("_hashes")
+            o["distinct"], v["distinct"] = len(ho), len(hv)
+            out[mode] = {"ours": o, "vllm": v, "same_hashes_stored": len(ho & hv), "only_ours": len(ho - hv),
+                         "only_vllm": len(hv - ho)}
     finally:
         ours_src.close()
         vllm_src.close()
@@ -190,26 +201,77 @@ def throughput(model_dir, srv, prompts, max_tokens, pool, rounds: int) -> dict:
     ours_batch(llm, prompts[:2], 4)  # warm both
     vllm_batch(srv, prompts[:2], 4)
     res = {"ours": [], "vllm": []}
+    idle0, t_idle = server_cpu(srv), time.perf_counter()
+    time.sleep(3.0)
+    idle = (server_cpu(srv) - idle0) / (time.perf_counter() - t_idle)  # server CPU/s while idle
     for _ in range(rounds):
         llm.kv_manager.reset_prefix_cache()
-        c0, t0 = time.process_time(), time.perf_counter()
+        s0, c0, t0 = server_cpu(srv), time.process_time(), time.perf_counter()
         outs = ours_batch(llm, prompts, max_tokens)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-        res["ours"].append({"wall_s": wall, "cpu_s": cpu, "req_s": len(prompts) / wall, "tok_s": n_out / wall})
+        res["ours"].append({"wall_s": wall, "cpu_s": cpu, "req_s": len(prompts) / wall, "tok_s": n_out / wall,
+                            "tok_cpu_s": n_out / cpu, "server_cpu_meanwhile_s": server_cpu(srv) - s0})
         srv.reset_prefix_cache()
         time.sleep(0.5)
-        c0, t0 = server_cpu(srv), time.perf_counter()
+        p0, c0, t0 = server_cpu_by_process(srv), server_cpu(srv), time.perf_counter()
         answers = vllm_batch(srv, prompts, max_tokens)
         wall, cpu = time.perf_counter() - t0, server_cpu(srv) - c0
+        p1 = server_cpu_by_process(srv)
         n_out = sum(len(output_ids(a)) for a in answers)
-        res["vllm"].append({"wall_s": wall, "cpu_s": cpu, "req_s": len(prompts) / wall, "tok_s": n_out / wall})
-    med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall_s", "cpu_s", "req_s", "tok_s")}
-           for k, v in res.items()}
+        res["vllm"].append({"wall_s": wall, "cpu_s": cpu, "req_s": len(prompts) / wall, "tok_s": n_out / wall,
+                            "tok_cpu_s": n_out / cpu, **{f"cpu_{k}": p1[k] - p0.get(k, 0.0) for k in p1}})
+    keys = ("wall_s", "cpu_s", "req_s", "tok_s", "tok_cpu_s")
+    med = {k: {m: statistics.median(r[m] for r in v) for m in keys} for k, v in res.items()}
+    med["vllm"].update({k: statistics.median(r.get(k, 0.0) for r in res["vllm"])
+                        for k in res["vllm"][0] if k.startswith("cpu_")})
+    med["ours"]["server_cpu_meanwhile_s"] = statistics.median(r["server_cpu_meanwhile_s"] for r in res["ours"])
+    med["server_idle_cpu_per_s"] = idle
     ratios = [o["tok_s"] / v["tok_s"] for o, v in zip(res["ours"], res["vllm"])]
     return {"rounds": res, "median": med, "ratio_tok_s": statistics.median(ratios),
             "ratio_spread": (min(ratios), max(ratios)),
             "ratio_cpu": med["vllm"]["cpu_s"] / med["ours"]["cpu_s"]}
+
+
+def report_agreement(g: dict) -> None:
+    print(f"\n1. greedy agreement (float32 both): {g['identical']}/{g['n']} requests identical, "
+          f"{g['tokens_equal']}/{g['tokens']} tokens at equal positions; median top-2 log-prob gap "
+          f"{g['median_top2_gap']:.3f}, {100 * g['share_top2_gap_below_0.01']:.1f}% of positions below 0.01")
+    for r in g["rows"]:
+        if not r["equal"]:
+            print(f"   request {r['request']:2d}: first divergence at token {r['first_divergence']}; gap there "
+                  f"ours {r['ours_gap']!s:.6} (top-2 {r['ours_top2_gap']:.4f}), vLLM {r['vllm_gap']!s:.6} "
+                  f"(top-2 {r['vllm_top2_gap']:.4f})")
+
+
+def report_scheduler(s: dict, n: int) -> None:
+    print(f"\n2. same scheduler questions ({n} requests over 8 system prompts; block 32, same pool, LRU, "
+          "same budgets):")
+    print(f"   {'mode':12s} {'engine':6s} {'queries':>8s} {'hits':>6s} {'stored':>7s} {'distinct':>9s} "
+          f"{'evicted':>8s} {'preempt':>8s}")
+    for mode, d in s.items():
+        for eng in ("ours", "vllm"):
+            x = d[eng]
+            print(f"   {mode:12s} {eng:6s} {x['queries']:8d} {x['hits']:6d} {x['stored']:7d} {x['distinct']:9d} "
+                  f"{x['evicted']:8d} {x['preemptions']:8d}")
+        print(f"   {'':12s} distinct hashes stored by both: {d['same_hashes_stored']}, only ours "
+              f"{d['only_ours']}, only vLLM {d['only_vllm']}")
+
+
+def report_throughput(t: dict, rounds: int) -> None:
+    m = t["median"]
+    print(f"\n3. throughput, median of {rounds} interleaved rounds (cold prefix cache each):")
+    print(f"   {'engine':6s} {'req/s':>7s} {'out tok/s':>10s} {'wall s':>7s} {'CPU s':>7s} {'tok/CPU-s':>10s}")
+    for eng in ("ours", "vllm"):
+        print(f"   {eng:6s} {m[eng]['req_s']:7.2f} {m[eng]['tok_s']:10.1f} {m[eng]['wall_s']:7.2f} "
+              f"{m[eng]['cpu_s']:7.2f} {m[eng]['tok_cpu_s']:10.1f}")
+    lo, hi = t["ratio_spread"]
+    per = ", ".join(f"{k[4:]} {v:.2f} s" for k, v in m["vllm"].items() if k.startswith("cpu_"))
+    print(f"   ours/vLLM output tokens/s: {t['ratio_tok_s']:.2f}x (rounds {lo:.2f}-{hi:.2f}); "
+          f"vLLM/ours CPU time: {t['ratio_cpu']:.2f}x")
+    print(f"   vLLM CPU by process: {per}; idle server {m['server_idle_cpu_per_s']:.2f} CPU-s/s, "
+          f"{m['ours']['server_cpu_meanwhile_s']:.2f} CPU-s while ours ran; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 def main() -> None:
@@ -219,6 +281,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pool", type=int, default=48, help="vLLM's num_gpu_blocks (ours gets one less)")
     ap.add_argument("--sched-requests", type=int, default=32, help="requests of part 2 (over 8 system prompts)")
+    ap.add_argument("--parts", default="123", help="which parts to run (1: agreement, 2: scheduler, 3: throughput)")
     ap.add_argument("--quick", action="store_true", help="8 requests, 16 tokens, 1 round")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -238,37 +301,16 @@ def main() -> None:
         results["vllm_startup_s"] = srv.startup_s
         print(f"vLLM server up in {srv.startup_s:.0f} s; {a.requests} requests, prompts "
               f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {a.max_tokens} out, pool {a.pool} x {BS}")
-        g = results["agreement"] = agreement(model_dir, srv, prompts, a.max_tokens, a.pool)
-        print(f"\n1. greedy agreement (float32 both): {g['identical']}/{g['n']} requests identical, "
-              f"{g['tokens_equal']}/{g['tokens']} tokens at equal positions; median top-2 log-prob gap "
-              f"{g['median_top2_gap']:.3f}, {100 * g['share_top2_gap_below_0.01']:.1f}% of positions below 0.01")
-        for r in g["rows"]:
-            if not r["equal"]:
-                print(f"   request {r['request']:2d}: first divergence at token {r['first_divergence']}; gap there "
-                      f"ours {r['ours_gap']!s:.6} (top-2 {r['ours_top2_gap']:.4f}), vLLM {r['vllm_gap']!s:.6} "
-                      f"(top-2 {r['vllm_top2_gap']:.4f})")
-        sched = workload(tok, a.sched_requests, systems=8)
-        s = results["scheduler"] = scheduler_questions(model_dir, srv, sched, a.max_tokens, a.pool, srv._dir)
-        print(f"\n2. same scheduler questions ({a.sched_requests} requests over 8 system prompts; block 32, same pool, "
-              "LRU, same budgets):")
-        print(f"   {'mode':12s} {'engine':6s} {'queries':>8s} {'hits':>6s} {'stored':>7s} {'evicted':>8s} "
-              f"{'preempt':>8s}")
-        for mode, d in s.items():
-            for eng in ("ours", "vllm"):
-                x = d[eng]
-                print(f"   {mode:12s} {eng:6s} {x['queries']:8d} {x['hits']:6d} {x['stored']:7d} {x['evicted']:8d} "
-                      f"{x['preemptions']:8d}")
-            print(f"   {'':12s} blocks stored under the same hash by both: {d['same_hashes_stored']}")
-        t = results["throughput"] = throughput(model_dir, srv, prompts, a.max_tokens, a.pool, a.rounds)
-        m = t["median"]
-        print(f"\n3. throughput, median of {a.rounds} interleaved rounds (cold prefix cache each):")
-        print(f"   {'engine':6s} {'req/s':>7s} {'out tok/s':>10s} {'wall s':>7s} {'CPU s':>7s}")
-        for eng in ("ours", "vllm"):
-            print(f"   {eng:6s} {m[eng]['req_s']:7.2f} {m[eng]['tok_s']:10.1f} {m[eng]['wall_s']:7.2f} "
-                  f"{m[eng]['cpu_s']:7.2f}")
-        lo, hi = t["ratio_spread"]
-        print(f"   ours/vLLM output tokens/s: {t['ratio_tok_s']:.2f}x (rounds {lo:.2f}-{hi:.2f}); "
-              f"vLLM/ours CPU time: {t['ratio_cpu']:.2f}x")
+        if "1" in a.parts:
+            results["agreement"] = agreement(model_dir, srv, prompts, a.max_tokens, a.pool)
+            report_agreement(results["agreement"])
+        if "2" in a.parts:
+            sched = workload(tok, a.sched_requests, systems=8)
+            results["scheduler"] = scheduler_questions(model_dir, srv, sched, a.max_tokens, a.pool, srv.workdir)
+            report_scheduler(results["scheduler"], a.sched_requests)
+        if "3" in a.parts:
+            results["throughput"] = throughput(model_dir, srv, prompts, a.max_tokens, a.pool, a.rounds)
+            report_throughput(results["throughput"], a.rounds)
     finally:
         srv.cleanup()
     results["total_s"] = time.perf_counter() - t0

@@ -112,6 +112,11 @@ class VLLMServer:
         self.startup_s: float | None = None
 
     @property
+    def workdir(self) -> Path:
+        """The server's private temporary directory (its ipc sockets; its log unless given a path)."""
+        return self._dir
+
+    @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
