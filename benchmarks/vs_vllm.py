@@ -48,7 +48,7 @@ import paged.connect as pc  # noqa: E402
 from paged.connect.server import VLLMServer, cached_tokens, output_ids, top_logprobs  # noqa: E402
 from paged.engine import SamplingParams  # noqa: E402
 from paged.models.export_hf import export_hf  # noqa: E402
-from paged.viz.prefix import QUESTIONS, SYSTEM_PROMPTS  # noqa: E402
+from paged.studies.prefix_caching import QUESTIONS, SYSTEM_PROMPTS  # noqa: E402
 
 BS, MAX_SEQS, BUDGET = 32, 16, 2048
 

@@ -137,7 +137,7 @@ class EngineRun(_Run):
             raise ConfigError("workload request ids must be unique")
         self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
         # the engine's clock (seconds since it was built), so our request rows and its step rows agree
-        self._t0 = getattr(engine, "_t0", time.perf_counter())
+        self._t0 = getattr(engine, "t0", time.perf_counter())
         self._req: dict[str, dict] = {}
         self.last_output = None
         self.backend = backend_label(engine.device, engine.runner.backend)

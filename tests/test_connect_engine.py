@@ -144,7 +144,7 @@ def test_misses_evicted_says_when_by_which_policy_for_whom(tiny):
 
 
 def test_misses_salted_and_refused_by_verification(tiny):
-    from paged.viz.prefix import constant_hash
+    from paged.studies.prefix_caching import constant_hash
     llm = paged.LLM(tiny, block_size=4, num_blocks=64)
     ledger = pc.MissLedger(llm)
     p = list(range(10, 23))

@@ -28,33 +28,12 @@ import weakref
 from typing import Any
 
 from paged.core import events as ev
-from paged.errors import ConfigError
 
 from . import tap as _tap
 from .exporter import MetricsExporter
 from .publisher import KVEventPublisher
+from .settings import events_settings
 from .wire import MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, to_int_hash
-
-_EVENT_KEYS = ("endpoint", "replay_endpoint", "topic", "buffer_steps", "hwm", "int_hashes")
-
-
-def events_settings(value: Any) -> dict | None:
-    """``kv_events_endpoint`` as a dict of publisher settings (ConfigError naming what is wrong)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return {"endpoint": value}
-    if isinstance(value, dict):
-        unknown = sorted(set(value) - set(_EVENT_KEYS) - {"enable_kv_cache_events", "publisher"})
-        if unknown or "endpoint" not in value:
-            raise ConfigError(f"kv_events_endpoint: a dict needs 'endpoint' and may have {', '.join(_EVENT_KEYS[1:])}"
-                              f"{'; unknown: ' + ', '.join(unknown) if unknown else ''}")
-        if value.get("publisher", "zmq") != "zmq":
-            raise ConfigError(f"kv_events_endpoint: only the 'zmq' publisher is spoken, got {value['publisher']!r}")
-        return {k: v for k, v in value.items() if k in _EVENT_KEYS}
-    raise ConfigError(f"kv_events_endpoint must be a ZMQ endpoint such as 'tcp://*:5557' or a dict of "
-                      f"vLLM's KVEventsConfig keys, got {value!r}")
-
 
 class EngineSpeaker:
     """Publishes an engine's cache events and metrics (see the module docstring)."""
@@ -129,7 +108,7 @@ class EngineSpeaker:
             return None
         if p.block_hash is not None and p.cid == block.parent_cid:
             return p.block_hash
-        hashes = getattr(self.engine.kv, "_hashes", {}).get(rid)  # the parent lost a hash clash: its chain hash
+        hashes = self.engine.kv.prefix.hashes.get(rid)  # the parent lost a hash clash: its chain hash
         if hashes and block.block_hash in hashes:
             i = hashes.index(block.block_hash)
             return hashes[i - 1] if i else None

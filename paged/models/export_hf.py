@@ -81,10 +81,10 @@ def _tokenizer_files(loaded: LoadedModel, out: Path) -> None:
     tok = loaded.tokenizer
     if tok is None:
         raise ConfigError(f"{loaded.source} has no tokenizer to export; vLLM needs one (tokenizer.json)")
-    tok._tok.save(str(out / "tokenizer.json"))  # the tokenizers object the loader built
+    tok.save(str(out / "tokenizer.json"))  # the tokenizers object the loader built
 
     def content(i: int | None) -> str | None:
-        return None if i is None else tok._tok.id_to_token(i)
+        return None if i is None else tok.id_to_token(i)
 
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": content(tok.bos_token_id),
            "eos_token": content(tok.eos_token_id), "unk_token": None, "pad_token": content(tok.eos_token_id),
