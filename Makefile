@@ -1,9 +1,14 @@
 # `make lab` (JupyterLab on notebooks/), `make dashboard` (the live notebooks as Voilà pages),
-# `make demo` (the headline demo, writes reports/) and `make test`.
+# `make demo` (the headline demo, writes reports/), `make test`, `make vllm` (a vLLM CPU build in .venv-vllm,
+# beside ours) and `make bench-vllm`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # torch 2.13 pairs with triton 3.7; on a CPU-only machine pip takes the local CPU wheel.
 TORCH ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
@@ -25,7 +30,7 @@ endif
 # containers often run as root, which JupyterLab refuses without this flag
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install lab dashboard demo test bench clean vllm
+.PHONY: install lab dashboard demo test bench clean vllm bench-vllm
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -58,7 +63,8 @@ dashboard: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m paged demo --out reports
 
-test: $(STAMP)
+# the vLLM venv too: tests/test_vllm_e2e.py runs a real vLLM CPU server (cached: built once)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest tests --durations=15
 
 bench: $(STAMP)
@@ -79,10 +85,6 @@ bench: $(STAMP)
 # The +cpu torch comes from pip's find-links when present, else from PyTorch's CPU index. The PyPI
 # torchvision/torchaudio/torchcodec wheels it pulls are CUDA builds that break `import transformers`
 # and `vllm serve`: removed.
-VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
-VLLM_VERSION ?= 0.32.0
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 $(VLLM_STAMP):
 	$(PY) -m venv $(VLLM_VENV)
@@ -95,6 +97,10 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# Ours beside a real vLLM CPU server: greedy agreement, scheduler counters, throughput (~8 min).
+bench-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python benchmarks/vs_vllm.py
 
 clean:
 	rm -rf $(VENV) .cache reports
