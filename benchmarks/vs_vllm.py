@@ -24,7 +24,9 @@ chunked prefill, prefix caching, LRU eviction, no admission watermark (ours: wat
    and all at once.
 3. Throughput: ``--rounds`` interleaved rounds (ours, vLLM, ours, ...), each from a cold prefix
    cache: requests/s, output tokens/s, wall time, CPU time (ours: this process; vLLM: its three
-   processes), and the ratios ours/vLLM. The median round is reported, with the spread.
+   processes), and the ratios ours/vLLM. The median round is reported, with the spread. Ours runs
+   pinned to the core vLLM's worker is bound to (``--no-pin``: anywhere), so both compute on the
+   same core against the same neighbours; vLLM's API server and engine core run on the other.
 """
 from __future__ import annotations
 
@@ -48,20 +50,10 @@ import paged.connect as pc  # noqa: E402
 from paged.connect.server import VLLMServer, cached_tokens, output_ids, top_logprobs  # noqa: E402
 from paged.engine import SamplingParams  # noqa: E402
 from paged.models.export_hf import export_hf  # noqa: E402
-from paged.studies.prefix_caching import QUESTIONS, SYSTEM_PROMPTS  # noqa: E402
+from paged.models.tokenizer import tokenizer_from_hf_dir  # noqa: E402
+from paged.connect.workload import chat_prompts  # noqa: E402
 
 BS, MAX_SEQS, BUDGET = 32, 16, 2048
-
-
-def system_prompt(k: int) -> str:
-    """System prompt k: a rule-set line and two of the study's system prompts (~100 tokens, 3 full blocks)."""
-    return f"Rule set {k}. {SYSTEM_PROMPTS[k % 4]} {SYSTEM_PROMPTS[(k + 1) % 4]}"
-
-
-def workload(tok, n: int, systems: int = 4) -> list[list[int]]:
-    """``n`` chat prompts as token ids: request i = system prompt ``i % systems`` + its own question."""
-    return [tok.encode(f"{system_prompt(i % systems)}\nUser: Explain {QUESTIONS[i % len(QUESTIONS)]} "
-                       f"to student {i}.\nAssistant:") for i in range(n)]
 
 
 def make_ours(model_dir: Path, pool: int, **kw) -> paged.LLM:
@@ -196,7 +188,31 @@ def scheduler_questions(model_dir, srv, prompts, max_tokens, pool, tmp: Path) ->
 
 
 # ---- 3. throughput -------------------------------------------------------------------------------------
-def throughput(model_dir, srv, prompts, max_tokens, pool, rounds: int) -> dict:
+def worker_cores(srv: VLLMServer) -> set[int] | None:
+    """The cores vLLM's model worker is bound to (its OpenMP threads), or None when not found."""
+    try:
+        for p in psutil.Process(srv.proc.pid).children(recursive=True):
+            if "Worker" in p.name():
+                return set(p.cpu_affinity())
+    except (psutil.NoSuchProcess, AttributeError):
+        pass
+    return None
+
+
+def throughput(model_dir, srv, prompts, max_tokens, pool, rounds: int, pin: bool = True) -> dict:
+    """Interleaved rounds; with ``pin`` ours runs on the core(s) vLLM's worker is bound to, so
+    both compute on the same core against the same neighbours (this machine is shared)."""
+    cores = worker_cores(srv) if pin else None
+    saved = os.sched_getaffinity(0)
+    if cores:
+        os.sched_setaffinity(0, cores)
+    try:
+        return _throughput(model_dir, srv, prompts, max_tokens, pool, rounds) | {"pinned_to": sorted(cores or ())}
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def _throughput(model_dir, srv, prompts, max_tokens, pool, rounds: int) -> dict:
     llm = make_ours(model_dir, pool)
     ours_batch(llm, prompts[:2], 4)  # warm both
     vllm_batch(srv, prompts[:2], 4)
@@ -266,12 +282,15 @@ def report_throughput(t: dict, rounds: int) -> None:
         print(f"   {eng:6s} {m[eng]['req_s']:7.2f} {m[eng]['tok_s']:10.1f} {m[eng]['wall_s']:7.2f} "
               f"{m[eng]['cpu_s']:7.2f} {m[eng]['tok_cpu_s']:10.1f}")
     lo, hi = t["ratio_spread"]
-    per = ", ".join(f"{k[4:]} {v:.2f} s" for k, v in m["vllm"].items() if k.startswith("cpu_"))
+    per = ", ".join(f"{k[4:]} {v:.2f} s" for k, v in m["vllm"].items() if k.startswith("cpu_") and k != "cpu_s")
+    shares = {e: m[e]["cpu_s"] / m[e]["wall_s"] for e in ("ours", "vllm")}
     print(f"   ours/vLLM output tokens/s: {t['ratio_tok_s']:.2f}x (rounds {lo:.2f}-{hi:.2f}); "
           f"vLLM/ours CPU time: {t['ratio_cpu']:.2f}x")
     print(f"   vLLM CPU by process: {per}; idle server {m['server_idle_cpu_per_s']:.2f} CPU-s/s, "
           f"{m['ours']['server_cpu_meanwhile_s']:.2f} CPU-s while ours ran; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"   CPU-s per wall-s: ours {shares['ours']:.2f}, vLLM {shares['vllm']:.2f} (its three processes); "
+          f"ours pinned to core(s) {t['pinned_to'] or 'none'}, vLLM's worker's")
 
 
 def main() -> None:
@@ -282,6 +301,7 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=48, help="vLLM's num_gpu_blocks (ours gets one less)")
     ap.add_argument("--sched-requests", type=int, default=32, help="requests of part 2 (over 8 system prompts)")
     ap.add_argument("--parts", default="123", help="which parts to run (1: agreement, 2: scheduler, 3: throughput)")
+    ap.add_argument("--no-pin", action="store_true", help="do not run ours on vLLM's worker core(s) in part 3")
     ap.add_argument("--quick", action="store_true", help="8 requests, 16 tokens, 1 round")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -289,8 +309,8 @@ def main() -> None:
         a.requests, a.max_tokens, a.rounds, a.sched_requests = 8, 16, 1, 16
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model_dir = export_hf("smollm2", ROOT / ".cache" / "models" / "smollm2-hf")
-    tok = paged.LLM(str(model_dir), num_blocks=4, block_size=BS).tokenizer
-    prompts = workload(tok, a.requests)
+    tok = tokenizer_from_hf_dir(str(model_dir))
+    prompts = chat_prompts(tok, a.requests)
     t0 = time.perf_counter()
     srv = VLLMServer(model_dir, block_size=BS, num_gpu_blocks=a.pool, max_model_len=min(1024, (a.pool - 1) * BS),
                      max_num_seqs=MAX_SEQS, max_num_batched_tokens=BUDGET)
@@ -305,11 +325,11 @@ def main() -> None:
             results["agreement"] = agreement(model_dir, srv, prompts, a.max_tokens, a.pool)
             report_agreement(results["agreement"])
         if "2" in a.parts:
-            sched = workload(tok, a.sched_requests, systems=8)
+            sched = chat_prompts(tok, a.sched_requests, systems=8)
             results["scheduler"] = scheduler_questions(model_dir, srv, sched, a.max_tokens, a.pool, srv.workdir)
             report_scheduler(results["scheduler"], a.sched_requests)
         if "3" in a.parts:
-            results["throughput"] = throughput(model_dir, srv, prompts, a.max_tokens, a.pool, a.rounds)
+            results["throughput"] = throughput(model_dir, srv, prompts, a.max_tokens, a.pool, a.rounds, not a.no_pin)
             report_throughput(results["throughput"], a.rounds)
     finally:
         srv.cleanup()

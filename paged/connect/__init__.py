@@ -37,7 +37,7 @@ _NAMES = {
     "vllm_sha256": "vllm_hash", "vllm_sha256_cbor": "vllm_hash",
     "save": "record", "load": "record", "chrome_trace": "record", "ServerRecording": "record",
     "MissLedger": "misses", "explain_server_prompt": "misses",
-    "VLLMServer": "server",
+    "VLLMServer": "server", "Client": "server",
 }
 
 __all__ = sorted(_NAMES)

@@ -25,6 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -66,7 +67,50 @@ def _post(url: str, body: dict | None, timeout: float) -> Any:
     return json.loads(text) if text.strip() else None
 
 
-class VLLMServer:
+class Client:
+    """Requests to an OpenAI-compatible vLLM server at ``base_url`` (ours starts one; or one you run,
+    on a GPU machine elsewhere): ``complete``, ``submit`` (in the background), ``reset_prefix_cache``."""
+
+    def __init__(self, base_url: str, served_model_name: str) -> None:
+        self._base_url = base_url.rstrip("/")
+        self.served_model_name = served_model_name
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    def complete(self, prompt: Sequence[int] | str, max_tokens: int = 16, *, temperature: float = 0.0,
+                 logprobs: int | None = None, timeout: float = 120.0, **extra: Any) -> dict:
+        """POST /v1/completions (token ids or text); the JSON answer. ``ignore_eos`` by default."""
+        body = {"model": self.served_model_name, "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
+                "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
+                "return_token_ids": True, **extra}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+            body["return_tokens_as_token_ids"] = True
+        return _post(f"{self.base_url}/v1/completions", body, timeout)
+
+    def submit(self, prompts: Sequence[Sequence[int] | str], max_tokens: int = 16, *, concurrency: int = 8,
+               **kw: Any) -> "Future[list[dict]]":
+        """Send ``prompts`` (at most ``concurrency`` at a time) in the background; a future of the
+        answers, in order (a failed request fails the future)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max(1, concurrency) + 1, thread_name_prefix="paged-vllm-client")
+        pool = self._pool
+        futures = [pool.submit(self.complete, p, max_tokens, **kw) for p in prompts]
+        return pool.submit(lambda: [f.result() for f in futures])
+
+    def reset_prefix_cache(self, timeout: float = 30.0) -> None:
+        """POST /reset_prefix_cache (needs ``VLLM_SERVER_DEV_MODE=1`` on the server; ours sets it)."""
+        _post(f"{self.base_url}/reset_prefix_cache", None, timeout)
+
+
+class VLLMServer(Client):
     """One vLLM OpenAI-compatible server process (see the module docstring)."""
 
     def __init__(self, model: str | os.PathLike[str], *, block_size: int = 32, num_gpu_blocks: int | None = None,
@@ -81,13 +125,13 @@ class VLLMServer:
         self.model, self.block_size, self.num_gpu_blocks = str(Path(model).resolve()), block_size, num_gpu_blocks
         self.python = Path(python) if python is not None else vllm_python()
         self.port = port or free_port()
+        super().__init__(f"http://127.0.0.1:{self.port}", served_model_name)
         self._dir = Path(tempfile.mkdtemp(prefix="pvllm-"))
         self.events_endpoint = f"ipc://{self._dir}/events"
         self.replay_endpoint = f"ipc://{self._dir}/replay"
         self.topic = topic
         self.log_path = Path(log_path) if log_path is not None else self._dir / "server.log"
         self.startup_timeout = startup_timeout
-        self.served_model_name = served_model_name
         kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.events_endpoint,
                      "replay_endpoint": self.replay_endpoint, "topic": topic}
         args = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
@@ -115,14 +159,6 @@ class VLLMServer:
     def workdir(self) -> Path:
         """The server's private temporary directory (its ipc sockets; its log unless given a path)."""
         return self._dir
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
 
     # ---- life cycle ---------------------------------------------------------------------------------
     def start(self, wait: bool = True) -> "VLLMServer":
@@ -195,6 +231,9 @@ class VLLMServer:
     def cleanup(self) -> None:
         """Stop, then remove the temporary directory (sockets, and the log unless given a path)."""
         self.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "VLLMServer":
@@ -202,22 +241,6 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.cleanup()
-
-    # ---- requests -----------------------------------------------------------------------------------
-    def complete(self, prompt: Sequence[int] | str, max_tokens: int = 16, *, temperature: float = 0.0,
-                 logprobs: int | None = None, timeout: float = 120.0, **extra: Any) -> dict:
-        """POST /v1/completions (token ids or text); the JSON answer. ``ignore_eos`` by default."""
-        body = {"model": self.served_model_name, "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
-                "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
-                "return_token_ids": True, **extra}
-        if logprobs is not None:
-            body["logprobs"] = logprobs
-            body["return_tokens_as_token_ids"] = True
-        return _post(f"{self.base_url}/v1/completions", body, timeout)
-
-    def reset_prefix_cache(self, timeout: float = 30.0) -> None:
-        """POST /reset_prefix_cache (the server runs with VLLM_SERVER_DEV_MODE=1)."""
-        _post(f"{self.base_url}/reset_prefix_cache", None, timeout)
 
 
 def output_ids(answer: dict) -> list[int]:
