@@ -138,3 +138,29 @@ print(json.dumps(out))
         ours: list = []
         hasher.extend(ours, toks, (), len(toks))
         assert [h.hex() for h in ours] == want
+
+
+def test_vllm_sha256_cbor_equals_vllm_hash_block_tokens():
+    """The canonical-CBOR mode, run in the vLLM venv (it has cbor2) beside vLLM's own function."""
+    code = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from vllm.utils.hashing import sha256_cbor
+from vllm.v1.core import kv_cache_utils as k
+from paged.connect.vllm_hash import vllm_sha256_cbor
+from paged.core.prefix_cache import BlockHasher
+k.init_none_hash(sha256_cbor)
+toks = list(range(500, 600))
+parent, theirs = None, []
+for i in range(len(toks) // 32):
+    parent = k.hash_block_tokens(sha256_cbor, parent, toks[i * 32:(i + 1) * 32], None)
+    theirs.append(parent.hex())
+ours = []
+BlockHasher(32, vllm_sha256_cbor).extend(ours, toks, (), len(toks))
+print(json.dumps([theirs, [h.hex() for h in ours]]))
+'''
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    root = str(Path(__file__).resolve().parents[1])
+    theirs, ours = json.loads(run_vllm_python(code, root, env=env).stdout.strip().splitlines()[-1])
+    assert len(theirs) == 3 and ours == theirs

@@ -6,8 +6,8 @@
                                     replay=srv.replay_endpoint)
     # stopped: its whole process group, SIGTERM then SIGKILL
 
-The server runs as ``nice -n 10 python -m vllm.entrypoints.openai.api_server`` in a new session
-(process group), HTTP on 127.0.0.1 only, KV events on ipc:// sockets in a private temporary
+The server runs as ``nice -n 10 python -m vllm.entrypoints.openai.api_server`` in its own process
+group (and, unless ``new_session=False``, its own session), HTTP on 127.0.0.1 only, KV events on ipc:// sockets in a private temporary
 directory (vLLM binds tcp only on every interface, ``tcp://*:PORT``; ipc stays on this machine),
 its output in a log file. ``paged`` never imports vllm: this module only starts a process.
 Facts from /work/shared/VLLM_CPU.md: block sizes must be multiples of 32 on CPU;
@@ -119,7 +119,8 @@ class VLLMServer(Client):
                  max_num_batched_tokens: int | None = None, served_model_name: str = "smollm2",
                  port: int | None = None, topic: str = "kv-events", extra_args: Sequence[str] = (),
                  env: dict[str, str] | None = None, nice: int = 10, startup_timeout: float = 420.0,
-                 log_path: str | os.PathLike[str] | None = None, python: str | os.PathLike[str] | None = None) -> None:
+                 log_path: str | os.PathLike[str] | None = None, python: str | os.PathLike[str] | None = None,
+                 new_session: bool = True) -> None:
         if block_size % 32:
             raise ConfigError(f"vLLM on CPU needs a block size that is a multiple of 32, got {block_size}")
         self.model, self.block_size, self.num_gpu_blocks = str(Path(model).resolve()), block_size, num_gpu_blocks
@@ -154,6 +155,7 @@ class VLLMServer(Client):
         self.env.pop("PYTHONPATH", None)  # the vLLM venv must not import this checkout's packages
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
+        self.new_session = new_session
 
     @property
     def workdir(self) -> Path:
@@ -165,8 +167,11 @@ class VLLMServer(Client):
         if self.proc is not None:
             return self
         self._log = open(self.log_path, "wb")
+        # its own process group either way (stopped as a group); a session of its own by default, or ours
+        # (Linux autogroup shares CPU fairly between sessions: a benchmark keeps the server in its own)
+        group = {"start_new_session": True} if self.new_session else {"process_group": 0}
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     cwd=str(self._dir), start_new_session=True)
+                                     cwd=str(self._dir), **group)
         self._t_start = time.monotonic()
         if wait:
             self.wait_ready()
