@@ -86,14 +86,18 @@ class Client:
 
     def complete(self, prompt: Sequence[int] | str, max_tokens: int = 16, *, temperature: float = 0.0,
                  logprobs: int | None = None, timeout: float = 120.0, **extra: Any) -> dict:
-        """POST /v1/completions (token ids or text); the JSON answer. ``ignore_eos`` by default."""
+        """POST /v1/completions (token ids or text); the JSON answer, ``ignore_eos`` by default, plus
+        ``answer["paged"]``: the wall-clock times the request was sent and answered."""
         body = {"model": self.served_model_name, "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
                 "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
                 "return_token_ids": True, **extra}
         if logprobs is not None:
             body["logprobs"] = logprobs
             body["return_tokens_as_token_ids"] = True
-        return _post(f"{self.base_url}/v1/completions", body, timeout)
+        sent = time.time()
+        answer = _post(f"{self.base_url}/v1/completions", body, timeout)
+        answer["paged"] = {"sent": sent, "done": time.time()}  # wall-clock times (time.time()) of this call
+        return answer
 
     def submit(self, prompts: Sequence[Sequence[int] | str], max_tokens: int = 16, *, concurrency: int = 8,
                **kw: Any) -> "Future[list[dict]]":
