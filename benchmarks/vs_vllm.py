@@ -55,7 +55,7 @@ from paged.connect.server import VLLMServer, cached_tokens, output_ids, top_logp
 from paged.engine import SamplingParams  # noqa: E402
 from paged.models.export_hf import export_hf  # noqa: E402
 from paged.models.tokenizer import tokenizer_from_hf_dir  # noqa: E402
-from paged.connect.workload import chat_prompts  # noqa: E402
+from paged.studies.beside_vllm import chat_prompts, scheduler_questions  # noqa: E402
 
 BS, MAX_SEQS, BUDGET = 32, 16, 2048
 
@@ -133,62 +133,18 @@ def _top2_gap(d: dict) -> float:
 
 
 # ---- 2. scheduler questions -----------------------------------------------------------------------------
-def settle(src, quiet: float = 0.5, timeout: float = 20.0) -> None:
-    deadline, last, since = time.monotonic() + timeout, src.status.get("batches"), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        n = src.status.get("batches")
-        if n != last:
-            last, since = n, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return
-
-
-def measure(src, run) -> dict:
-    """Counters of one workload run, as differences of what ``src`` saw before and after."""
-    settle(src)
-    src.scrape_now()
-    r0, f0, t0 = dict(src.rows[-1]), src.forest.counts(), src.now
-    pre0 = src.server_rows[-1]["num_preemptions"]
-    run()
-    settle(src)
-    src.scrape_now()
-    r1, f1 = src.rows[-1], src.forest.counts()
-    stored_hashes = {h for h, n in src.forest.nodes.items() if any(t >= t0 and w == "stored" for t, w in n.history)}
-    return {"queries": r1["prefix_cache_queries"] - r0["prefix_cache_queries"],
-            "hits": r1["prefix_cache_hits"] - r0["prefix_cache_hits"],
-            "stored": f1["stored"] - f0["stored"], "evicted": f1["removed"] - f0["removed"],
-            "preemptions": int(src.server_rows[-1]["num_preemptions"] - pre0),
-            "_hashes": stored_hashes}
-
-
-def scheduler_questions(model_dir, srv, prompts, max_tokens, pool, tmp: Path) -> dict:
+def scheduler(model_dir, srv, prompts, max_tokens, pool, tmp: Path):
     ev = f"ipc://{tmp}/ours-events"
     llm = make_ours(model_dir, pool, hash_fn=pc.vllm_sha256, kv_events_endpoint=ev, metrics_port=0)
     ours_src = pc.connect(events=ev, metrics=llm.engine.vllm.metrics.url, poll_interval=0.2, warn=False)
     vllm_src = pc.connect(events=srv.events_endpoint, replay=srv.replay_endpoint, topic=srv.topic,
                           metrics=srv.metrics_url, poll_interval=0.2, warn=False)
-    out = {}
     try:
-        for mode in ("sequential", "all at once"):
-            srv.reset_prefix_cache()
-            llm.kv_manager.reset_prefix_cache()
-            if mode == "sequential":
-                runs = (lambda: [ours_batch(llm, [p], max_tokens) for p in prompts],
-                        lambda: [srv.complete(p, max_tokens=max_tokens) for p in prompts])
-            else:
-                runs = (lambda: ours_batch(llm, prompts, max_tokens), lambda: vllm_batch(srv, prompts, max_tokens))
-            o = measure(ours_src, lambda: (runs[0](), llm.engine.vllm.update_metrics()))
-            v = measure(vllm_src, runs[1])
-            ho, hv = o.pop("_hashes"), v.pop("_hashes")
-            o["distinct"], v["distinct"] = len(ho), len(hv)
-            out[mode] = {"ours": o, "vllm": v, "same_hashes_stored": len(ho & hv), "only_ours": len(ho - hv),
-                         "only_vllm": len(hv - ho)}
+        return scheduler_questions(llm, ours_src, srv, vllm_src, prompts, max_tokens)
     finally:
         ours_src.close()
         vllm_src.close()
         llm.engine.vllm.close()
-    return out
 
 
 # ---- 3. throughput -------------------------------------------------------------------------------------
@@ -264,18 +220,10 @@ def report_agreement(g: dict) -> None:
                   f"(top-2 {r['vllm_top2_gap']:.4f})")
 
 
-def report_scheduler(s: dict, n: int) -> None:
+def report_scheduler(df, n: int) -> None:
     print(f"\n2. same scheduler questions ({n} requests over 8 system prompts; block 32, same pool, LRU, "
-          "same budgets):")
-    print(f"   {'mode':12s} {'engine':6s} {'queries':>8s} {'hits':>6s} {'stored':>7s} {'distinct':>9s} "
-          f"{'evicted':>8s} {'preempt':>8s}")
-    for mode, d in s.items():
-        for eng in ("ours", "vllm"):
-            x = d[eng]
-            print(f"   {mode:12s} {eng:6s} {x['queries']:8d} {x['hits']:6d} {x['stored']:7d} {x['distinct']:9d} "
-                  f"{x['evicted']:8d} {x['preemptions']:8d}")
-        print(f"   {'':12s} distinct hashes stored by both: {d['same_hashes_stored']}, only ours "
-              f"{d['only_ours']}, only vLLM {d['only_vllm']}")
+          "same budgets; 'shared': distinct block hashes both engines stored):")
+    print("   " + df.to_string(index=False).replace("\n", "\n   "))
 
 
 def report_throughput(t: dict, rounds: int) -> None:
@@ -331,8 +279,9 @@ def main() -> None:
             report_agreement(results["agreement"])
         if "2" in a.parts:
             sched = chat_prompts(tok, a.sched_requests, systems=8)
-            results["scheduler"] = scheduler_questions(model_dir, srv, sched, a.max_tokens, a.pool, srv.workdir)
-            report_scheduler(results["scheduler"], a.sched_requests)
+            df = scheduler(model_dir, srv, sched, a.max_tokens, a.pool, srv.workdir)
+            results["scheduler"] = df.to_dict("records")
+            report_scheduler(df, a.sched_requests)
         if "3" in a.parts:
             results["throughput"] = throughput(model_dir, srv, prompts, a.max_tokens, a.pool, a.rounds, not a.no_pin)
             report_throughput(results["throughput"], a.rounds)
