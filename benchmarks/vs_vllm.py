@@ -17,7 +17,8 @@ chunked prefill, prefix caching, LRU eviction, no admission watermark (ours: wat
 
 1. Greedy agreement: per request, identical outputs or the first divergence and the top-2 log-prob
    gap each engine had there (near-ties explain divergences).
-2. Same scheduler questions (``--sched-requests`` prompts over 8 system prompts): prefix-cache hits (tokens) and queries, blocks stored and evicted,
+2. Same scheduler questions (``--sched-requests`` prompts over 8 system prompts;
+   ``paged.studies.beside_vllm``): prefix-cache hits (tokens) and queries, blocks stored and evicted,
    preemptions -- both measured the same way, through ``paged.connect.connect`` (our engine
    publishes vLLM's KV events and metrics, with ``hash_fn=vllm_sha256`` so the same blocks have
    the same hashes: the stored sets are compared directly). Sequential (one request at a time)

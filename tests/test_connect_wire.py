@@ -103,7 +103,8 @@ vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 160.0
 vllm:num_requests_running{engine="0",model_name="tiny"} 2.0
 vllm:num_requests_running{engine="1",model_name="tiny"} 1.0
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="20"} 1.0
+vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",\
+num_gpu_blocks="20"} 1.0
 """
     s = parse_metrics(text)
     assert s.values["kv_cache_usage_perc"] == 0.25 and s.values["prefix_cache_hits"] == 160.0

@@ -7,7 +7,8 @@
     # stopped: its whole process group, SIGTERM then SIGKILL
 
 The server runs as ``nice -n 10 python -m vllm.entrypoints.openai.api_server`` in its own process
-group (and, unless ``new_session=False``, its own session), HTTP on 127.0.0.1 only, KV events on ipc:// sockets in a private temporary
+group (and, unless ``new_session=False``, its own session), HTTP on 127.0.0.1 only, KV events on
+ipc:// sockets in a private temporary
 directory (vLLM binds tcp only on every interface, ``tcp://*:PORT``; ipc stays on this machine),
 its output in a log file. ``paged`` never imports vllm: this module only starts a process.
 Facts from /work/shared/VLLM_CPU.md: block sizes must be multiples of 32 on CPU;

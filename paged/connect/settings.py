@@ -46,4 +46,5 @@ def check_connect_settings(events: Any, metrics_port: Any, error: Callable[[str]
     """Raise ``error(message)`` for a bad ``kv_events_endpoint`` or ``metrics_port``."""
     events_settings(events, error)
     if metrics_port is not None and (not is_int(metrics_port) or not 0 <= metrics_port < 65536):
-        raise error(f"metrics_port must be None or an integer port in [0, 65535] (0: any free one), got {metrics_port!r}")
+        raise error(f"metrics_port must be None or an integer port in [0, 65535] (0: any free one), "
+                    f"got {metrics_port!r}")

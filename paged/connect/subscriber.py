@@ -13,8 +13,8 @@ and ``[b"", b"", -1, b""]`` at the end) or, without one, counted as lost with a 
 number (same sequence and time stamp as a batch already applied) is a duplicate (skipped); a
 number going back otherwise is a publisher restart (its cache starts empty: the batch is flagged
 ``after_restart``). With a replay endpoint, ``connect()`` first catches up on everything the
-publisher still buffers (joining a running server late), handed out by the first ``poll``. Malformed messages are counted with a warning
-and skipped. Every socket operation has a timeout: nothing here blocks longer than asked.
+publisher still buffers (joining a running server late), handed out by the first ``poll``.
+Malformed messages are counted with a warning and skipped. Every socket operation has a timeout: nothing here blocks longer than asked.
 
 Connection state comes from a ZMQ monitor socket: ``connect()`` waits for a ZMTP handshake, so a
 wrong port (nothing listening, or a non-ZMQ server) is a clear error rather than a silent wait;

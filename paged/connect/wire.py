@@ -133,7 +133,8 @@ def decode_event(e: Any) -> KVEvent | str | None:
             if bs < 1 or len(tokens) != bs * len(hashes) or not hashes:
                 return None  # token count must match the blocks it claims
             extra = f.get("extra_keys")  # per block; all None (no salt, adapter, media) is kept as None
-            extra = tuple(map(_freeze, extra)) if isinstance(extra, list) and any(x is not None for x in extra) else None
+            keep = isinstance(extra, list) and any(x is not None for x in extra)
+            extra = tuple(map(_freeze, extra)) if keep else None
             return BlockStored(hashes, None if parent is None else _hash(parent), tokens, bs,
                                f.get("medium", MEDIUM_GPU), f.get("lora_name"), f.get("lora_id"),
                                f.get("group_idx"), extra)
