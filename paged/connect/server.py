@@ -184,12 +184,13 @@ class VLLMServer(Client):
 
     def wait_ready(self) -> float:
         """Block until ``/health`` answers 200 (returns seconds since start); ConnectError with the
-        log's tail when the process exits or ``startup_timeout`` passes (the server is stopped)."""
+        log's tail when the process exits or ``startup_timeout`` passes (the server is stopped and its
+        temporary directory removed)."""
         deadline = self._t_start + self.startup_timeout
         while True:
             if self.proc.poll() is not None:
                 tail = self.log_tail()
-                self.stop()
+                self.cleanup()
                 raise ConnectError(f"the vLLM server exited with code {self.proc.returncode} during start-up:\n{tail}")
             try:
                 with urllib.request.urlopen(f"{self.base_url}/health", timeout=2.0) as r:  # noqa: S310
@@ -200,7 +201,7 @@ class VLLMServer(Client):
                 pass
             if time.monotonic() > deadline:
                 tail = self.log_tail()
-                self.stop()
+                self.cleanup()
                 raise ConnectError(f"the vLLM server did not answer /health within {self.startup_timeout:g} s:\n{tail}")
             time.sleep(1.0)
 
