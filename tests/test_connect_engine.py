@@ -179,3 +179,19 @@ def test_misses_host_tier_hits_and_server_side_explanations(tiny):
     assert list(df["status"]) == [M.CACHED, M.CACHED, M.NEVER_SEEN, M.PARTIAL]
     df = pc.explain_server_prompt(f, [1, 2, 3, 4, 5, 6], sent_s=6.0)
     assert list(df["status"]) == [M.CACHED, M.EVICTED, M.AFTER_MISS] and "5.000" in df["detail"][1]
+
+
+def test_entries_dropped_without_an_event_are_published_as_removed(tiny, tmp_path):
+    """A failed step's never-written blocks leave the index silently (``BlockPool.uncache``); the
+    next plan publishes them as removed, so consumers do not keep blocks the engine no longer has."""
+    ev = f"ipc://{tmp_path}/ev"
+    llm = paged.LLM(tiny, block_size=4, num_blocks=32, kv_events_endpoint=ev)
+    with pc.connect(events=ev, background=False) as src:
+        llm.generate([list(range(10, 27))], GREEDY)
+        pool = llm.kv_manager.pool
+        victim = next(iter(pool.index.values()))
+        assert pool.uncache(victim.block_id)
+        llm.generate([[5, 6, 7]], GREEDY)  # any planned step reconciles
+        assert src.wait_until(lambda s: s.status["last_seq"] == llm.engine.vllm.publisher.seq - 1, 5)
+        assert src.forest.live == live_hashes(llm) and src.forest.num_removed == 1
+    llm.engine.vllm.close()

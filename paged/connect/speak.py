@@ -14,7 +14,9 @@ What is published (the events vLLM's block pool emits, for the same situations):
 - ``BlockRemoved`` when a cached block loses its hash to be reused (our ``evict``), not when a
   request frees it; with a host tier, a demotion is ``BlockRemoved`` (GPU) + ``BlockStored``
   (medium ``CPU``), and a host entry dropped or brought back is ``BlockRemoved`` (CPU);
-- ``AllBlocksCleared`` on ``reset_prefix_cache``.
+- ``AllBlocksCleared`` on ``reset_prefix_cache``;
+- ``BlockRemoved`` for entries that left the index without an event (a failed step's never-written
+  blocks), found when the next step is planned.
 One batch per engine step, sent when the scheduler has planned it (every cache change of a step
 happens while planning); a reset is sent at once. Hashes go out as ints (the low 64 bits, vLLM's
 default) unless ``int_hashes=False`` in the dict. With ``hash_fn=paged.connect.vllm_sha256`` the
@@ -65,6 +67,7 @@ class EngineSpeaker:
         self._pending: list[KVEvent] = []
         self._chain_rid: Any = None                      # request of the BlockStored being built
         self._host: dict[int, Any] = {}                  # CPU block -> hash published as CPU-stored
+        self._gpu: set = set()                           # hashes published as GPU-stored (as the pool keys them)
         self._preemptions = 0
         self._rows_seen = 0
         self.num_batches = 0
@@ -92,6 +95,7 @@ class EngineSpeaker:
                 self._pending.append(BlockRemoved((h,), MEDIUM_CPU))
         elif kind == ev.RESET:
             self._host.clear()
+            self._gpu.clear()
             if self.publisher is not None:
                 self._chain_rid = None
                 self._pending.append(AllBlocksCleared())
@@ -116,6 +120,7 @@ class EngineSpeaker:
 
     def _stored(self, rid: Any, bid: int) -> None:
         block = self.engine.kv.pool.blocks[bid]
+        self._gpu.add(block.block_hash)
         h, parent = self._h(block.block_hash), self._parent_hash(rid, block)
         parent = None if parent is None else self._h(parent)
         last = self._pending[-1] if self._pending else None
@@ -130,6 +135,7 @@ class EngineSpeaker:
     def _removed(self, bid: int, medium: str) -> None:
         block = self.engine.kv.pool.blocks[bid]
         if block.block_hash is not None:
+            self._gpu.discard(block.block_hash)
             self._chain_rid = None
             self._pending.append(BlockRemoved((self._h(block.block_hash),), medium))
 
@@ -137,6 +143,7 @@ class EngineSpeaker:
         block = self.engine.kv.pool.blocks[bid]
         if block.block_hash is None:
             return
+        self._gpu.discard(block.block_hash)
         h = self._h(block.block_hash)
         parent = self._parent_hash(None, block)
         self._chain_rid = None
@@ -146,6 +153,12 @@ class EngineSpeaker:
         self._host[cpu] = h
 
     def _end_of_plan(self) -> None:
+        index = self.engine.kv.pool.index
+        if self.publisher is not None and len(index) != len(self._gpu):
+            # entries dropped without an event (a failed step's never-written blocks): removed for consumers
+            gone = [h for h in self._gpu if h not in index]
+            self._gpu.difference_update(gone)
+            self._pending.extend(BlockRemoved((self._h(h),), MEDIUM_GPU) for h in gone)
         host = getattr(self.engine.kv, "host", None)
         if host is not None and self._host and self.publisher is not None:
             # entries the host tier dropped without an event (deduplicated against the GPU tier)
