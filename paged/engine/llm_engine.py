@@ -72,6 +72,10 @@ class LLMEngine:
         self._groups = Groups(self.scheduler, c.seed, self._text)
         self._request_rows: list[dict] = []
         self._t0 = time.perf_counter()  # the engine clock of step and request records
+        self.vllm = None  # paged.connect.speak.EngineSpeaker when kv_events_endpoint / metrics_port are set
+        if c.kv_events_endpoint is not None or c.metrics_port is not None:
+            from paged.connect.speak import connect_engine
+            self.vllm = connect_engine(self)
 
     # ---- introspection ---------------------------------------------------------------
     @property
