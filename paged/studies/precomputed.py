@@ -101,14 +101,17 @@ def _make_05() -> dict[str, pd.DataFrame]:
     from paged.quant.runs import load as load_lm
     f = FULL_05
     lm = load_lm()
-    study = quant.study(lm, formats=f["formats"], context_lengths=f["contexts"], max_chunks=f["max_chunks"],
-                        divergence_tokens=f["divergence_tokens"])
     ctx = f["contexts"][0]
-    errors = diagnostics.layer_errors(lm, f["diag_formats"], context_length=ctx)
-    sens = diagnostics.layer_sensitivity(lm, [f["sensitivity_format"]], context_length=ctx, layers=None)
+    frames = _timed(dict(
+        study=lambda: quant.study(lm, formats=f["formats"], context_lengths=f["contexts"], max_chunks=f["max_chunks"],
+                                  divergence_tokens=f["divergence_tokens"], progress=False),
+        layer_errors=lambda: diagnostics.layer_errors(lm, f["diag_formats"], context_length=ctx),
+        sensitivity=lambda: diagnostics.layer_sensitivity(lm, [f["sensitivity_format"]], context_length=ctx),
+        formats=lambda: quant.describe_formats(f["formats"], lm)))
+    t0 = time.perf_counter()
     channels, layers = diagnostics.key_outliers(lm, context_length=ctx)
-    return dict(study=study, layer_errors=errors, sensitivity=sens, key_channels=channels, key_layers=layers,
-                formats=quant.describe_formats(f["formats"], lm))
+    channels.attrs["seconds"] = round(time.perf_counter() - t0, 1)
+    return {**frames, "key_channels": channels, "key_layers": layers}
 
 
 def _make_08() -> dict[str, pd.DataFrame]:
@@ -121,15 +124,27 @@ def _make_08() -> dict[str, pd.DataFrame]:
     from paged.studies.swap_error import swap_error_study
     f = FULL_08
     loaded = load_model()
-    reads = compaction.read_table()
-    copies = compaction.copy_table(requests=f["compact_copy_requests"])
-    return dict(
-        tiers=tier_study(), engine_tiers=engine_tier_study(loaded, **f["engine_tier"]),
-        offload=offload_study(num_requests=f["offload_requests"], pressures=f["offload_pressures"]),
-        streaming=streaming_study(contexts=f["stream_contexts"], kv_fractions=(1.0, 0.25)),
-        engine_swap=engine_swap_study(loaded, **f["swap_engine"]), swap_error=swap_error_study(loaded),
-        sharing=sharing_study(loaded, **f["sharing"]), compaction_reads=reads, compaction_copies=copies,
-        compaction_sim=compaction.compaction_sim_table(f["compact_sim_requests"]))
+    jobs: dict[str, Callable[[], pd.DataFrame]] = dict(
+        tiers=tier_study, engine_tiers=lambda: engine_tier_study(loaded, **f["engine_tier"]),
+        offload=lambda: offload_study(num_requests=f["offload_requests"], pressures=f["offload_pressures"]),
+        streaming=lambda: streaming_study(contexts=f["stream_contexts"], kv_fractions=(1.0, 0.25)),
+        engine_swap=lambda: engine_swap_study(loaded, **f["swap_engine"]),
+        swap_error=lambda: swap_error_study(loaded), sharing=lambda: sharing_study(loaded, **f["sharing"]),
+        compaction_reads=compaction.read_table,
+        compaction_copies=lambda: compaction.copy_table(requests=f["compact_copy_requests"]),
+        compaction_sim=lambda: compaction.compaction_sim_table(f["compact_sim_requests"]))
+    return _timed(jobs)
+
+
+def _timed(jobs: dict[str, Callable[[], pd.DataFrame]]) -> dict[str, pd.DataFrame]:
+    """Run each job; its seconds go to the frame's attrs['seconds'] (kept in the .attrs.json)."""
+    out = {}
+    for name, job in jobs.items():
+        t0 = time.perf_counter()
+        df = job()
+        df.attrs["seconds"] = round(time.perf_counter() - t0, 1)
+        out[name] = df
+    return out
 
 
 MAKERS: dict[str, Callable[[], dict[str, pd.DataFrame]]] = {"05": _make_05, "08": _make_08}

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["bullet", "change", "collision", "compaction_verdict", "engine_shares", "eviction", "context_trend", "copy_on_write", "format_errors", "format_memory",
-           "latency_change", "md", "paper_gap", "pool_usage", "preemption_modes", "shared_blocks", "swap_cost", "times"]
+           "latency_change", "md", "paper_gap", "pool_usage", "sharing_memory", "swap_error_verdict", "tier_verdict", "preemption_modes", "shared_blocks", "swap_cost", "times"]
 
 SAME = 0.03  # a relative change below 3% reads as "about the same"
 
@@ -277,6 +277,55 @@ def swap_cost(costs: pd.DataFrame):
               f"{ms(1e3 * r['recompute_s'])}: swap is {times(max(ratio, 1 / ratio))} {word}.")
 
 
+# ---- 08 · tiers, swap, sharing, compaction ----------------------------------------------------
+def tier_verdict(tiers: pd.DataFrame, base: str = "recompute (no host tier)", tier: str = "host tier, LRU"):
+    """A host tier against none (a `host_tier.tier_study` table)."""
+    t = tiers.set_index("variant")
+    if base not in t.index or tier not in t.index:
+        return md(f"(the table needs the variants {base!r} and {tier!r})")
+    a, b = t.loc[base], t.loc[tier]
+    tp = b["throughput_tok_s"] / a["throughput_tok_s"]
+    pays = b["prefix_hit_rate"] > a["prefix_hit_rate"] and tp > 1
+    return md(f"A host tier ({tier.split(', ')[-1]}) against none: prefix hit rate {a['prefix_hit_rate']:.2f} → "
+              f"{b['prefix_hit_rate']:.2f}, throughput {times(tp)}, mean TTFT "
+              f"{change(1e3 * a['ttft_mean_s'], 1e3 * b['ttft_mean_s'])}, {b['gib_moved']:,.0f} GiB moved between "
+              f"tiers: {'it pays on this prefix-heavy traffic' if pays else 'it does not pay here'}.")
+
+
+def swap_error_verdict(swap_err: pd.DataFrame, engine_swap: pd.DataFrame | None = None):
+    """What compressing swapped blocks costs in quality (`swap_error_study`, rows of scope 'after_swap')."""
+    d = swap_err[swap_err["scope"] == "after_swap"]
+    parts = []
+    for _, r in d.iterrows():
+        if r["compression"] == "none":
+            continue
+        parts.append(f"{r['compression']} host blocks ({times(r['ratio_vs_fp16'])} smaller than fp16) add KLD "
+                     f"{r['kld_mean']:.2g} after a swap, same top-1 {r['same_top1_pct']:.1f}%, and "
+                     f"{r['swapped_identical_pct']:.0f}% of the {int(r['num_requests_swapped'])} swapped requests kept "
+                     f"identical greedy output (first divergence at token {r['swapped_first_div_mean']:.1f} of "
+                     f"{int(r['greedy_tokens'])} on average)")
+    text = "; ".join(parts) + "." if parts else "No compressed swap was measured."
+    if engine_swap is not None and "same_outputs" in engine_swap:
+        plain = engine_swap[~engine_swap["variant"].str.contains("fp8|int4")]
+        text += (" Uncompressed swap, sync or overlapped, left every greedy output identical."
+                 if bool(plain["same_outputs"].all()) else " **Uncompressed swap changed an output** (a bug).")
+    return md(text)
+
+
+def sharing_memory(sharing: pd.DataFrame, target_pct: float = 30.0):
+    """Memory saved by the k-pair config closest above `target_pct`, and the engine blocks it buys."""
+    k = sharing[(sharing["kind"] == "k_pairs") & (sharing["memory_saved_pct"] >= target_pct - 1e-9)]
+    if not len(k):
+        return md(f"No measured configuration saves {target_pct:.0f}% of the KV memory.")
+    r = k.sort_values("memory_saved_pct").iloc[0]
+    base = sharing[sharing["kind"] == "base"]
+    blocks = ""
+    if "engine_num_blocks" in sharing and len(base) and np.isfinite(r.get("engine_num_blocks", np.nan)):
+        blocks = (f"; the real engine fits {int(r['engine_num_blocks'])} instead of "
+                  f"{int(base['engine_num_blocks'].iloc[0])} blocks in the same memory")
+    return md(f"{int(r['k'])} shared pairs save {r['memory_saved_pct']:.0f}% of the KV memory{blocks}.")
+
+
 # ---- 08 · compaction --------------------------------------------------------------------------
 def compaction_verdict(v: dict):
     """`paged.studies.compaction.verdict` as a sentence."""
@@ -288,6 +337,6 @@ def compaction_verdict(v: dict):
               f"**{'pays' if pays else 'does not pay'}** here (payback {v['payback']:.2f}).")
 
 
-def bullet(lines: Sequence[str]):
-    """Lines as a Markdown bullet list."""
-    return md("\n".join(f"- {s}" for s in lines))
+def bullet(lines: Sequence):
+    """Lines (str or Markdown objects) as a Markdown bullet list."""
+    return md("\n".join(f"- {getattr(s, 'data', s)}" for s in lines))
