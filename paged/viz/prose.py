@@ -245,7 +245,7 @@ def collision(table: pd.DataFrame, first: str = "sha256", second: str = "constan
     t = table.set_index("setting")
     a, b = t.loc[first], t.loc[second]
     same = bool(t["outputs_identical"].all())
-    return md(f"With a {second}, prompt tokens served from the cache {change(a['hit_tokens'], b['hit_tokens'], fmt=lambda v: f'{v:,.0f}')} "
+    return md(f"With a {second}, the number of prompt tokens served from the cache {change(a['hit_tokens'], b['hit_tokens'], fmt=lambda v: f'{v:,.0f}')} "
               f"(hit rate {a['hit_rate']:.0%} → {b['hit_rate']:.0%}); the greedy outputs are "
               + ("**identical** token for token: the collision cost hits, not correctness." if same else
                  "**different**: a colliding hash changed the output, which verification should prevent (a bug)."))
