@@ -66,8 +66,6 @@ class StudyPanel:
 
     def run(self):
         """Run the study with the controls' settings; show and return its table."""
-        from IPython.display import display
-
         from paged import quant
 
         from . import prose
@@ -92,12 +90,10 @@ class StudyPanel:
         took = time.perf_counter() - t0
         self.status.value = f"{html.escape(what)}: done in {took:.0f} s"
         d = self.df[self.df["source"] == "all"] if (self.df["source"] == "all").any() else self.df
-        self.out.clear_output()
-        with self.out:
-            display(fit_table(d, [c for c in TABLE_COLUMNS if c in d.columns]))
-            display(pareto(self.df))
-            display(prose.format_errors(self.df))
-            display(prose.context_trend(self.df))
+        self.out.outputs = ()
+        for shown in (fit_table(d, [c for c in TABLE_COLUMNS if c in d.columns]), pareto(self.df),
+                      prose.format_errors(self.df), prose.context_trend(self.df)):
+            self.out.append_display_data(shown)
         return self.df
 
     def _ipython_display_(self) -> None:

@@ -67,10 +67,11 @@ def fit_table(df: pd.DataFrame, columns: Sequence[str] | None = None, *, digits:
     sty = shown.style.format(lambda v: number(v, digits))
     if not index:
         sty = sty.hide(axis="index")
-    cell = [("white-space", "normal"), ("overflow-wrap", "anywhere"), ("max-width", f"{max_cell_em}em"),
+    # words stay whole (a header wraps between words); only a word longer than a cell breaks
+    cell = [("white-space", "normal"), ("overflow-wrap", "break-word"), ("max-width", f"{max_cell_em}em"),
             ("text-align", "right"), ("vertical-align", "top")]
     sty = sty.set_table_styles([
-        {"selector": "th", "props": cell + [("text-align", "left")]},
+        {"selector": "th", "props": cell + [("text-align", "left"), ("min-width", "3em")]},
         {"selector": "td", "props": cell},
     ]).set_table_attributes(f'style="max-width:{CONTENT_WIDTH}px"')
     text_cols = [_header(c) for c in df.columns if df[c].dtype == object]
