@@ -146,7 +146,14 @@ def _builders():
         ("quant.layer_heatmap, 4 formats", lambda: QV.layer_heatmap(_layer_errors(), "out_rel_err_k")),
         ("quant.layer_heatmap, 1 row", lambda: QV.layer_heatmap(_layer_errors(["int4"], [0, 1, 29]), "kld_mean")),
         ("quant.key_outlier_heatmap", lambda: QV.key_outlier_heatmap(ch)),
+        ("quant.pareto, the shipped full 05 study", lambda: QV.pareto(_precomputed("study"), 2048)),
+        ("quant.layer_heatmap, the shipped sensitivity", lambda: QV.layer_heatmap(_precomputed("sensitivity"), "kld_mean")),
     ]
+
+
+def _precomputed(name: str) -> pd.DataFrame:
+    from paged.studies import precomputed
+    return precomputed.load("05", name)
 
 
 BUILDERS = _builders()

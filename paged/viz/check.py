@@ -194,6 +194,8 @@ def _label_problems(t: dict, layout: dict, height: float, width: float, m: dict)
     """Overlapping or clipped text labels of one scatter trace (estimated boxes in px)."""
     mode = t.get("mode") or ""
     texts = t.get("text")
+    if isinstance(texts, np.ndarray):
+        texts = texts.tolist()
     if "text" not in mode or not isinstance(texts, (list, tuple)) or len(texts) < 1:
         return []
     xk, yk = _axis_key(t.get("xaxis"), "x"), _axis_key(t.get("yaxis"), "y")

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from paged.quant.metrics import survival
 
-from .sizing import ROW_PX, count_axis, heatmap_height
+from .sizing import ROW_PX, count_axis, heatmap_height, label_positions
 
 __all__ = ["pareto", "error_vs_context", "survival_curves", "layer_heatmap", "key_outlier_heatmap",
            "render", "live_side_by_side"]
@@ -36,7 +36,7 @@ def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "k
             front.append(r)
             best = r[metric]
     fig = go.Figure(go.Scatter(x=d.bits_per_value, y=d[metric], mode="markers+text", text=d.format,
-                               textposition="top center", name="formats",
+                               textposition=label_positions(d.bits_per_value, d[metric], d.format, log_y=True), name="formats",
                                customdata=np.stack([d.tokens_per_gib, d.same_top1_pct], -1),
                                hovertemplate="%{text}<br>%{x:.3g} bits/value<br>KLD %{y:.3g}<br>"
                                              "%{customdata[0]:,.0f} tokens/GiB<br>same top-1 %{customdata[1]:.1f}%"))

@@ -57,5 +57,52 @@ def count_axis(max_value: float | None = None, *, ticks: int = 8) -> dict:
     return dict(rangemode="tozero", tick0=0, dtick=nice_step(max(float(max_value), 1.0), ticks), tickformat=",d")
 
 
-__all__ = ["CONTENT_WIDTH", "INTEGER_SPAN", "MIN_COLORBAR_PX", "MIN_HEIGHT", "MIN_ROW_PX", "ROW_PX", "count_axis",
+POSITIONS = ("top center", "bottom center", "middle right", "middle left", "top right", "bottom left",
+             "top left", "bottom right")
+TEXT_PX, CHAR_EM = 12, 0.58  # plotly's default text size and the width of an average character (em)
+
+
+def _box(px: float, py: float, text: str, pos: str) -> tuple[float, float, float, float]:
+    w, h = len(text) * TEXT_PX * CHAR_EM, TEXT_PX * 1.3
+    cx = px + (w / 2 + 5 if "right" in pos else -w / 2 - 5 if "left" in pos else 0)
+    cy = py + (h / 2 + 5 if "top" in pos else -h / 2 - 5 if "bottom" in pos else 0)
+    return cx - w / 2, cx + w / 2, cy - h / 2, cy + h / 2
+
+
+def label_positions(x, y, texts=None, *, log_x: bool = False, log_y: bool = False, width: float = 800,
+                    height: float = 270) -> list[str]:
+    """A text position per point such that, on a plot area of `width` x `height` px, no label
+    box overlaps another label or a marker (greedy, in point order; when every position
+    collides, the one overlapping least). `texts` default to equal-width labels."""
+    import numpy as np
+    xs = np.log10(np.maximum(np.asarray(x, float), 1e-300)) if log_x else np.asarray(x, float)
+    ys = np.log10(np.maximum(np.asarray(y, float), 1e-300)) if log_y else np.asarray(y, float)
+    if not len(xs):
+        return []
+    texts = [str(t) for t in texts] if texts is not None else ["label"] * len(xs)
+    px = (xs - xs.min()) / (float(np.ptp(xs)) or 1.0) * width * 0.9 + width * 0.05
+    py = (ys - ys.min()) / (float(np.ptp(ys)) or 1.0) * height * 0.9 + height * 0.05
+    marks = [(a - 4, a + 4, b - 4, b + 4) for a, b in zip(px, py)]
+    placed: list[tuple[float, float, float, float]] = []
+    out: list[str] = []
+
+    def overlap(a, b) -> float:
+        return max(0.0, min(a[1], b[1]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[2], b[2]))
+
+    for i in range(len(xs)):
+        best, cost = POSITIONS[0], float("inf")
+        for pos in POSITIONS:
+            b = _box(px[i], py[i], texts[i], pos)
+            c = sum(overlap(b, o) for o in placed) + sum(overlap(b, m) for j, m in enumerate(marks) if j != i)
+            c += max(0.0, b[1] - width) * 20 + max(0.0, -b[0]) * 20  # off the plot's sides
+            if c < cost:
+                best, cost = pos, c
+            if c == 0:
+                break
+        out.append(best)
+        placed.append(_box(px[i], py[i], texts[i], best))
+    return out
+
+
+__all__ = ["CONTENT_WIDTH", "POSITIONS", "label_positions", "INTEGER_SPAN", "MIN_COLORBAR_PX", "MIN_HEIGHT", "MIN_ROW_PX", "ROW_PX", "count_axis",
            "heatmap_height", "nice_step"]
