@@ -323,7 +323,8 @@ def sharing_memory(sharing: pd.DataFrame, target_pct: float = 30.0):
     if "engine_num_blocks" in sharing and len(base) and np.isfinite(r.get("engine_num_blocks", np.nan)):
         blocks = (f"; the real engine fits {int(r['engine_num_blocks'])} instead of "
                   f"{int(base['engine_num_blocks'].iloc[0])} blocks in the same memory")
-    return md(f"{int(r['k'])} shared pairs save {r['memory_saved_pct']:.0f}% of the KV memory{blocks}.")
+    return md(f"{int(r['k'])} layers reading a neighbour's KV ({int(r['k'])} disjoint pairs) save "
+              f"{r['memory_saved_pct']:.0f}% of the KV memory{blocks}.")
 
 
 # ---- 08 · compaction --------------------------------------------------------------------------
