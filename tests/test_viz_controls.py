@@ -23,8 +23,8 @@ def test_fit_table_wraps_headers_keeps_every_value_and_fits_a_laptop() -> None:
 
 
 def test_number_formatting() -> None:
-    assert [tables.number(v) for v in (0.5, 149130.8, 1.2345, 12.345, 3, 2.0, float("nan"), True)] == \
-        ["0.500", "149,131", "1.23", "12.3", "3", "2", "–", "yes"]
+    assert [tables.number(v) for v in (0.5, 149130.8, 1.2345, 12.345, 3, 2.0, float("nan"), True, np.inf)] == \
+        ["0.500", "149,131", "1.23", "12.3", "3", "2", "–", "yes", "∞"]
 
 
 def test_precomputed_round_trip_and_a_clear_error(tmp_path) -> None:

@@ -32,6 +32,8 @@ def number(v, digits: int = 3) -> str:
         return f"{int(v):,}"
     if isinstance(v, (float, np.floating)):
         f = float(v)
+        if math.isinf(f):
+            return "∞" if f > 0 else "−∞"
         if f == int(f) and abs(f) < 1e15:
             return f"{int(f):,}"
         if abs(f) >= 10 ** digits:
