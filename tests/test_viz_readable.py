@@ -148,12 +148,21 @@ def _builders():
         ("quant.key_outlier_heatmap", lambda: QV.key_outlier_heatmap(ch)),
         ("quant.pareto, the shipped full 05 study", lambda: QV.pareto(_precomputed("study"), 2048)),
         ("quant.layer_heatmap, the shipped sensitivity", lambda: QV.layer_heatmap(_precomputed("sensitivity"), "kld_mean")),
+        ("tiers.sharing_figure, the shipped 29 pairs", lambda: TV.sharing_figure(_precomputed("sharing", "08"))),
+        ("tiers.sharing_figure, 10 labelled pairs", lambda: TV.sharing_figure(_every_third_pair(_precomputed("sharing", "08")))),
+        ("tiers.tier_figure, the shipped run", lambda: TV.tier_figure(_precomputed("tiers", "08"))),
+        ("tiers.streaming_figure, the shipped run", lambda: TV.streaming_figure(_precomputed("streaming", "08"))),
     ]
 
 
-def _precomputed(name: str) -> pd.DataFrame:
+def _precomputed(name: str, notebook: str = "05") -> pd.DataFrame:
     from paged.studies import precomputed
-    return precomputed.load("05", name)
+    return precomputed.load(notebook, name)
+
+
+def _every_third_pair(df: pd.DataFrame) -> pd.DataFrame:
+    pairs = df.index[df["kind"] == "pair"]
+    return df[(df["kind"] != "pair") | df.index.isin(pairs[::3])]
 
 
 BUILDERS = _builders()
@@ -222,3 +231,13 @@ def test_large_pool_grid_is_one_dense_page_and_clicks_map_to_blocks() -> None:
     assert block // k in set(big.table("r1") // k)
     fig = F.block_grid(big)
     assert fig.layout.height < 800 and not any(t.name == "reserved, empty" for t in fig.data)
+
+
+def test_label_positions_keep_coincident_labels_apart() -> None:
+    from paged.viz.sizing import label_positions
+    pos = label_positions([5, 5, 5, 5.5, 8.25], [0.06, 0.048, 0.021, 0.016, 0.0008],
+                          ["int4", "int4+rot", "kivi_g32/int4", "int4_kivi", "int8"], log_y=True)
+    assert len(set(pos[:3])) == 3  # three formats at 5 bits: three different sides
+    fig = go.Figure(go.Scatter(x=[5, 5, 5, 5.5, 8.25], y=[0.06, 0.048, 0.021, 0.016, 0.0008], mode="markers+text",
+                               text=["int4", "int4+rot", "kivi_g32/int4", "int4_kivi", "int8"], textposition=pos))
+    assert check.figure_problems(fig.update_yaxes(type="log")) == []
