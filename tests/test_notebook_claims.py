@@ -232,3 +232,19 @@ def test_scenarios_build_runs(llm) -> None:
     assert int(r.steps_frame()["num_block_copies"].sum()) == SCENARIOS["parallel sampling"].kwargs["n"] - 1
     with pytest.raises(Exception, match="unknown scenario"):
         scenario_run(base, "nope")
+
+
+@pytest.mark.parametrize("key", sorted(NB))
+def test_parameters_cell_says_how_long_the_class_preset_takes(key) -> None:
+    nb = nbformat.read(NB[key], as_version=4)
+    params = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    m = re.search(r"measured: (\d+) s", params)
+    assert m, f"{NB[key].name}: the parameters cell should state the class preset's measured time"
+    limit = 300 if key in ("05", "08") else 120  # issue 20: 2 minutes, 5 for the two long studies
+    assert int(m.group(1)) <= limit
+
+
+def test_compaction_verdict_reads_negative_savings() -> None:
+    v = dict(ctx=256, block=16, slots_ratio=0.81, breaks_fixed=0.28, saved_per_pass_ms=-125.0, steps_per_pass=110.0,
+             pass_ms=87.9, payback=-1.42, pays=False)
+    assert "saves nothing" in prose.compaction_verdict(v).data and "-125" not in prose.compaction_verdict(v).data

@@ -331,10 +331,12 @@ def sharing_memory(sharing: pd.DataFrame, target_pct: float = 30.0):
 def compaction_verdict(v: dict):
     """`paged.studies.compaction.verdict` as a sentence."""
     pays = bool(v["pays"])
+    saved = v["saved_per_pass_ms"]
+    gain = (f"saves {saved:.3g} ms of reads before the next pass" if saved >= 0 else
+            f"saves nothing (contiguous reads were slower here: {-saved:.3g} ms more before the next pass)")
     return md(f"At context {v['ctx']:,} (blocks of {v['block']}), contiguous tables read K/V "
               f"{times(v['slots_ratio'])} as fast as scattered ones; a pass removes {v['breaks_fixed']:.0%} of the "
-              f"breaks, saves {v['saved_per_pass_ms']:.3g} ms of reads before the next pass "
-              f"({v['steps_per_pass']:.0f} steps) and costs {v['pass_ms']:.3g} ms: compaction "
+              f"breaks, {gain} ({v['steps_per_pass']:.0f} steps) and costs {v['pass_ms']:.3g} ms: compaction "
               f"**{'pays' if pays else 'does not pay'}** here (payback {v['payback']:.2f}).")
 
 
