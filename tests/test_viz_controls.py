@@ -76,7 +76,8 @@ def test_study_panel_runs_the_chosen_settings(lm) -> None:
     p.formats.value, p.contexts.value = ("int8", "int4"), (32,)
     df = p.run()
     assert set(df.format) >= {"int8", "int4"} and set(df.context_length) == {32} and "done in" in p.status.value
-    assert len(p.out.outputs) == 4  # table, Pareto figure, two sentences
+    assert len(p.out.outputs) == 3  # table, two sentences
+    assert list(p.plot.figure.data[0].text) == ["int4", "int8"]  # the Pareto figure, by bits
     p.formats.value = ()
     assert p.run() is df and "pick at least one format" in p.status.value  # nothing changed
     with pytest.raises(ConfigError, match="unknown text source"):

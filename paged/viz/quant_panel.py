@@ -2,7 +2,7 @@
 
     panel = StudyPanel(lm, formats=[...], contexts=(512,), sources=("kjv", "python", "licenses"))
     panel.run()     # what the button does: paged.quant.study with the chosen settings
-    panel           # displays the controls, then the table, the Pareto figure and two sentences
+    panel           # displays the controls, then the table, two sentences and the Pareto figure
     panel.df        # the last study's table
 
 The panel holds no study logic: `run` calls :func:`paged.quant.study` and draws its table with
@@ -15,6 +15,8 @@ from __future__ import annotations
 import html
 import time
 from typing import Sequence
+
+import plotly.graph_objects as go
 
 from paged.errors import ConfigError
 
@@ -52,10 +54,12 @@ class StudyPanel:
         self.button = W.Button(description="run the study", icon="play", button_style="primary")
         self.status = W.HTML("<i>choose formats, context lengths and texts, then press <b>run the study</b> "
                              "(Ctrl/Shift-click to pick several)</i>")
-        self.out = W.Output()
+        self.out = W.Output()  # the table and the sentences
+        from .liveplot import LivePlot  # the Pareto figure, redrawn in place (a plotly output inside an
+        self.plot = LivePlot(go.Figure().update_layout(height=450))  # Output widget rendered out of order)
         self.button.on_click(lambda _: self.run())
         self.widget = W.VBox([W.HBox([self.formats, self.contexts, W.VBox([self.sources, self.chunks, self.button])]),
-                              self.status, self.out])
+                              self.status, self.out, self.plot])
 
     def settings(self) -> dict:
         """The study's keyword arguments from the controls (a clear error when a choice is empty)."""
@@ -91,9 +95,11 @@ class StudyPanel:
         self.status.value = f"{html.escape(what)}: done in {took:.0f} s"
         d = self.df[self.df["source"] == "all"] if (self.df["source"] == "all").any() else self.df
         self.out.outputs = ()
-        for shown in (fit_table(d, [c for c in TABLE_COLUMNS if c in d.columns]), pareto(self.df),
-                      prose.format_errors(self.df), prose.context_trend(self.df)):
+        for shown in (fit_table(d, [c for c in TABLE_COLUMNS if c in d.columns]), prose.format_errors(self.df),
+                      prose.context_trend(self.df)):
             self.out.append_display_data(shown)
+        self.plot.figure = pareto(self.df)
+        self.plot.send_figure()
         return self.df
 
     def _ipython_display_(self) -> None:
