@@ -303,7 +303,7 @@ def figure_problems(fig, *, count_axes: Iterable[str] = (), min_height: int = MI
 def _cell_px(s: str, wrap: bool) -> float:
     s = _plain(str(s))
     parts = re.split(r"\s+", s) if wrap else [s]
-    return max((len(p) for p in parts), default=0) * 13 * CHAR_EM + 14  # 13-px table font, padding
+    return max((len(p) for p in parts), default=0) * 13 * 0.6 + 20  # 13-px table font, padding and border
 
 
 def table_width(table) -> float:

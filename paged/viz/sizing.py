@@ -20,7 +20,7 @@ ROW_PX = 22            # px per heatmap row (>= MIN_ROW_PX with room for a label
 MIN_ROW_PX = 12        # below this, labels are skipped and rows blur together
 MIN_HEIGHT = 160       # no figure is shorter
 MIN_COLORBAR_PX = 110  # a colour bar shorter than this overprints its tick labels
-CONTENT_WIDTH = 1150   # px of a notebook output on a 1366-px screen (prompt column and margins taken)
+CONTENT_WIDTH = 950    # px of a notebook output on a 1366-px screen with JupyterLab's file browser open
 INTEGER_SPAN = 10      # plotly's automatic ticks are integers on a span of at least this
 
 

@@ -61,8 +61,8 @@ def fit_table(df: pd.DataFrame, columns: Sequence[str] | None = None, *, digits:
             from paged.errors import ConfigError
             raise ConfigError(f"fit_table: no columns {missing} in the table; it has {list(df.columns)}")
         df = df[list(columns)]
-    if index is None:
-        index = not (isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1)
+    if index is None:  # an index of row numbers (a RangeIndex, or what is left of one after a filter) says nothing
+        index = df.index.name is not None or not pd.api.types.is_integer_dtype(df.index)
     shown = df.rename(columns=_header)
     if index and df.index.name:
         shown.index = shown.index.rename(_header(df.index.name))
@@ -71,7 +71,7 @@ def fit_table(df: pd.DataFrame, columns: Sequence[str] | None = None, *, digits:
         sty = sty.hide(axis="index")
     # words stay whole (a header wraps between words); only a word longer than a cell breaks
     cell = [("white-space", "normal"), ("overflow-wrap", "break-word"), ("max-width", f"{max_cell_em}em"),
-            ("text-align", "right"), ("vertical-align", "top")]
+            ("vertical-align", "top")]  # numbers keep the notebook's right alignment; text columns go left below
     sty = sty.set_table_styles([
         {"selector": "th", "props": cell + [("text-align", "left"), ("min-width", "3em")]},
         {"selector": "td", "props": cell},
