@@ -63,15 +63,8 @@ def tokenizer(model_dir):
 
 def settle(src, quiet: float = 0.4, timeout: float = 10.0) -> None:
     """Wait until no batch arrived for ``quiet`` seconds (what the server published is applied)."""
-    deadline = time.monotonic() + timeout
-    last, since = src.status.get("batches"), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        n = src.status.get("batches")
-        if n != last:
-            last, since = n, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return
+    from paged.studies.beside_vllm import settle as _settle
+    _settle(src, quiet, timeout)
 
 
 def test_live_source_follows_a_real_vllm_server(server, tokenizer):
