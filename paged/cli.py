@@ -83,7 +83,7 @@ def _sim_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _trace_keys(args: argparse.Namespace) -> dict[str, Any]:
-    """The workload flags as ``paged.sim.studies.trace_for`` keys."""
+    """The workload flags as ``paged.studies.grid.trace_for`` keys."""
     return dict(workload=args.workload, num_requests=args.num_requests, rate=args.rate, arrival=args.arrival,
                 cv=args.cv, num_prefixes=args.num_prefixes, prefix_tokens=args.prefix_tokens,
                 prefix_fraction=args.prefix_fraction, trace=args.trace, trace_seed=args.seed)
@@ -120,7 +120,7 @@ def json_safe(summary: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from paged.sim.simulator import SimConfig, Simulator
-    from paged.sim.studies import trace_for
+    from paged.studies.grid import trace_for
 
     sim = Simulator(SimConfig(**_sim_kwargs(args)))
     tr = trace_for(_trace_keys(args), sim.max_model_len)
@@ -154,7 +154,7 @@ def _parse_value(v: str) -> Any:
 def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
     """``["block_size=8,16", "allocator=paged"]`` -> ``{"block_size": [8, 16], "allocator": ["paged"]}``."""
     from paged.sim.simulator import SimConfig
-    from paged.sim.studies import TRACE_KEYS
+    from paged.studies.grid import TRACE_KEYS
 
     fields = {f.name for f in dataclasses.fields(SimConfig)} | set(TRACE_KEYS)
     grid: dict[str, list[Any]] = {}
@@ -191,7 +191,7 @@ def _sim_kinds() -> dict[str, type]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from paged.sim.studies import run_grid
+    from paged.studies.grid import run_grid
 
     base = {**_sim_kwargs(args), **_trace_keys(args)}
     del base["trace_seed"]  # the seed is a SimConfig field: a swept seed reseeds the trace too
@@ -226,7 +226,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The embedded model through our paged cache on this machine, then the simulated studies."""
-    from paged.report import demo_report
+    from paged.studies.demo import demo_report
 
     md, path = demo_report(args.out, num_requests=args.num_requests, jobs=args.jobs, model=args.model,
                            engine_requests=args.engine_requests, engine_blocks=args.engine_blocks,

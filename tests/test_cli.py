@@ -59,7 +59,7 @@ def test_demo_writes_report(tmp_path):
     md = (tmp_path / "simulation.md").read_text()
     assert "Memory story" in md and "interference" in md and "contiguous-max" in md
     mem = pd.read_csv(tmp_path / "memory_story.csv")
-    assert list(mem["allocator"]) == ["paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle"]
+    assert list(mem["allocator"]) == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"]
     assert len(pd.read_csv(tmp_path / "interference.csv")) == 4
 
 

@@ -132,3 +132,48 @@ def test_only_paged_viz_imports_plotly_or_ipywidgets():
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
                           if n.split(".")[0] in ("plotly", "ipywidgets", "anywidget")]
     assert not offenders, f"plotly/ipywidgets imported outside paged/viz: {offenders}"
+
+
+def _all_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in a file, lazy ones inside functions included."""
+    base = list(path.relative_to(ROOT).parts[:-1])  # the package a relative import starts from
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                prefix = ".".join(base[:len(base) - node.level + 1])
+                src = f"{prefix}.{node.module}" if node.module else prefix
+            else:
+                src = node.module or ""
+            out += [(node.lineno, f"{src}.{a.name}") for a in node.names]
+    return out
+
+
+def _offenders(files, forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{p.relative_to(ROOT)}:{line} {name}" for p in files for line, name in _all_imports(p)
+            if any(name == f or name.startswith(f + ".") for f in forbidden)]
+
+
+def test_studies_sit_above_the_executors_and_below_the_views():
+    """Data flows one way: executors -> records -> studies -> views. Nothing below paged.studies
+    imports it (lazily either), a study never imports a view, and paged.cli is the one caller above."""
+    below = [p for p in sorted((ROOT / "paged").rglob("*.py"))
+             if not {"studies", "viz"} & set(p.relative_to(ROOT / "paged").parts) and p.name != "cli.py"]
+    below += sorted((ROOT / "kernels").rglob("*.py"))
+    assert len(below) > 50
+    bad = _offenders(below, ("paged.studies", "paged.viz"))
+    assert not bad, f"modules below paged.studies import a study or a view: {bad}"
+    studies = sorted((ROOT / "paged" / "studies").rglob("*.py"))
+    assert len(studies) > 10
+    bad = _offenders(studies, ("paged.viz",))
+    assert not bad, f"studies import views (a study returns frames; paged.viz draws them): {bad}"
+
+
+def test_views_run_no_executor():
+    """paged.viz draws frames, snapshots and study results: it never imports an executor or the
+    runs that step one (lazy imports included). Running is a study's job (paged.studies)."""
+    views = sorted((ROOT / "paged" / "viz").rglob("*.py"))
+    bad = _offenders(views, ("paged.engine", "paged.sim.simulator", "paged.runs"))
+    assert not bad, f"views import an executor; move the runner to paged/studies/: {bad}"

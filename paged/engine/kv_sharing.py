@@ -7,7 +7,7 @@ layers only for *owner* layers (those not in the map), the byte budget counts on
 call of a shared layer writes nothing and attends with its own queries over the owner's keys
 and values. This is Cross-Layer Attention (CLA; Brandon et al. 2024), which trains models with
 the sharing in place; applied to a pretrained model it changes the function (see
-:mod:`paged.quant.sharing` for the measured cost).
+:mod:`paged.studies.sharing` for the measured cost).
 
 A shared layer's own K/V projections are computed and ignored: the model fuses q/k/v into one
 matmul and knows nothing of the cache layout, so dropping them would need a per-layer model

@@ -40,7 +40,7 @@ from paged.sim.specs import GiB, ModelSpec, get_gpu, get_model, kv_cache_sizing
 from paged.sim.summary import summarize
 from paged.sim.workload import normalize_trace
 
-ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+ALLOCATORS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")  # as the vLLM paper draws them
 DUMMY_TOKEN = 17  # first non-control id of SmolLM2's vocabulary; never a stop token here
 
 

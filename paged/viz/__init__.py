@@ -44,7 +44,9 @@ Three layers (each usable alone):
 
 Study figures beside the three layers: `paged.viz.quant` (the KV-quantization study: pareto,
 error_vs_context, survival_curves, layer_heatmap, key_outlier_heatmap, live_side_by_side) and one
-module per ablation (budget, compaction, fragmentation, preemption, prefix, tiers).
+module per study of `paged.studies` (budget, compaction, fragmentation, preemption, prefix, tiers):
+each takes the frames a study returns and draws them; nothing here runs an executor (the studies
+do; `tests/test_imports.py` checks it).
 
 Replay (`paged.replay`): `save(run, path)`, `load(path)` -> `Recording` (same `rows`, `events`,
 `snapshot(i)` as a run, deterministic), `to_chrome_trace(run_or_recording, path)` for ui.perfetto.dev.

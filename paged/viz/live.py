@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from paged.runs import STEP_COLUMNS
+from paged.telemetry import STEP_COLUMNS
 from . import figures as F
 from .buffers import CachedDecoder, RingBuffer, counts_text as _counts, widgets_available
 

@@ -1,4 +1,5 @@
-"""Plotly figures of the KV quantization study, and the engine generating under two formats.
+"""Plotly figures of the KV quantization study, and a live view of the engine generating under two
+formats (``paged.studies.kv_formats.side_by_side``, redrawn after every step).
 
 Every figure function takes the DataFrames of :func:`paged.quant.study` /
 :mod:`paged.quant.diagnostics` and returns a ``plotly.graph_objects.Figure``; nothing is computed here.
@@ -15,7 +16,7 @@ import plotly.graph_objects as go
 from paged.quant.metrics import survival
 
 __all__ = ["pareto", "error_vs_context", "survival_curves", "layer_heatmap", "key_outlier_heatmap",
-           "side_by_side", "render", "live_side_by_side"]
+           "render", "live_side_by_side"]
 
 
 def _all(df: pd.DataFrame) -> pd.DataFrame:
@@ -92,35 +93,6 @@ def key_outlier_heatmap(channels: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), max_tokens: int = 40, *,
-                 model=None, on_token=None) -> pd.DataFrame:
-    """Generate ``prompt`` greedily with the real engine under each engine format
-    (``paged.LLM(kv_cache_dtype=...)``, or a served study name such as ``"kivi_g32/int4"``: see
-    :func:`paged.quant.schemes.engine_settings`), stepping the engines in lockstep; ``on_token(texts)``
-    is called after every step with the texts so far (for a live view, see :func:`render`)."""
-    from paged.engine.llm import LLM
-    from paged.engine.sampling import SamplingParams
-    from paged.quant.runs import load
-    lm = load(model)
-    from paged.quant.schemes import engine_settings
-    settings = [{"block_size": 16, **engine_settings(f)} for f in formats]  # study-only names fail here
-    engines = [LLM(lm, num_blocks=64, **kw).engine for kw in settings]
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    for e in engines:
-        e.add_request("same-prompt", prompt, sp)
-    toks: list[list[int]] = [[] for _ in engines]
-    while any(e.has_unfinished_requests() for e in engines):
-        for i, e in enumerate(engines):
-            if e.has_unfinished_requests():
-                out = e.step()
-                toks[i] += [t for sid, t in out.new_tokens.items() if sid == "same-prompt"]
-        if on_token is not None:
-            on_token(formats, [lm.tokenizer.decode(t) for t in toks], toks)
-    first = next((j for j, ab in enumerate(zip(*toks)) if len(set(ab)) > 1), min(map(len, toks)))
-    return pd.DataFrame({"format": list(formats), "text": [lm.tokenizer.decode(t) for t in toks],
-                         "num_tokens": [len(t) for t in toks], "first_divergence": first})
-
-
 def render(formats: Sequence[str], texts: Sequence[str], toks: Sequence[Sequence[int]], tokenizer=None) -> str:
     """HTML: one column per format; tokens after the first disagreement are highlighted."""
     first = next((j for j, ab in enumerate(zip(*toks)) if len(set(ab)) > 1), None)
@@ -139,9 +111,11 @@ def render(formats: Sequence[str], texts: Sequence[str], toks: Sequence[Sequence
 
 def live_side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), max_tokens: int = 40, *,
                       model=None) -> pd.DataFrame:
-    """:func:`side_by_side` with a notebook view updated after every engine step."""
+    """:func:`paged.studies.kv_formats.side_by_side` with a notebook view updated after every engine step."""
     from IPython.display import HTML, display
+
     from paged.quant.runs import load
+    from paged.studies.kv_formats import side_by_side
     lm = load(model)
     handle = display(HTML("<i>starting the engines...</i>"), display_id=True)
 

@@ -1,8 +1,8 @@
 """Figures for notebook 08 (tiers, swap, sharing): pure functions, study DataFrame -> go.Figure.
 
-    tier_figure(paged.sim.tiers.tier_study(...))            blocks moved and hit rates per variant
-    streaming_figure(paged.sim.offload.streaming_study(...)) throughput vs TBT of each streaming variant
-    sharing_figure(paged.quant.sharing.sharing_study(...))  cost vs memory saved (k pairs) and vs JS distance (pairs)
+    tier_figure(paged.studies.host_tier.tier_study(...))        blocks moved and hit rates per variant
+    streaming_figure(paged.studies.offload.streaming_study(...)) throughput vs TBT of each streaming variant
+    sharing_figure(paged.studies.sharing.sharing_study(...))    cost vs memory saved (k pairs) and vs JS distance
 
 Each reads only the study's documented columns and draws what it finds (a study run at toy size
 still gives a figure); SVG traces only.

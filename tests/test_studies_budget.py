@@ -1,4 +1,5 @@
-"""paged.viz.budget: the sizing formula, preallocation waste, and circulating figures recomputed."""
+"""paged.studies.budget: the sizing formula, preallocation waste, and circulating figures recomputed;
+its figures and panel (paged.viz.budget)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 
 from paged.errors import ConfigError
 from paged.sim.specs import get_model
-from paged.viz import budget as B
+from paged.studies import budget as B
+from paged.viz import budget as BV
 
 
 def test_formula_matches_the_package_sizing_rule() -> None:
@@ -60,19 +62,19 @@ def test_paged_waste_is_only_the_last_block() -> None:
 
 
 def test_figures_carry_the_numbers() -> None:
-    f = B.kv_growth_figure("llama-2-70b", 4096, batch=2)
+    f = BV.kv_growth_figure("llama-2-70b", 4096, batch=2)
     assert f.data[1].y[0] == pytest.approx(2 * 1.342, abs=1e-2)
     assert np.allclose(np.diff(np.diff(f.data[0].y)), 0, atol=1e-9)  # a straight line
-    g = B.kv_format_figure("llama-2-70b", 4096, formats=("fp16", "fp8"))
+    g = BV.kv_format_figure("llama-2-70b", 4096, formats=("fp16", "fp8"))
     assert g.data[0].y[1] == pytest.approx(g.data[0].y[0] / 2)
-    w = B.waste_curve_figure(4096, 16)
+    w = BV.waste_curve_figure(4096, 16)
     assert max(w.data[1].y) < 100 and w.data[0].y[0] == pytest.approx(100 * (1 - 1 / 4096))
-    p = B.preallocation_figure([100, 300], max_len=1000, block_size=16)
+    p = BV.preallocation_figure([100, 300], max_len=1000, block_size=16)
     assert p.data[0].y[0] == 400 and p.data[1].y[0] == 1600 and p.data[1].y[1] == 16 * (7 + 19) - 400
 
 
 def test_panel_redraws_on_a_slider_change() -> None:
-    panel = B.budget_panel("llama-2-70b", 4096, 1)
+    panel = BV.budget_panel("llama-2-70b", 4096, 1)
     growth = panel.children[3]
     before = growth.data[1].y[0]
     panel.children[1].children[1].value = 4  # batch
@@ -84,6 +86,6 @@ def test_tensor_parallel_splits_kv_heads_and_a_bad_split_is_shown() -> None:
     one, four = B.batch_budget("llama-2-70b", 4096, 1), B.batch_budget("llama-2-70b", 4096, 1, tensor_parallel=4)
     assert four["bytes_per_request"] == pytest.approx(one["bytes_per_request"] / 4)
     assert one["kv_room_bytes"] == 0 and four["kv_room_bytes"] > 0
-    panel = B.budget_panel("llama-2-70b", 4096, 1, tensor_parallel=4)
+    panel = BV.budget_panel("llama-2-70b", 4096, 1, tensor_parallel=4)
     panel.children[0].children[0].value = "smollm2-135m"  # 3 KV heads do not split over 4 GPUs
     assert "tensor_parallel=4" in panel.children[2].value

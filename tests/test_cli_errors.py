@@ -114,13 +114,13 @@ def test_negative_swap_space_names_the_flag(capsys):
 
 
 def test_demo_engine_blocks_too_few_names_the_demo_flag(capsys, tmp_path, monkeypatch):
-    import paged.demo
+    import paged.studies.demo
     import paged.models
     from paged.errors import InvalidRequestError
 
     def too_small(*a, **k):
         raise InvalidRequestError("request 'gen-1': ... exceed the KV cache of 1 blocks x 16 = 16 tokens")
     monkeypatch.setattr(paged.models, "load_model", lambda model: None)
-    monkeypatch.setattr(paged.demo, "engine_run", too_small)
+    monkeypatch.setattr(paged.studies.demo, "engine_run", too_small)
     err = _error(capsys, ["demo", "--out", str(tmp_path / "r"), "-n", "10", "--engine-blocks", "1"], "--engine-blocks")
     assert "max_model_len" not in err

@@ -1,4 +1,4 @@
-"""paged.quant.sharing.sharing_study on a tiny random Llama: the table's shape and invariants
+"""paged.studies.sharing.sharing_study on a tiny random Llama: the table's shape and invariants
 (base row has zero error, memory scales with owner layers, the real engine fits
 num_layers / num_owners times the blocks), and the study's layer-skipping prefill equals a
 full forward pass."""
@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 from paged.errors import ConfigError  # noqa: E402
 from paged.models import load_model  # noqa: E402
 from paged.models.testing import make_tiny_checkpoint  # noqa: E402
-from paged.quant import sharing  # noqa: E402
+from paged.studies import sharing  # noqa: E402
 
 TEXTS = {"a": [(i * 7) % 250 + 1 for i in range(200)]}
 

@@ -1,4 +1,5 @@
-"""paged.viz.fragmentation: allocators on one trace, token shares vs the paper, figures carry the data."""
+"""paged.studies.fragmentation: allocators on one trace, token shares vs the paper; its figures
+(paged.viz.fragmentation) carry the data."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pandas as pd
 import pytest
 
 from paged.errors import ConfigError
-from paged.viz import fragmentation as F
+from paged.studies import fragmentation as F
+from paged.viz import fragmentation as FF
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +43,13 @@ def test_pool_share_is_held_over_pool_while_requests_wait() -> None:
 
 
 def test_figures_carry_the_numbers(results) -> None:
-    fig = F.reserved_vs_held_figure(results)
+    fig = FF.reserved_vs_held_figure(results)
     assert len(fig.data) == 2 * len(results)
     r = results["paged"]
-    d = F.held_and_reserved(r.steps, r.summary["kv_capacity_tokens"])
+    d = FF.held_and_reserved(r.steps, r.summary["kv_capacity_tokens"])
     assert (d["held"] <= d["reserved"] + 1e-9).all()
     table = F.token_share_table(results)
-    bars = F.token_share_figure(table)
+    bars = FF.token_share_figure(table)
     assert list(bars.data[1].y) == pytest.approx([20.4, 26.8, 38.2, 96.3])
 
 
@@ -55,7 +57,7 @@ def test_block_size_sweep_fragmentation_grows_with_block_size() -> None:
     sw = F.block_size_sweep((1, 16, 256), trace=F.shared_trace("sharegpt", 40, seed=2))
     frag = sw["internal_fragmentation"].to_numpy()
     assert frag[0] == pytest.approx(0.0) and frag[0] < frag[1] < frag[2]
-    assert len(F.block_size_figure(sw).data) == 2
+    assert len(FF.block_size_figure(sw).data) == 2
 
 
 def test_engine_tables_from_step_rows() -> None:
@@ -67,4 +69,4 @@ def test_engine_tables_from_step_rows() -> None:
     t = F.engine_share_table(st).set_index("block_size")
     assert t.loc[4, "token_share_paged"] == pytest.approx(17 / 20)
     assert t.loc[64, "token_share_contiguous_max"] == pytest.approx(48 / 1024)
-    assert len(F.engine_usage_figure(st).data) == 3
+    assert len(FF.engine_usage_figure(st).data) == 3

@@ -34,10 +34,10 @@ import pandas as pd
 import torch
 
 from paged.errors import ConfigError
-from .attention import attend
-from .metrics import TokenStats, summarize, token_stats
-from .runs import greedy_many, load
-from .text import load_texts, make_chunks, scored_slice
+from paged.quant.attention import attend
+from paged.quant.metrics import TokenStats, summarize, token_stats
+from paged.quant.runs import greedy_many, load
+from paged.quant.text import load_texts, make_chunks, scored_slice
 
 __all__ = ["SharedKVAttention", "js_distance", "disjoint_pairs", "sharing_memory", "sharing_study",
            "similarity_rank_correlation", "sharing_claim", "sharing_verdict"]

@@ -28,9 +28,9 @@ import torch
 
 from paged.errors import PagedError
 
-from .metrics import TokenStats, summarize, token_stats
-from .runs import load
-from .text import load_texts, make_chunks
+from paged.quant.metrics import TokenStats, summarize, token_stats
+from paged.quant.runs import load
+from paged.quant.text import load_texts, make_chunks
 
 __all__ = ["swap_error_study"]
 

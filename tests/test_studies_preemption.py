@@ -1,4 +1,5 @@
-"""paged.viz.preemption: swap vs recompute costs from the cost model, simulated modes, figures."""
+"""paged.studies.preemption: swap vs recompute costs from the cost model, simulated modes; its
+figures (paged.viz.preemption)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pandas as pd
 import pytest
 
 from paged.sim.specs import get_gpu, get_model
-from paged.viz import preemption as R
+from paged.studies import preemption as R
+from paged.viz import preemption as RV
 
 
 def test_cost_table_prices_bytes_over_pcie_and_hbm() -> None:
@@ -19,7 +21,7 @@ def test_cost_table_prices_bytes_over_pcie_and_hbm() -> None:
     assert c["swap_out_and_in_s"].iloc[0] >= 2 * 1024 * per_tok / g.pcie_bandwidth  # at most full PCIe speed
     assert c["hbm_GBps"].iloc[0] / c["pcie_GBps"].iloc[0] == pytest.approx(2039 / 32)
     assert (c["recompute_s"].diff().dropna() > 0).all()  # more tokens, more prefill
-    assert len(R.cost_figure(c).data) == 3
+    assert len(RV.cost_figure(c).data) == 3
 
 
 def test_simulated_modes_finish_the_trace() -> None:
@@ -30,7 +32,7 @@ def test_simulated_modes_finish_the_trace() -> None:
 
 def test_modes_figure_marks_preemptions() -> None:
     st = pd.DataFrame({"step": [1, 2, 3], "num_used_blocks": [4, 5, 3], "num_preempted": [0, 1, 0]})
-    fig = R.modes_figure({"reference": st.assign(num_preempted=0), "swap": st})
+    fig = RV.modes_figure({"reference": st.assign(num_preempted=0), "swap": st})
     assert len(fig.data) == 3 and list(fig.data[2].x) == [2]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from paged.sim.offload import VARIANTS, offload_study, streaming_study, verdicts
+from paged.studies.offload import VARIANTS, claim_table, offload_study, streaming_study, verdicts
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def tiny(tmp_path_factory):
 
 
 def test_swap_error_study_measures_only_the_codec(tiny):
-    from paged.quant.swap_error import swap_error_study
+    from paged.studies.swap_error import swap_error_study
     g = torch.Generator().manual_seed(0)
     texts = {"r": torch.randint(0, 256, (6 * 64,), generator=g).tolist()}
     df = swap_error_study(tiny, texts=texts, num_requests=6, context_length=64, block_size=4, greedy_tokens=32,
@@ -60,7 +60,7 @@ def test_streaming_study_orders_the_variants():
 
 
 def test_engine_swap_study_and_claim_table(tiny, off):
-    from paged.engine.swap_study import claim_table, engine_swap_study
+    from paged.studies.preemption import engine_swap_study
     df = engine_swap_study(tiny, num_requests=6, prompt_len=24, max_tokens=16, block_size=4, max_num_seqs=4)
     v = df.set_index("variant")
     assert v.loc["swap sync", "num_preemptions"] > 0 and v.loc["swap sync", "swapped_blocks"] > 0

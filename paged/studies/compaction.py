@@ -1,6 +1,7 @@
 """Does block compaction pay on this engine? The measurements behind ``benchmarks/compaction.py``
 and notebook 08 (each returns a DataFrame; the two sides of every ratio run in the same call,
-alternating, best of ``rounds`` thread-CPU times, so drifting load on shared cores hits both alike).
+alternating, best of ``rounds`` thread-CPU times, so drifting load on shared cores hits both alike),
+what the passes cost at scale in the simulator, and one pass shown on the block pool.
 
 - ``read_table``: the same K/V read through scattered block tables (a random permutation: the worst
   fragmentation) and contiguous ones (what a pass produces). ``slots`` = the engine's CPU path
@@ -21,23 +22,39 @@ alternating, best of ``rounds`` thread-CPU times, so drifting load on shared cor
   copies, and whether the greedy outputs are identical.
 - ``verdict``: read time saved per step (linear in the breaks a pass removes) x steps a pass serves,
   against the pass's cost.
+- ``compaction_sim_table``: the simulator, where the same scheduler and manager run the passes and
+  the cost model charges each copied block like a copy-on-write copy (HBM read + write of the
+  block's bytes); it credits no speed-up for contiguous tables (none was measured on this engine,
+  above), so the simulated question is only what the copies cost at scale.
+- ``compaction_snapshots``: a small workload under the scheduler (no model: block tables only)
+  run until its running requests are fragmented, the pool snapshotted, one pass run and the pool
+  snapshotted again (``CompactionDemo``; drawn by ``paged.viz.compaction.compaction_grids``);
+  ``runs_frame`` lists each request's own-block runs before and after. The "after" snapshot
+  holds the same requests, tokens and ref counts as "before" (only block ids change); a
+  request's runs after the pass are 1 unless the pass skipped it.
 """
 from __future__ import annotations
 
-import math
 import random
 import statistics
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+import pandas as pd
 import torch
 
 from paged._kernels import kernels
+from paged.core.compaction import CompactionPlan, count_runs, own_blocks
 from paged.core.kv_manager import KVCacheManager
 from paged.core.request import Request
 from paged.core.scheduler import Scheduler, SchedulerConfig
+from paged.core.snapshot import KVSnapshot
+from paged.studies.engine_setup import study_model
 
-__all__ = ["read_table", "copy_table", "engine_table", "verdict"]
+__all__ = ["CompactionDemo", "compaction_sim_table", "compaction_snapshots", "copy_table", "engine_table",
+           "read_table", "runs_frame", "verdict"]
 
 
 def _times(fns: Sequence[Callable[[], object]], rounds: int) -> tuple[list[float], list[list[float]]]:
@@ -79,7 +96,6 @@ def read_table(contexts: Sequence[int] = (256, 1024, 4096), block_sizes: Sequenc
                batch: int = 4, q_heads: int = 9, kv_heads: int = 3, head_dim: int = 64, rounds: int = 15,
                gpu: bool | None = None):
     """Scattered vs contiguous tables over the same data, one row per (context, block size)."""
-    import pandas as pd
     h, d = kv_heads, head_dim
     rows = []
     for ctx in contexts:
@@ -166,7 +182,6 @@ def _drive(on: bool, requests: int, num_blocks: int, threshold: float, interval:
 def copy_table(requests: int = 120, num_blocks: int = 1200, *, threshold: float = 0.25, interval: int = 16,
                layers: int = 30, kv_heads: int = 3, head_dim: int = 64, seed: int = 0):
     """One row: what compaction did on the workload and what its passes cost (see module docstring)."""
-    import pandas as pd
     on = _drive(True, requests, num_blocks, threshold, interval, seed)
     off = _drive(False, requests, num_blocks, threshold, interval, seed)
     cache = [kernels.allocate_kv_cache(num_blocks, 16, kv_heads, head_dim, "fp32", dtype=torch.float32)
@@ -212,18 +227,11 @@ def engine_table(model=None, *, layers: int = 2, requests: int = 16, max_tokens:
     """Compaction off vs on on the real engine path (see module docstring); ``model``: a
     ``LoadedModel`` (default: a random checkpoint of SmolLM2-135M's layer shape with ``layers`` layers,
     written with ``paged.models.testing.make_tiny_checkpoint``, which needs ``transformers``)."""
-    import tempfile
-
-    import pandas as pd
-
     from paged.engine.llm import LLM
     from paged.engine.sampling import SamplingParams
-    from paged.models import load_model
-    if model is None:
-        from paged.models.testing import make_tiny_checkpoint
-        model = load_model(make_tiny_checkpoint(tempfile.mkdtemp(prefix="paged-compaction-"), "llama",
-                                                vocab_size=512, hidden_size=576, intermediate_size=1536,
-                                                num_layers=layers, num_heads=9, num_kv_heads=3, head_dim=64))
+
+    model = study_model(model, prefix="paged-compaction-", vocab_size=512, hidden_size=576, intermediate_size=1536,
+                        num_layers=layers, num_heads=9, num_kv_heads=3, head_dim=64)
     rng = random.Random(seed)
     vocab = model.config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(16, 64))] for _ in range(requests)]
@@ -259,3 +267,80 @@ def engine_table(model=None, *, layers: int = 2, requests: int = 16, max_tokens:
                    cpu_ratio_max=float((off_rows["cpu_s"] / on_rows["cpu_s"]).max()),
                    wall_ratio=float((off_rows["wall_s"] / on_rows["wall_s"]).median()))
     return pd.DataFrame([summary])
+
+
+# ----------------------------------------------------------------------------------------------
+# At scale (the simulator) and on the block pool (one pass, before and after)
+# ----------------------------------------------------------------------------------------------
+
+
+def compaction_sim_table(requests: int = 400, *, model: str = "llama-2-7b", gpu: str = "a100-80gb",
+                         num_blocks: int = 3000, threshold: float = 0.05, interval: int = 16,
+                         seed: int = 0) -> pd.DataFrame:
+    """The simulator (see module docstring): one row per setting (off, on) of a Poisson workload
+    (20 req/s, prompts 32-1023, outputs 32-511 tokens): steps, passes, copies, GiB copied,
+    simulated seconds and output throughput."""
+    from paged.sim.simulator import SimConfig, Simulator
+
+    rng = np.random.default_rng(seed)
+    trace = pd.DataFrame(dict(arrival_time=np.cumsum(rng.exponential(0.05, requests)),
+                              prompt_tokens=rng.integers(32, 1024, requests),
+                              output_tokens=rng.integers(32, 512, requests)))
+    rows = []
+    for on in (False, True):
+        cfg = SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, enable_block_compaction=on,
+                        compaction_threshold=threshold, compaction_interval=interval, seed=seed)
+        sim = Simulator(cfg)
+        r = sim.run(trace)
+        s = r.steps
+        copies = int(s["num_compaction_copies"].sum())
+        rows.append(dict(compaction=on, model=model, gpu=gpu, steps=len(s),
+                         passes=int((s["num_compaction_copies"] > 0).sum()), copies=copies,
+                         gib_copied=copies * sim.block_bytes / 2**30,
+                         sim_seconds=float(s["step_time_s"].sum()), throughput_tok_s=r.summary["throughput_tok_s"]))
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class CompactionDemo:
+    """Two snapshots around one pass, the pass's plan, and the running order it used."""
+
+    before: KVSnapshot
+    after: KVSnapshot
+    plan: CompactionPlan
+    order: list[str] = field(default_factory=list)
+
+
+def compaction_snapshots(num_blocks: int = 192, block_size: int = 4, num_requests: int = 10, *,
+                         steps: int = 40, drop_cached: bool = False, seed: int = 0) -> CompactionDemo:
+    """Run ``num_requests`` requests (half share a system prompt) for ``steps`` steps with
+    compaction off, then one pass (see module docstring). Deterministic for a seed."""
+    rng = random.Random(seed)
+    kv = KVCacheManager(num_blocks, block_size)
+    sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=num_requests))
+    system = [rng.randrange(100) for _ in range(3 * block_size)]
+    for i in range(num_requests):
+        prompt = (system if i % 2 else []) + [rng.randrange(100) for _ in range(rng.randint(2, 6 * block_size))]
+        sched.add_request(Request(f"r{i}", prompt, max_tokens=rng.randint(steps // 2, 4 * steps)))
+    for _ in range(steps):
+        if not sched.has_unfinished_requests():
+            break
+        plan = sched.schedule()
+        sched.update(plan, {c.request_id: rng.randrange(100) for c in plan.scheduled if c.samples})
+        sched.take_finished()
+    order = [r.request_id for r in sched.running]
+    before = kv.snapshot(sched.requests)
+    kv.compact(order, drop_cached=drop_cached)
+    after = kv.snapshot(sched.requests)
+    return CompactionDemo(before, after, kv.last_compaction, order)
+
+
+def runs_frame(demo: CompactionDemo) -> pd.DataFrame:
+    """One row per running request: own blocks and their runs before and after the pass."""
+    def own(snap: KVSnapshot) -> dict[str, list[int]]:
+        tables = [(rid, snap.table(rid).tolist()) for rid in demo.order]
+        return dict(own_blocks(tables))
+
+    b, a = own(demo.before), own(demo.after)
+    return pd.DataFrame([dict(request_id=r, own_blocks=len(b[r]), runs_before=count_runs(b[r]),
+                              runs_after=count_runs(a[r])) for r in demo.order])

@@ -1,10 +1,12 @@
-"""The compaction figure and the measurement functions behind benchmarks/compaction.py (small shapes)."""
+"""paged.studies.compaction (the measurements behind benchmarks/compaction.py, small shapes; the
+simulated cost; a before/after pass) and its figure (paged.viz.compaction)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from paged.viz.compaction import compaction_grids, compaction_snapshots, runs_frame
+from paged.studies.compaction import compaction_snapshots, runs_frame
+from paged.viz.compaction import compaction_grids
 
 
 def test_before_after_snapshots_hold_the_same_requests_and_the_figure_draws_both():
@@ -23,7 +25,7 @@ def test_before_after_snapshots_hold_the_same_requests_and_the_figure_draws_both
 
 
 def test_measurement_functions_return_their_tables():
-    from paged.engine.compaction_bench import copy_table, read_table, verdict
+    from paged.studies.compaction import copy_table, read_table, verdict
     reads = read_table((32, 64), (16,), batch=2, rounds=1, gpu=False)
     assert len(reads) == 2 and (reads["slots_ratio"] > 0).all()
     copies = copy_table(16, 300, threshold=0.0, interval=4, layers=1)
@@ -34,7 +36,7 @@ def test_measurement_functions_return_their_tables():
 
 def test_engine_table_runs_both_ways(tmp_path):
     pytest.importorskip("transformers")
-    from paged.engine.compaction_bench import engine_table
+    from paged.studies.compaction import engine_table
     from paged.models import load_model
     from paged.models.testing import make_tiny_checkpoint
     model = load_model(make_tiny_checkpoint(tmp_path, "llama", num_heads=4, num_kv_heads=2, head_dim=16))
@@ -43,7 +45,7 @@ def test_engine_table_runs_both_ways(tmp_path):
 
 
 def test_simulated_compaction_costs_only_copies():
-    from paged.sim.compaction import compaction_sim_table
+    from paged.studies.compaction import compaction_sim_table
     t = compaction_sim_table(60)
     off, on = t.iloc[0], t.iloc[1]
     assert off["copies"] == 0 and on["copies"] > 0 and on["gib_copied"] > 0
