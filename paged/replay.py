@@ -48,6 +48,10 @@ class Recording(RecordFrames):
     def snapshot_steps(self) -> list[int]:
         return sorted(self.snapshots)
 
+    def snapshot_at(self, step: int) -> KVSnapshot:
+        """The kept snapshot at or before `step` (what a replay shows at that step)."""
+        return self.snapshot(step)
+
     def snapshot(self, step: int | None = None) -> KVSnapshot:
         """The last kept snapshot at or before `step` (default: the last one); a `step` before the
         first kept snapshot gets the first one (a replay slider starts there)."""

@@ -78,17 +78,65 @@ class _Run(RecordFrames):
         self._written: list[int] = []
         self.done = False
         self.snapshot_stride = 0               # keep_snapshots(k): a snapshot every k steps
+        self.max_snapshots: int | None = None  # keep_snapshots(..., max_snapshots): thin beyond this
         self.snapshots: dict[int, Any] = {}    # step index (len(rows)) -> KVSnapshot
+        self._notable: set[int] = set()        # steps whose snapshot thinning keeps (key moments)
+        self._peak = 0.0
 
-    def keep_snapshots(self, stride: int = 1) -> "_Run":
-        """Keep a snapshot after every `stride`-th step (for paged.replay); 0 stops."""
-        self.snapshot_stride = stride
+    def keep_snapshots(self, stride: int = 1, max_snapshots: int | None = None) -> "_Run":
+        """Keep a snapshot after every `stride`-th step and after every step with a key moment
+        (copy-on-write, preemption, swap, tier move, compaction, a new usage peak, the first prefix
+        hit: ``paged.story``), for replays; 0 stops. With `max_snapshots`, when more are kept the
+        regular ones are thinned (every other one dropped, the stride doubled), then the notable
+        ones, so memory stays bounded on long runs over large pools."""
+        if not isinstance(stride, int) or stride < 0:
+            raise ConfigError(f"stride must be an integer >= 0 (0 stops keeping snapshots), got {stride!r}")
+        if max_snapshots is not None and (not isinstance(max_snapshots, int) or max_snapshots < 2):
+            raise ConfigError(f"max_snapshots must be an integer >= 2 or None, got {max_snapshots!r}")
+        self.snapshot_stride, self.max_snapshots = stride, max_snapshots
         return self
 
+    def _is_notable(self, row: dict) -> bool:
+        first_hit = row["prefix_cache_hits"] > 0 and (len(self.rows) < 2 or self.rows[-2]["prefix_cache_hits"] == 0)
+        peak = row["kv_cache_usage_perc"] > self._peak
+        self._peak = max(self._peak, row["kv_cache_usage_perc"])
+        return bool(first_hit or peak or row["num_block_copies"] or row["num_preempted"]
+                    or row["num_swapped_out_blocks"] or row["num_swapped_in_blocks"] or row["num_tier_out_blocks"]
+                    or row["num_tier_in_blocks"] or row["num_compaction_copies"])
+
     def _after_step(self) -> None:
+        k, n = self.snapshot_stride, len(self.rows)
+        if not k:
+            return
+        notable = self._is_notable(self.rows[-1])
+        if notable or n % k == 0:
+            self.snapshots[n] = self.snapshot()
+            if notable:
+                self._notable.add(n)
+            if self.max_snapshots is not None and len(self.snapshots) > self.max_snapshots:
+                self._thin()
+
+    def _thin(self) -> None:
+        """Drop every other regular snapshot (doubling the stride); if only notable ones are
+        left over the cap, every other notable one (the last usage peak stays)."""
+        self.snapshot_stride *= 2
         k = self.snapshot_stride
-        if k and len(self.rows) % k == 0:
-            self.snapshots[len(self.rows)] = self.snapshot()
+        for s in [s for s in self.snapshots if s not in self._notable and s % k]:
+            del self.snapshots[s]
+        if len(self.snapshots) > self.max_snapshots:
+            peak = max(self._notable, key=lambda s: (self.rows[s - 1]["kv_cache_usage_perc"], -s), default=None)
+            for s in sorted(self._notable)[1::2]:
+                if s != peak:
+                    del self.snapshots[s]
+                    self._notable.discard(s)
+
+    def snapshot_at(self, step: int):
+        """The kept snapshot of the last step <= `step` that has one (the first kept one before it)."""
+        if not self.snapshots:
+            raise ConfigError("this run kept no snapshots; call run.keep_snapshots(stride) before stepping")
+        keys = sorted(self.snapshots)
+        i = int(np.searchsorted(keys, step, side="right")) - 1
+        return self.snapshots[keys[max(i, 0)]]
 
     @property
     def num_steps(self) -> int:

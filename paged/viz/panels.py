@@ -8,7 +8,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import anywidget
 import ipywidgets as W
+import traitlets
+
+TOKENS_HINT = "<i>click a block to see its request and tokens</i>"
+
+
+class ScrollAnchor(anywidget.AnyWidget):
+    """An invisible mark at the top of a dashboard: each increment of ``scroll`` scrolls the page
+    so the mark is at the top of the view (a run starting under Run All brings its dashboard in)."""
+
+    _esm = """
+    function render({ model, el }) {
+      el.style.cssText = "height:0;margin:0;padding:0";
+      let seen = model.get("scroll");
+      const go = () => {
+        if (model.get("scroll") !== seen) { seen = model.get("scroll"); el.scrollIntoView({ block: "start" }); }
+      };
+      model.on("change:scroll", go);
+      return () => model.off("change:scroll", go);
+    }
+    export default { render };
+    """
+    scroll = traitlets.Int(0).tag(sync=True)
 
 # name -> (widget kind, options); the dashboard shows those its run has
 CACHE_SETTINGS: dict[str, tuple[str, Any]] = {
@@ -57,7 +80,7 @@ class ControlPanel:
                                       description="steps/s", continuous_update=False,
                                       tooltip="1000 = as fast as the executor goes")
         self.status = W.HTML()
-        self.tokens = W.HTML(value="<i>click a block to see its request and tokens</i>")
+        self.tokens = W.HTML(value=TOKENS_HINT)
         self.settings = {k: _widget(k, v) for k, v in (settings or {}).items()}
         self.workload = {k: _widget(k, v) for k, v in (workload or {}).items() if isinstance(v, int)}
         self.play.observe(self._on_play, "value")
@@ -97,3 +120,7 @@ class ControlPanel:
 
     def show_status(self, html: str) -> None:
         self.status.value = html
+
+    def clear_tokens(self) -> None:
+        """Forget the block shown under the panel (a reset starts a new run)."""
+        self.tokens.value = TOKENS_HINT
