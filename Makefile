@@ -25,7 +25,7 @@ endif
 # containers often run as root, which JupyterLab refuses without this flag
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install lab dashboard demo test bench clean
+.PHONY: install nbfilter lab dashboard demo test bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -37,28 +37,38 @@ $(STAMP): pyproject.toml
 	# JupyterLab renders every cell (no windowing): plots scrolled away and back are not re-created.
 	# (The empty live heatmaps seen once were anywidget's 2-s model start-up timeout on plotly's 5 MB
 	# FigureWidget ESM, not windowing; the live views now use paged.viz.liveplot.LivePlot.)
+	# No "get notified about Jupyter news?" pop-up over the page, no update checks.
 	mkdir -p $(VENV)/share/jupyter/lab/settings
-	echo '{"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}' \
+	echo '{"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}, "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
 		> $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $(STAMP)
 
+# Committed notebooks stay output-free after people run them (nbstripout as a git clean filter).
+nbfilter: $(STAMP)
+	@git config filter.nbstripout.clean >/dev/null 2>&1 || scripts/install_nbfilter.sh $(BIN)/python
+
 install: $(STAMP)
 
-lab: $(STAMP)
-	@echo "JupyterLab on notebooks/: http://127.0.0.1:$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=notebooks \
-		--IdentityProvider.token=$(LAB_TOKEN) $(ALLOW_ROOT)
+# The port: LAB_PORT if free; a busy default moves to the next free port, a busy port you chose stops
+# with a message; the server never moves on its own (port_retries=0), so the printed URL is the one served.
+lab: $(STAMP) nbfilter
+	@port=$$($(BIN)/python scripts/free_port.py $(LAB_PORT) LAB_PORT $(origin LAB_PORT)) || exit 1; \
+	echo "JupyterLab on notebooks/: http://127.0.0.1:$$port/lab?token=$(LAB_TOKEN)"; \
+	exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$$port --ServerApp.port_retries=0 \
+		--ServerApp.root_dir=notebooks --IdentityProvider.token=$(LAB_TOKEN) \
+		--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate $(ALLOW_ROOT)
 
 # Code-free pages for a projector: each notebook runs in its own kernel, only outputs and widgets show.
-dashboard: $(STAMP)
-	@echo "Dashboard (Voila): http://127.0.0.1:$(DASHBOARD_PORT)/?token=$(LAB_TOKEN)"
-	$(BIN)/voila notebooks --no-browser --Voila.ip=127.0.0.1 --port=$(DASHBOARD_PORT) --token=$(LAB_TOKEN) \
-		--strip_sources=True --show_tracebacks=True
+dashboard: $(STAMP) nbfilter
+	@port=$$($(BIN)/python scripts/free_port.py $(DASHBOARD_PORT) DASHBOARD_PORT $(origin DASHBOARD_PORT)) || exit 1; \
+	echo "Dashboard (Voila): http://127.0.0.1:$$port/?token=$(LAB_TOKEN)"; \
+	exec $(BIN)/voila notebooks --no-browser --Voila.ip=127.0.0.1 --port=$$port --Voila.port_retries=0 \
+		--token=$(LAB_TOKEN) --strip_sources=True --show_tracebacks=True
 
 demo: $(STAMP)
 	$(BIN)/python -m paged demo --out reports
 
-test: $(STAMP)
+test: $(STAMP) nbfilter
 	$(BIN)/python -m pytest tests --durations=15
 
 bench: $(STAMP)
