@@ -55,7 +55,7 @@ lab: $(STAMP) nbfilter
 	@port=$$($(BIN)/python scripts/free_port.py $(LAB_PORT) LAB_PORT $(origin LAB_PORT)) || exit 1; \
 	echo "JupyterLab on notebooks/: http://127.0.0.1:$$port/lab?token=$(LAB_TOKEN)"; \
 	exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$$port --ServerApp.port_retries=0 \
-		--ServerApp.root_dir=notebooks --IdentityProvider.token=$(LAB_TOKEN) \
+		--ServerApp.root_dir=notebooks --IdentityProvider.token=$(LAB_TOKEN) --config=jupyter/jupyter_server_config.py \
 		--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate $(ALLOW_ROOT)
 
 # Code-free pages for a projector: each notebook runs in its own kernel, only outputs and widgets show.
