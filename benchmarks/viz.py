@@ -25,14 +25,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # the repo's kernels/, not benchmarks/kernels.py
 
+from benchmarks.harness import best_of, wall_s  # noqa: E402
+
 
 def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    """Best wall seconds of one call of ``fn`` over ``repeats`` calls."""
+    return best_of([fn], repeats, clock=wall_s)[0][0]
 
 
 def _filled_manager(num_blocks: int, block_size: int = 16):

@@ -3,7 +3,6 @@ value, and lengths checked against the model before any prompt is synthesised.""
 from __future__ import annotations
 
 import json
-import time
 import tracemalloc
 
 import pandas as pd
@@ -49,17 +48,16 @@ def test_largest_int64_still_loads():
 @pytest.mark.parametrize("prompt", [10**11, 2 * 10**8, 2 * 10**7])
 def test_huge_rows_are_rejected_before_a_prompt_is_synthesised(prompt):
     """1e11 prompt tokens used to allocate 745 GiB; 2e7 cost 1 GB and seconds before the
-    max_model_len check. Now the row is rejected at once and the others run."""
+    max_model_len check. Now the row is rejected before a prompt is synthesised (peak memory
+    stays small) and the others run; what it costs is measured by benchmarks/time_budgets.py."""
     tr = pd.DataFrame({"arrival_time": [0.0, 0.5, 1.0], "prompt_tokens": [100, prompt, 50],
                        "output_tokens": [10, 10, 10**6]})
     tracemalloc.start()
-    t0 = time.perf_counter()
     res = simulate(tr, SimConfig(**SMALL))
-    elapsed = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     s = res.summary
     assert s["requests_finished"] == 1 and s["requests_rejected"] == 2
     assert f"prompt ({prompt}) + output (10)" in s["first_rejection"] and "max_model_len=1024" in s["first_rejection"]
     assert res.requests["rejected"].tolist() == [False, True, True]
-    assert elapsed < 5 and peak < 200 * 2**20
+    assert peak < 200 * 2**20

@@ -1,80 +1,20 @@
-"""The scheduler's settings and what it hands an executor each step (its plan).
+"""What the scheduler hands an executor each step (its plan).
 
-``SchedulerConfig``: token budget, sequence slots, chunked prefill, preemption mode, policy,
-watermark; ``SchedulerConfig.of`` builds it from an executor's config (engine or simulator).
 ``SchedulerOutput``: the chunks to compute, the cache operations to apply first (compaction
 copies, swap out, copy-on-write copies, swap in), preemptions, and the pool right after planning.
+``SchedulerConfig`` (the scheduler's settings) lives in ``paged.core.config``; this old import
+path keeps working.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from paged.errors import ConfigError
+from .config import DEFAULT_TOKEN_BUDGET, SchedulerConfig
 from .kv_manager import BlockMapping
 from .request import Request
 
 __all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "PoolCounts", "SchedulerConfig", "ScheduledChunk", "StepCounts",
            "SchedulerOutput"]
-
-DEFAULT_TOKEN_BUDGET = 2048
-"""Tokens per step when chunked prefill is on and no budget is given (vLLM's default)."""
-
-
-@dataclass
-class SchedulerConfig:
-    max_num_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # token budget per step
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"   # or "swap" (falls back to recompute when the CPU pool is full)
-    policy: str = "fcfs"                 # or "priority"
-    watermark: float = 0.01              # share of blocks kept free when admitting new requests
-    # priority policy: one priority level is worth this many steps of waiting, so a request
-    # is never starved by later arrivals of better priority (None: strict priority).
-    priority_aging_steps: int | None = 1000
-    # block compaction (paged.core.compaction): every `compaction_interval` steps, when the running
-    # requests' fragmentation exceeds `compaction_threshold`, one pass of at most
-    # `compaction_max_copies` copies (None: no limit); `compaction_drop_cached` lets it drop cached-free blocks
-    enable_block_compaction: bool = False
-    compaction_threshold: float = 0.25
-    compaction_interval: int = 16
-    compaction_max_copies: int | None = None
-    compaction_drop_cached: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
-            raise ConfigError(f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}")
-        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-        if self.policy not in ("fcfs", "priority"):
-            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        if self.priority_aging_steps is not None and (
-                not isinstance(self.priority_aging_steps, int) or self.priority_aging_steps < 1):
-            raise ConfigError(f"priority_aging_steps must be an integer >= 1 or None, got {self.priority_aging_steps!r}")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        if not isinstance(self.compaction_interval, int) or self.compaction_interval < 1:
-            raise ConfigError(f"compaction_interval must be an integer >= 1 (steps), got {self.compaction_interval!r}")
-        if not 0.0 <= self.compaction_threshold <= 1.0:
-            raise ConfigError(f"compaction_threshold must be in [0, 1] (a fragmentation share), "
-                              f"got {self.compaction_threshold!r}")
-        if self.compaction_max_copies is not None and (
-                not isinstance(self.compaction_max_copies, int) or self.compaction_max_copies < 1):
-            raise ConfigError(f"compaction_max_copies must be an integer >= 1 or None, "
-                              f"got {self.compaction_max_copies!r}")
-
-    @classmethod
-    def of(cls, config: object, max_model_len: int) -> "SchedulerConfig":
-        """The scheduler settings of an executor's config (``EngineConfig``, ``SimConfig``: any
-        object with some of these field names). A ``max_num_batched_tokens`` of None follows
-        vLLM's rule: 2048 with chunked prefill, else ``max(2048, max_model_len)``, so any prompt
-        the model takes fits in one step."""
-        kw = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
-        if kw.get("max_num_batched_tokens") is None:
-            chunked = kw.get("enable_chunked_prefill", True)
-            kw["max_num_batched_tokens"] = DEFAULT_TOKEN_BUDGET if chunked else max(DEFAULT_TOKEN_BUDGET, max_model_len)
-        return cls(**kw)
 
 
 class ScheduledChunk:

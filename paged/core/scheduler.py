@@ -95,7 +95,8 @@ class Scheduler:
     def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None, *,
                  victim_policy: VictimPolicy | None = None) -> None:
         self.kv = kv
-        self.config = config or SchedulerConfig()
+        # the token budget of vLLM's rule when none is given: for this cache's max_model_len
+        self.config = (config or SchedulerConfig()).resolved(kv.max_model_len)
         self.recorder = kv.recorder
         self.waiting = _WaitingQueue(self.config.policy)
         self.running: list[Request] = []

@@ -45,12 +45,12 @@ import torch
 
 from paged._kernels import kernels
 from kernels.blocks import normalize_block_mapping
+from paged.core.config import SWAP_COMPRESSIONS, SWAP_MODES
 from paged.errors import ConfigError
 from .swap_codec import CODECS, Codec, CompressedHostLayer
 from .swap_streams import CudaStreams, NullStreams
 
-MODES = ("sync", "overlap")
-COMPRESSIONS = (None, "fp8", "int4")
+MODES, COMPRESSIONS = SWAP_MODES, SWAP_COMPRESSIONS  # one definition: CacheConfig's swap_mode / swap_compression
 
 
 def check_swap_settings(mode: str, compression: str | None) -> None:

@@ -89,7 +89,7 @@ def shared_prefix_trace(num_requests: int = 1000, num_prefixes: int = 64, prefix
 
 
 def tier_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parallel: int = 4,
-               num_blocks: int = 3000, swap_space_gib: float = 8.0, num_requests: int = 1000,
+               num_blocks: int = 3000, swap_space: float = 8.0, num_requests: int = 1000,
                num_prefixes: int = 64, prefix_tokens: int = 1024, zipf: float = 1.0, rate: float = 4.0,
                variants: dict[str, dict[str, Any]] | Sequence[str] | None = None, seed: int = 0,
                **sim_kw: Any) -> pd.DataFrame:
@@ -102,7 +102,7 @@ def tier_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parall
     elif not isinstance(variants, dict):
         variants = {k: DEFAULT_VARIANTS[k] for k in variants}
     base = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, num_blocks=num_blocks,
-                swap_space_gib=swap_space_gib, seed=seed, **sim_kw)
+                swap_space=swap_space, seed=seed, **sim_kw)
     rows = []
     trace = None
     for name, over in variants.items():

@@ -33,22 +33,22 @@ from paged.studies.grid import run_grid
 
 __all__ = ["VARIANTS", "claim_table", "offload_study", "streaming_study", "verdicts"]
 
-# (label, preemption_mode, swap_overlap, swap_compression)
-VARIANTS: tuple[tuple[str, str, bool, str | None], ...] = (
-    ("recompute", "recompute", False, None),
-    ("swap sync", "swap", False, None),
-    ("swap sync fp8", "swap", False, "fp8"),
-    ("swap sync int4", "swap", False, "int4"),
-    ("swap overlap", "swap", True, None),
-    ("swap overlap fp8", "swap", True, "fp8"),
-    ("swap overlap int4", "swap", True, "int4"),
+# (label, preemption_mode, swap_mode, swap_compression)
+VARIANTS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("recompute", "recompute", "sync", None),
+    ("swap sync", "swap", "sync", None),
+    ("swap sync fp8", "swap", "sync", "fp8"),
+    ("swap sync int4", "swap", "sync", "int4"),
+    ("swap overlap", "swap", "overlap", None),
+    ("swap overlap fp8", "swap", "overlap", "fp8"),
+    ("swap overlap int4", "swap", "overlap", "int4"),
 )
 
 
 def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parallel: int = 2,
                   workload: str = "sharegpt", num_requests: int = 1000,
                   pressures: Sequence[float] = (1.0, 0.5, 0.25), latency_load: float | None = 0.9,
-                  swap_space_gib: float = 64.0, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
+                  swap_space: float = 64.0, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
     """Recompute vs swap preemption (sync/overlap x none/fp8/int4) per memory pressure and load.
 
     ``pressures``: fractions of the KV blocks that fit (``kv_cache_sizing``) given to the pool.
@@ -60,11 +60,11 @@ def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_par
     sizing = kv_cache_sizing(model, gpu, 16, tensor_parallel=tensor_parallel)
     fit = sizing.num_blocks
     base = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, workload=workload,
-                num_requests=num_requests, seed=seed, enable_prefix_caching=False, swap_space_gib=swap_space_gib)
+                num_requests=num_requests, seed=seed, enable_prefix_caching=False, swap_space=swap_space)
 
     def points(rate_of):
         return [dict(base, rate=float(rate_of(p)), num_blocks=max(1, int(fit * p)), preemption_mode=mode,
-                     swap_overlap=ov, swap_compression=comp, _variant=label, _pressure=p)
+                     swap_mode=ov, swap_compression=comp, _variant=label, _pressure=p)
                 for p in pressures for label, mode, ov, comp in VARIANTS]
     pts = points(lambda p: float("inf"))
     df = run_grid(pts, jobs=jobs)
