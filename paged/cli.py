@@ -3,7 +3,8 @@
 - ``simulate``: one simulated deployment; a readable summary (progress bar on long runs) or one
   JSON object with ``--json``.
 - ``sweep``: a grid (``--grid key=v1,v2`` repeated; keys are ``SimConfig`` fields or trace keys)
-  run in worker processes into a tidy CSV or Parquet file.
+  through ``paged.sweep`` (worker processes, or Ray with ``--backend ray``; finished points kept
+  in a store beside ``--out``, so a re-run resumes) into a tidy CSV or Parquet file.
 - ``demo``: the headline report (markdown + CSV): the embedded SmolLM2 through our paged cache
   on this machine (step log, prefix hits, preemption, KV formats), then simulated runs: the vLLM
   paper's memory story and the prefill/decode interference table.
@@ -231,7 +232,7 @@ def _sim_kinds() -> dict[str, type]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from paged.studies.grid import run_grid
+    from paged.sweeps import sweep
 
     base = {**_sim_kwargs(args), **_trace_keys(args)}
     del base["trace_seed"]  # the seed is a SimConfig field: a swept seed reseeds the trace too
@@ -251,7 +252,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 raise PagedError("writing Parquet needs pyarrow or fastparquet; pip install pyarrow, "
                                  "or give --out a .csv path") from None
     t0 = time.perf_counter()
-    df = run_grid(points, jobs=args.jobs, progress=not args.no_progress and sys.stderr.isatty())
+    store = False if args.no_store else (args.store or os.path.splitext(out)[0] + ".points")
+    df = sweep("simulate", points, backend=args.backend, jobs=args.jobs, address=args.address, store=store,
+               force=args.force, progress=not args.no_progress and sys.stderr.isatty())
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     if out.endswith(".parquet"):
         df.to_parquet(out, index=False)
@@ -260,7 +263,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cols = keys + [c for c in ("requests_finished", "throughput_req_s", "throughput_tok_s", "ttft_p99_s",
                                "tbt_p99_s", "kv_token_usage_mean", "num_preemptions") if c in df.columns]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    print(f"\n{len(df)} runs in {time.perf_counter() - t0:.1f} s -> {out}")
+    info = df.attrs["sweep"]
+    for err in df.loc[df["status"] != "ok", "error"].drop_duplicates()[:3]:
+        print(f"failed: {err}", file=sys.stderr)
+    print(f"\n{len(df)} runs in {time.perf_counter() - t0:.1f} s ({info['cached']} from {info['store']}, "
+          f"{info['errors'] + info['lost']} failed) -> {out}")
     return 0
 
 
@@ -293,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", default="sweep.csv", help=".csv or .parquet")
     sw.add_argument("--jobs", "-j", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     sw.add_argument("--no-progress", action="store_true")
+    sw.add_argument("--backend", choices=("local", "ray"), default="local", help="ray: one Ray task per point")
+    sw.add_argument("--address", default=None, help="Ray cluster: auto or ray://head:10001 (default: a local instance)")
+    sw.add_argument("--store", default=None, help="point store folder (default: --out without suffix + .points)")
+    sw.add_argument("--no-store", action="store_true", help="keep no per-point results (no resume)")
+    sw.add_argument("--force", action="store_true", help="recompute points already stored")
     sw.set_defaults(func=cmd_sweep)
     demo = sub.add_parser("demo", help="write the headline report (markdown + CSV)")
     demo.add_argument("--out", default="reports")

@@ -1,11 +1,16 @@
 """Block: one physical KV block (id, ref count, hash and the tokens that verify a prefix hit).
 
 Data only: ``BlockPool`` owns every state change of a block; eviction policies link and order
-cached-free blocks through ``prev``/``next``/``hits``/``last_access``.
+cached-free blocks through ``prev``/``next``/``hits``/``last_access``. One exception, for speed:
+the KV manager's decode lane raises ``num_filled`` of a block its request alone holds and reports
+the slots to ``BlockPool.add_filled_slots`` (what ``BlockPool.fill`` does, inlined).
 """
 from __future__ import annotations
 
 from typing import Hashable
+
+BlockMapping = list[tuple[int, int]]
+"""(source block id, destination block id) pairs of a plan's block copies, swaps and tier moves."""
 
 
 class Block:

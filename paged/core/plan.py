@@ -4,13 +4,19 @@
 copies, swap out, copy-on-write copies, swap in), preemptions, and the pool right after planning.
 ``SchedulerConfig`` (the scheduler's settings) lives in ``paged.core.config``; this old import
 path keeps working.
+
+Block ids travel in the plan (vLLM's ``KVCacheBlocks`` idea): each chunk carries its request's
+block table as the manager planned it (``ScheduledChunk.blocks``, ``DecodeRun.tables``), so an
+executor reads the plan only. A table is handed by reference, not copied (a step plans hundreds of
+them): it is valid from ``schedule`` until the step's ``update`` and read-only for executors.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Sequence
 
+from .block import Block, BlockMapping
 from .config import DEFAULT_TOKEN_BUDGET, SchedulerConfig
-from .kv_manager import BlockMapping
 from .request import Request
 
 __all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "PoolCounts", "SchedulerConfig", "ScheduledChunk", "StepCounts",
@@ -18,20 +24,29 @@ __all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "PoolCounts", "SchedulerConfig",
 
 
 class ScheduledChunk:
-    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached).
+    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached);
+    `blocks`: the request's block table (see the module docstring; empty when not planned by a
+    paged manager). Its tokens live in slots `blocks[p // bs].block_id * bs + p % bs`.
 
     A plain ``__slots__`` class, not a dataclass: one is built per scheduled request per step, and
     the generated dataclass ``__init__`` cost ~325 ns against ~205 ns for this one (CPython 3.11).
-    Compares by value, like the dataclass it replaces.
+    Compares by value (the work: request, start, tokens, sampling), like the dataclass it replaces.
     """
 
-    __slots__ = ("request", "start", "num_tokens", "samples")
+    __slots__ = ("request", "start", "num_tokens", "samples", "blocks")
 
-    def __init__(self, request: Request, start: int, num_tokens: int, samples: bool) -> None:
+    def __init__(self, request: Request, start: int, num_tokens: int, samples: bool,
+                 blocks: Sequence[Block] = ()) -> None:
         self.request = request
         self.start = start
         self.num_tokens = num_tokens
         self.samples = samples  # the chunk reaches the end of the known tokens: sample one
+        self.blocks = blocks
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The request's block table as ids, in order."""
+        return [b.block_id for b in self.blocks]
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not ScheduledChunk:
@@ -56,23 +71,26 @@ class ScheduledChunk:
 
 class DecodeRun:
     """Consecutive running requests that each compute their one last token, as the scheduler's
-    decode lane planned them: the chunks ``ScheduledChunk(r, start, 1, True)`` for ``r, start`` in
-    ``zip(requests, starts)``, held as two lists instead of one object per request (a step plans
-    hundreds of them; executors that read plans in bulk, such as the simulator, iterate the lists).
-    ``starts`` are the positions at planning time (``update`` moves the requests on afterwards).
+    decode lane planned them: the chunks ``ScheduledChunk(r, start, 1, True, table)`` for ``r,
+    start, table`` in ``zip(requests, starts, tables)``, held as lists instead of one object per
+    request (a step plans hundreds of them; executors that read plans in bulk, such as the
+    simulator, iterate the lists). ``starts`` are the positions at planning time (``update``
+    moves the requests on afterwards); ``tables`` the requests' block tables (module docstring).
     """
 
-    __slots__ = ("requests", "starts")
+    __slots__ = ("requests", "starts", "tables")
 
-    def __init__(self, requests: list[Request], starts: list[int]) -> None:
+    def __init__(self, requests: list[Request], starts: list[int],
+                 tables: list[Sequence[Block]] | None = None) -> None:
         self.requests = requests
         self.starts = starts
+        self.tables = tables if tables is not None else [()] * len(requests)
 
     def __len__(self) -> int:
         return len(self.requests)
 
     def chunks(self) -> list[ScheduledChunk]:
-        return [ScheduledChunk(r, s, 1, True) for r, s in zip(self.requests, self.starts)]
+        return [ScheduledChunk(r, s, 1, True, t) for r, s, t in zip(self.requests, self.starts, self.tables)]
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not DecodeRun:

@@ -290,11 +290,11 @@ class LLMEngine:
         its last token, e.g. one of n identical greedy samples): such a chunk joins the
         prefill pass, so every block is written before it is read.
         """
-        bs, table = self.kv.block_size, self.kv.block_table
+        bs = self.kv.block_size
         written: set[int] = set()
-        for c in prefills:
-            written.update(table(c.request_id)[c.start // bs:(c.start + c.num_tokens - 1) // bs + 1])
-        late = [c for c in decodes if not written.isdisjoint(table(c.request_id)[:c.start // bs + 1])]
+        for c in prefills:  # block ids from the plan: each chunk carries its request's table
+            written.update(b.block_id for b in c.blocks[c.start // bs:(c.start + c.num_tokens - 1) // bs + 1])
+        late = [c for c in decodes if not written.isdisjoint(b.block_id for b in c.blocks[:c.start // bs + 1])]
         if not late:
             return decodes, prefills
         return [c for c in decodes if c not in late], late + prefills

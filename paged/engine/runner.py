@@ -3,7 +3,8 @@ operations, builds batch metadata and runs the model through our kernels.
 
 Per step (order fixed by the scheduler's contract): swap_out (device -> host pool), block
 copies (copy-on-write), swap_in (host -> device), then one forward pass over all scheduled
-chunks. Every attention layer first writes the new tokens' K/V through ``slot_mapping``
+chunks. The runner reads the plan only: block ids come with the chunks (``ScheduledChunk.blocks``),
+never from the KV manager. Every attention layer first writes the new tokens' K/V through ``slot_mapping``
 (``kernels.write_kv``) and then reads the whole context through block tables
 (``paged_prefill_attention``; ``paged_decode_attention`` when every chunk is one decode
 token). Only the rows that sample a token pay for the LM head.
@@ -22,8 +23,8 @@ from . import torch_attention
 from .swap import SwapExecutor
 from .kv_sharing import cache_index, check_share_map, owner_layers
 from paged.core.kv_manager import KVCacheManager
+from paged.core.plan import ScheduledChunk, SchedulerOutput
 from paged.models.llama import LlamaForCausalLM
-from paged.core.scheduler import ScheduledChunk, SchedulerOutput
 
 
 class PagedAttention:
@@ -66,7 +67,8 @@ def default_backend(device: torch.device) -> str | None:
 class ModelRunner:
     """Holds one device cache layer per owner layer (every layer without ``kv_share_with``;
     see :mod:`paged.engine.kv_sharing`) and (for swap) as many host layers. ``layers`` are the
-    owners' caches (what cache ops move); ``layer_caches[i]`` is the cache model layer i reads."""
+    owners' caches (what cache ops move); ``layer_caches[i]`` is the cache model layer i reads.
+    ``kv`` gives the cache's shape (``num_blocks``, ``block_size``) and is not kept."""
 
     def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, *, kv_cache_dtype: str = "auto",
                  num_cpu_blocks: int = 0, attention_backend: str | None = None, max_num_seqs: int = 256,
@@ -74,7 +76,7 @@ class ModelRunner:
                  swap_mode: str = "sync", swap_compression: str | None = None,
                  kv_share_with: dict[int, int] | None = None) -> None:
         self.model = model
-        self.kv = kv
+        self.block_size = kv.block_size
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.backend = attention_backend if attention_backend is not None else default_backend(self.device)
@@ -156,7 +158,7 @@ class ModelRunner:
         t1 = time.perf_counter()
         if not chunks:
             return ForwardResult([], torch.zeros(0, self.model.config.vocab_size), 0.0, 0)
-        meta = build_batch(chunks, self.kv).to(self.device)
+        meta = build_batch(chunks, self.block_size).to(self.device)
         attn = (torch_attention.TorchAttentionPlan(self.layer_caches, meta, self.shared) if self.planned
                 else PagedAttention(self.layer_caches, meta, self.backend, self.shared))
         hidden = self.model(meta.input_ids, meta.positions, self.swap.fenced(attn, self.swap_layer_of))

@@ -334,8 +334,7 @@ class _Fenced:
         self.attn, self.swap, self.layer_of = attn, swap, layer_of
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.swap._ready:
-            self.swap.wait_layer(self.layer_of[layer_idx])
+        self.swap.wait_layer(self.layer_of[layer_idx])  # a no-op unless a swap-in of that layer is pending
         return self.attn(layer_idx, q, k, v)
 
     def __getattr__(self, name: str) -> Any:

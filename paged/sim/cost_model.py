@@ -105,6 +105,11 @@ class CostModel:
 
     # -- effective rates ------------------------------------------------------------------------
     @property
+    def swap_bytes_ratio(self) -> float:
+        """Bytes that cross the host link per byte of KV moved (below 1 with swap compression)."""
+        return self._swap_ratio
+
+    @property
     def effective_flops(self) -> float:
         return self.gpu.peak_flops * self.mfu
 

@@ -138,7 +138,7 @@ def streaming_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_p
                     if best is None or b / t > best["throughput_tok_s"]:
                         best = dict(kv_fraction=frac, context=ctx, variant=label, batch=b, device_seqs=int(dev),
                                     host_seqs=b - int(dev), tbt_s=t, throughput_tok_s=b / t,
-                                    streamed_gb_per_step=host * cm.kv_bytes_per_token * cm._swap_ratio / 1e9)
+                                    streamed_gb_per_step=host * cm.kv_bytes_per_token * cm.swap_bytes_ratio / 1e9)
                 if best is not None:
                     t2 = at(2 * b_dev)[2] if label != "device only" else None
                     best["tbt_2x_s"] = float("nan") if t2 is None else t2
