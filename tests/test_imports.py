@@ -155,7 +155,7 @@ def test_only_paged_viz_imports_plotly_or_ipywidgets():
     assert not offenders, f"plotly/ipywidgets imported outside paged/viz: {offenders}"
 
 
-def _all_imports(path: Path) -> list[tuple[int, str]]:
+def _imports_of_file(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module) of every import in a file, lazy ones inside functions included."""
     base = list(path.relative_to(ROOT).parts[:-1])  # the package a relative import starts from
     out = []
@@ -173,7 +173,7 @@ def _all_imports(path: Path) -> list[tuple[int, str]]:
 
 
 def _offenders(files, forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{p.relative_to(ROOT)}:{line} {name}" for p in files for line, name in _all_imports(p)
+    return [f"{p.relative_to(ROOT)}:{line} {name}" for p in files for line, name in _imports_of_file(p)
             if any(name == f or name.startswith(f + ".") for f in forbidden)]
 
 
