@@ -24,7 +24,6 @@ def warm_up(engine) -> float:
            engine.runner.backend, engine.config.block_size)
     if key in _warmed:
         return 0.0
-    from .llm_engine import LLMEngine
     from .sampling import SamplingParams
 
     t0 = time.perf_counter()
@@ -34,7 +33,7 @@ def warm_up(engine) -> float:
                               kv_cache_memory=None, enable_prefix_caching=False, enable_host_tier=False,
                               preemption_mode="recompute", num_cpu_blocks=0, max_model_len=None,
                               enable_block_compaction=False)
-    scratch = LLMEngine(engine.loaded, cfg)
+    scratch = type(engine)(engine.loaded, cfg)  # an engine of the same kind, its own pool
     vocab = engine.loaded.config.vocab_size
     scratch.add_request("warm-up", [17 + (i % max(1, vocab - 17)) for i in range(prompt)],
                         SamplingParams(max_tokens=2, ignore_eos=True))
