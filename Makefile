@@ -15,6 +15,7 @@ export JUPYTER_CONFIG_DIR := $(CURDIR)/.cache/jupyter/config
 export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
+export JUPYTER_PATH := $(CURDIR)/jupyter
 
 # Bound to this machine only; a fresh token each start unless you set LAB_TOKEN.
 LAB_PORT ?= 8888
@@ -58,12 +59,15 @@ lab: $(STAMP) nbfilter
 		--ServerApp.root_dir=notebooks --IdentityProvider.token=$(LAB_TOKEN) --config=jupyter/jupyter_server_config.py \
 		--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate $(ALLOW_ROOT)
 
-# Code-free pages for a projector: each notebook runs in its own kernel, only outputs and widgets show.
+# Code-free pages for a projector: each notebook runs in its own kernel, only outputs and widgets show;
+# outputs appear as cells run (progressive rendering), so a run is seen live from its first step, and the
+# `paged` template (jupyter/voila/templates/paged) keeps only each notebook's title and question as prose.
 dashboard: $(STAMP) nbfilter
 	@port=$$($(BIN)/python scripts/free_port.py $(DASHBOARD_PORT) DASHBOARD_PORT $(origin DASHBOARD_PORT)) || exit 1; \
 	echo "Dashboard (Voila): http://127.0.0.1:$$port/?token=$(LAB_TOKEN)"; \
 	exec $(BIN)/voila notebooks --no-browser --Voila.ip=127.0.0.1 --port=$$port --Voila.port_retries=0 \
-		--token=$(LAB_TOKEN) --strip_sources=True --show_tracebacks=True
+		--token=$(LAB_TOKEN) --strip_sources=True --show_tracebacks=True --template=paged \
+		--VoilaConfiguration.progressive_rendering=True
 
 demo: $(STAMP)
 	$(BIN)/python -m paged demo --out reports
