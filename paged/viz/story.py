@@ -100,7 +100,8 @@ class StoryView:
             self.figure.figure = story_figure(steps, self.moments, self.current)
         sentences = story.summary(steps, req, getattr(self.source, "label", "run"))
         items = "".join(f"<li>{html.escape(s)}</li>" for s in sentences)
-        self.summary.value = f"<div class='paged-summary'><b>What happened</b><ul>{items}</ul></div>" if n else ""
+        head = "What happened" if getattr(self.source, "done", True) else "So far"
+        self.summary.value = f"<div class='paged-summary'><b>{head}</b><ul>{items}</ul></div>" if n else ""
 
     def clear(self) -> None:
         """A fresh run: nothing to tell yet."""
