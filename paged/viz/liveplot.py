@@ -85,11 +85,15 @@ class PlotlyLibrary(anywidget.AnyWidget):
 
 
 _shared: PlotlyLibrary | None = None
+SHARE_PLOTLY = True
+"""False: every LivePlot gets a library of its own, as before sharing (benchmarks/viz.py's page-bytes baseline)."""
 
 
 def plotly_library() -> PlotlyLibrary:
     """The kernel's one PlotlyLibrary (made again if it was closed, e.g. by ``Widget.close_all``)."""
     global _shared
+    if not SHARE_PLOTLY:
+        return PlotlyLibrary(source=_plotly_js())
     if _shared is None or _shared.comm is None:
         _shared = PlotlyLibrary(source=_plotly_js())
     return _shared
