@@ -251,7 +251,7 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
     has_dashboard, has_replay = "Dashboard(" in source, "ReplayView(" in source
     page = browser.new_page(viewport=VIEWPORT)
     try:
-        page.goto(f"http://127.0.0.1:{port}/lab/tree/notebooks/{name}?token={token}", timeout=120_000)
+        page.goto(f"http://127.0.0.1:{port}/lab/tree/notebooks/{name}?reset&token={token}", timeout=120_000)
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
         _run_all(page)
