@@ -84,8 +84,8 @@ class _Run(RecordFrames):
 
     def keep_snapshots(self, stride: int = 1, max_snapshots: int | None = None) -> "_Run":
         """Keep a snapshot after every `stride`-th step and after every step with a key moment
-        (copy-on-write, preemption, swap, tier move, compaction, a new usage peak, the first prefix
-        hit: ``paged.story``), for replays; 0 stops. With `max_snapshots`, when more are kept the
+        (copy-on-write, preemption, swap, tier move, compaction, a usage peak 2% above the last
+        one or a full pool, the first prefix hit: ``paged.story``), for replays; 0 stops. With `max_snapshots`, when more are kept the
         regular ones are thinned (every other one dropped, the stride doubled), then the notable
         ones, so memory stays bounded on long runs over large pools."""
         if not isinstance(stride, int) or stride < 0:
@@ -97,8 +97,11 @@ class _Run(RecordFrames):
 
     def _is_notable(self, row: dict) -> bool:
         first_hit = row["prefix_cache_hits"] > 0 and (len(self.rows) < 2 or self.rows[-2]["prefix_cache_hits"] == 0)
-        peak = row["kv_cache_usage_perc"] > self._peak
-        self._peak = max(self._peak, row["kv_cache_usage_perc"])
+        # a new usage peak, by 2% of the pool at least (rising usage would make every step one)
+        u = row["kv_cache_usage_perc"]
+        peak = u > self._peak + 0.02 or (u > self._peak and u >= 0.999)
+        if peak:
+            self._peak = u
         return bool(first_hit or peak or row["num_block_copies"] or row["num_preempted"]
                     or row["num_swapped_out_blocks"] or row["num_swapped_in_blocks"] or row["num_tier_out_blocks"]
                     or row["num_tier_in_blocks"] or row["num_compaction_copies"])

@@ -29,7 +29,9 @@ from paged.telemetry import STEP_COLUMNS
 from . import figures as F
 from .buffers import CachedDecoder, RingBuffer, counts_text as _counts, widgets_available
 
-SNAPSHOT_BUDGET_BYTES = 256 << 20
+SNAPSHOT_BUDGET_BYTES = 64 << 20
+STORY_EVERY_S = 1.0
+"""How often a live frame also redraws the key-moments strip (it reads all the run's rows)."""
 """What a dashboard lets its run keep in snapshots (for the story of the finished run)."""
 
 __all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "widgets_available"]
@@ -61,6 +63,7 @@ class Dashboard:
         self.selected: str | None = None
         self.page = 0
         self._last_draw = 0.0
+        self._story_at = 0.0
         self._draw_cost = 0.0
         self.draw_seconds = 0.0  # total time spent drawing frames
         self.draw_share = draw_share
@@ -190,8 +193,9 @@ class Dashboard:
             with figs["latency"].batch_update():
                 figs["latency"].data[0].x = 1e3 * req["ttft_s"].to_numpy(float) if len(req) else []
                 figs["latency"].data[1].x = 1e3 * np.asarray(tbt, float)
-        if self.story is not None:
-            self.story.refresh(current=len(run.rows) or None)
+        if self.story is not None and (run.done or time.perf_counter() - self._story_at >= STORY_EVERY_S):
+            self.story.refresh(current=len(run.rows) or None)  # reads every row: at most once a second live
+            self._story_at = time.perf_counter()
         self._status()
 
     def _draw_pool(self, take=None, step: int | None = None) -> None:
@@ -205,7 +209,8 @@ class Dashboard:
             snap = run.snapshot(block_range=(self.page * rows * cols, (self.page + 1) * rows * cols))
         if snap is None:
             return
-        when = f"step {snap.step}" if step is None else f"step {step} (replayed)"
+        when = (f"step {snap.step}" if step is None else f"step {step} (replayed)" if snap.step == step
+                else f"step {snap.step} (replayed: the snapshot kept nearest before step {step})")
         if "grid" in figs:
             g = F.grid_data(snap, self.cols, self.page, self._decoder, self.selected)
             with figs["grid"].batch_update():
