@@ -56,7 +56,7 @@ async function render({ model, el }) {
   const draw = () => {
     queued = false;
     const fig = JSON.parse(model.get("_figure") || "{}");
-    Plotly.react(div, fig.data || [], fig.layout || {}, { displaylogo: false });
+    Plotly.react(div, fig.data || [], fig.layout || {}, { displaylogo: false, responsive: true });
   };
   const onChange = () => { if (!queued) { queued = true; requestAnimationFrame(draw); } };
   draw();

@@ -46,7 +46,7 @@ def story_data(steps, moments) -> dict:
 
 
 def _title(n: int) -> str:
-    return (f"key moments of the run ({n} steps): click a marker or a step to see the pool then"
+    return (f"key moments of the run ({n} steps) · click one to see the pool then"
             if n else "key moments appear here as the run goes")
 
 
