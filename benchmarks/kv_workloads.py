@@ -63,7 +63,7 @@ class PoolState:
 
     def _register(self, b) -> None:
         self.next_hash += 1
-        self.pool.register(b, self.next_hash, self.tok, None)
+        self.pool.register(b, self.next_hash, self.tok)
 
     def cycle_plain(self, num_blocks: int) -> float:
         """allocate CHUNK never-hashed blocks, free them (tail first); ns per block."""
@@ -94,7 +94,7 @@ class PoolState:
             blocks = pool.allocate(k)
             for b in blocks:
                 h += 1
-                pool.register(b, h, tok, None)
+                pool.register(b, h, tok)
             for b in reversed(blocks):
                 pool.free(b)
         dt = now() - t0

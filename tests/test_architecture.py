@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("paged", "kernels")
+MAX_LINES = 400
 
 # Third-party names that start with "_" yet are what the library offers for the purpose, each
 # allowed in the one file that needs it: (file, attribute) -> why.
@@ -188,3 +189,9 @@ def test_the_private_access_rule_catches_what_it_should(tmp_path):
     lines = [line for _, line, _ in private_accesses(src, tmp_path, modules, shared_private_names([src, other]))]
     assert lines == [1, 8, 10, 13, 16, 17, 18], lines
 
+
+def test_no_file_over_400_lines():
+    """One job per file: no module in ``paged/`` or ``kernels/`` is over ``MAX_LINES`` lines."""
+    long = {p.relative_to(ROOT).as_posix(): n for p in _files()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines (split them by job): {long}"

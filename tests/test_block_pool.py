@@ -176,7 +176,7 @@ def test_pool_moves_a_block_and_drops_entries_through_its_own_methods():
     rec = Recorder()
     pool = BlockPool(8, recorder=rec)
     a, b, c = pool.allocate(3, "r")
-    assert pool.register(b, "hb", (1,), None) and pool.register(c, "hc", (2,), b)
+    assert pool.register(b, "hb", (1,)) and pool.register(c, "hc", (2,), b.cid, depth=1)
     pool.free(b)                                   # b: cached-free; a, c in use
     assert pool.num_created == 3 and pool.free_block_ids() == list(range(3, 8))
     assert pool.cached_free_block_ids() == {1} and pool.num_cached_free == 1
@@ -187,7 +187,7 @@ def test_pool_moves_a_block_and_drops_entries_through_its_own_methods():
             pool.relocate(*bad)
         assert _pool_state(pool) == before
     pool.relocate(2, 6)                            # c (in use, hashed) to a never-used id
-    assert c.block_id == 6 and pool.blocks[6] is c and pool.index["hc"] is c and c.parent is b
+    assert c.block_id == 6 and pool.blocks[6] is c and pool.index["hc"] is c and c.parent_cid == b.cid
     assert pool.blocks[2].ref_cnt == 0 and pool.take_freed() == [2]
     assert pool.num_created == 7 and sorted(pool.free_block_ids()) == [2, 3, 4, 5, 7]
     pool.check_invariants()
@@ -204,7 +204,7 @@ def test_pool_moves_a_block_and_drops_entries_through_its_own_methods():
 def test_uncache_of_a_cached_free_block_makes_it_plain_free():
     pool = BlockPool(4)
     (b,) = pool.allocate(1)
-    pool.register(b, "h", (1,), None)
+    pool.register(b, "h", (1,))
     pool.free(b)
     assert pool.uncache(b.block_id) and pool.num_cached_free == 0 and b.block_id in pool.free_block_ids()
     pool.check_invariants()

@@ -54,7 +54,7 @@ def test_paged_kernel_penalty_applies_to_the_formats_bytes():
 
 def test_simulator_prices_steps_in_its_kv_format():
     from paged.sim.simulator import SimConfig, Simulator
-    t = {f: Simulator(SimConfig(model="llama-2-7b", gpu="a100-80gb", kv_format=f, paged_kernel_penalty=False))
+    t = {f: Simulator(SimConfig(model="llama-2-7b", gpu="a100-80gb", kv_cache_dtype=f, paged_kernel_penalty=False))
          .cost.breakdown(DECODE).attention for f in ("fp16", "fp8")}
     assert t["fp8"] == pytest.approx(t["fp16"] / 2, rel=1e-12)
     assert t["fp16"] == pytest.approx(32 * 4001 * BYTES_PER_TOKEN["fp16"] / A100_BW, rel=1e-9)

@@ -155,7 +155,7 @@ def test_only_paged_viz_imports_plotly_or_ipywidgets():
     assert not offenders, f"plotly/ipywidgets imported outside paged/viz: {offenders}"
 
 
-def _imports_of_file(path: Path) -> list[tuple[int, str]]:
+def _imports_in_file(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module) of every import in a file, lazy ones inside functions included."""
     base = list(path.relative_to(ROOT).parts[:-1])  # the package a relative import starts from
     out = []
@@ -173,7 +173,7 @@ def _imports_of_file(path: Path) -> list[tuple[int, str]]:
 
 
 def _offenders(files, forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{p.relative_to(ROOT)}:{line} {name}" for p in files for line, name in _imports_of_file(p)
+    return [f"{p.relative_to(ROOT)}:{line} {name}" for p in files for line, name in _imports_in_file(p)
             if any(name == f or name.startswith(f + ".") for f in forbidden)]
 
 
@@ -198,3 +198,12 @@ def test_views_run_no_executor():
     views = sorted((ROOT / "paged" / "viz").rglob("*.py"))
     bad = _offenders(views, ("paged.engine", "paged.sim.simulator", "paged.runs"))
     assert not bad, f"views import an executor; move the runner to paged/studies/: {bad}"
+
+
+def test_kernels_import_nothing_of_paged():
+    """The kernels are a library of their own (tensors in, tensors out): no module in ``kernels/``
+    imports ``paged`` (lazily either); ``paged`` imports ``kernels``, never the other way."""
+    files = sorted((ROOT / "kernels").rglob("*.py"))
+    assert len(files) > 10
+    bad = _offenders(files, ("paged",))
+    assert not bad, f"kernels import paged: {bad}"

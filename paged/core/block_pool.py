@@ -196,18 +196,20 @@ class BlockPool:
         self.num_filled_slots += added
 
     # ---- hash index ----------------------------------------------------------------
-    def register(self, block: Block, block_hash: Hashable, token_ids: tuple[int, ...],
-                 parent: Block | None, request_id: str | None = None, *, cid: int | None = None) -> bool:
-        """Index a full, used block under `block_hash`. First writer wins on a clash. `cid`:
-        the content id it keeps (content moved back from the host tier), else a new one."""
+    def register(self, block: Block, block_hash: Hashable, token_ids: tuple[int, ...], parent_cid: int | None = 0,
+                 request_id: str | None = None, *, depth: int = 0, cid: int | None = None) -> bool:
+        """Index a full, used block under `block_hash`. First writer wins on a clash.
+
+        ``parent_cid``: the content id of the block its K/V was computed after (0: the first block
+        of a prefix; None: not known, so the block is indexed but never verified as a hit);
+        ``depth``: its position in the prefix chain; ``cid``: the content id it keeps (content
+        moved back from the host tier), else a new one, never given before."""
         if block.block_hash is not None or block_hash in self.index:
             return False
         block.block_hash = block_hash
         block.token_ids = token_ids
-        block.parent = parent
-        block.parent_gen = parent.generation if parent is not None else 0
-        block.parent_cid = parent.cid if parent is not None else 0
-        block.depth = parent.depth + 1 if parent is not None else 0
+        block.parent_cid = parent_cid
+        block.depth = depth
         if cid is None:
             cid, self._next_cid = self._next_cid, self._next_cid + 1
         block.cid = cid
@@ -284,9 +286,7 @@ class BlockPool:
         del self.index[block.block_hash]
         block.block_hash = None
         block.token_ids = None
-        block.parent = None
         block.cid = block.parent_cid = None
-        block.generation += 1
 
     def demote_cached_free(self, n: int) -> int:
         """Hand up to `n` cached-free blocks (policy order) to `on_evict` and make them plain

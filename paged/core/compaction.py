@@ -35,9 +35,9 @@ prefix entry is dropped (an ``evict`` event; the host tier is not asked to keep 
 to the host would run after this pass's copies overwrote the block).
 
 **Prefix entries follow the data.** A move relocates the ``Block`` object itself (``BlockPool.relocate``:
-its id changes, the free block that was at the destination takes the source id). Tables, the hash
-index and parent links all hold ``Block`` objects, so every prefix entry and every holder of a
-shared block sees the new id, and verified hits keep working (same object, same generation).
+its id changes, the free block that was at the destination takes the source id). Tables and the hash
+index hold ``Block`` objects (and prefix chains are kept by content ids), so every prefix entry and every holder of a
+shared block sees the new id, and verified hits keep working (content ids do not change).
 """
 from __future__ import annotations
 

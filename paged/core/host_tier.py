@@ -29,7 +29,7 @@ from .block_pool import BlockPool
 from .eviction import EvictionPolicy, make_policy
 from paged.errors import ConfigError
 
-__all__ = ["HostBlock", "HostTier", "check_host_tier_config", "find_tiered_prefix"]
+__all__ = ["HostBlock", "HostTier", "check_host_tier_config"]
 
 
 def check_host_tier_config(on: bool, threshold: float, num_cpu_blocks: int, prefix_caching: bool) -> None:
@@ -149,9 +149,9 @@ class HostTier:
 
     def bring_back(self, pool: BlockPool, cached: Sequence[Block | HostBlock], request_id: str,
                    block_size: int) -> list[Block]:
-        """Take a prefix hit over both tiers (``find_tiered_prefix``; the caller checked the pool's
-        room) and return the GPU blocks of the request's new table, in order: the GPU blocks are
-        revived, each host entry gets a new GPU block indexed under its hash and content id and a
+        """Take a prefix hit over both tiers (``prefix_cache.find_cached_prefix`` over this tier's
+        ``entries`` too; the caller checked the pool's room) and return the GPU blocks of the
+        request's new table, in order: the GPU blocks are revived, each host entry gets a new GPU block indexed under its hash and content id and a
         planned copy back (an allocation here may demote other cached-free blocks, never these).
         Emits a ``prefix_hit`` per block."""
         entries = [e for e in cached if isinstance(e, HostBlock)]
@@ -165,8 +165,10 @@ class HostTier:
         for e in cached:
             if isinstance(e, HostBlock):
                 b = next(fresh)
-                ok = pool.register(b, e.block_hash, e.token_ids, table[-1] if table else None, request_id, cid=e.cid)
-                assert ok and b.parent_cid == e.parent_cid, "a host-tier hit must follow its verified parent"
+                parent = table[-1] if table else None
+                ok = pool.register(b, e.block_hash, e.token_ids, e.parent_cid, request_id,
+                                   depth=parent.depth + 1 if parent else 0, cid=e.cid)
+                assert ok and e.parent_cid == (parent.cid if parent else 0), "a host-tier hit follows its parent"
                 pool.fill(b, block_size)
                 pool.restore_hits(b, e.hits + 1)
                 self.promoted(e, b.block_id, request_id)
@@ -235,20 +237,3 @@ class HostTier:
         every = held + list(swapped_cpus) + list(self.free) + self._deferred
         assert len(every) == len(set(every)) == num_cpu_blocks, (len(every), len(set(every)), num_cpu_blocks)
 
-
-def find_tiered_prefix(pool: BlockPool, tier: HostTier, hashes: Sequence[Hashable], token_ids: Sequence[int],
-                       block_size: int, max_blocks: int) -> list[Block | HostBlock]:
-    """Longest verified run of cached blocks in either tier (no state change): each must hold
-    the same tokens and follow the content matched for the previous position (content ids)."""
-    found: list[Block | HostBlock] = []
-    parent_cid = 0
-    lookup, host = pool.index.get, tier.entries.get
-    for i in range(min(max_blocks, len(hashes))):
-        entry = lookup(hashes[i]) or host(hashes[i])
-        if entry is None or entry.parent_cid != parent_cid:
-            break
-        if entry.token_ids != tuple(token_ids[i * block_size:(i + 1) * block_size]):
-            break
-        found.append(entry)
-        parent_cid = entry.cid
-    return found

@@ -211,7 +211,7 @@ class KVCacheManager(KVCacheParts):
         pool = self.pool
         if table is None:
             table = self._tables[rid] = []
-            self.prefix.set_offered(rid, 0)
+            self.prefix.set_offered(rid)
         num_host = 0
         if cached_blocks and self.host is not None:
             hit = self.host.bring_back(pool, cached_blocks, rid, bs)
@@ -223,7 +223,7 @@ class KVCacheManager(KVCacheParts):
                 self.recorder.emit(ev.PREFIX_HIT, rid, b.block_id, bs)
             table.extend(cached_blocks)
         if cached_blocks:
-            self.prefix.set_offered(rid, len(cached_blocks))
+            self.prefix.set_offered(rid, table)
         if request.num_cached_tokens < 0:  # first admission: count the query once
             request.num_cached_tokens = len(cached_blocks) * bs
             if self.enable_prefix_caching:
@@ -295,7 +295,7 @@ class KVCacheManager(KVCacheParts):
         del self._tables[request_id]
         for b in reversed(table):
             self.pool.free(b, request_id)
-        self.prefix.set_offered(request_id, 0)
+        self.prefix.set_offered(request_id)
         self.num_swapped_out_blocks += len(mapping)
         self.recorder.emit(ev.SWAP_OUT, request_id, None, len(mapping))
         return mapping

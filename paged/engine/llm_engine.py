@@ -75,6 +75,10 @@ class LLMEngine:
         self._request_rows: list[dict] = []
         self.clock = EngineClock()  # the clock of step and request records: engine time only (clock.py)
         self.warmup_s = warm_up(self) if c.warm_up else 0.0  # first-call costs, paid before any timed work
+        self.vllm = None  # paged.connect.speak.EngineSpeaker when kv_events_endpoint / metrics_port are set
+        if c.kv_events_endpoint is not None or c.metrics_port is not None:
+            from paged.connect.speak import connect_engine
+            self.vllm = connect_engine(self)
 
     # ---- introspection ---------------------------------------------------------------
     @property
