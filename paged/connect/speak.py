@@ -107,16 +107,11 @@ class EngineSpeaker:
             self._end_of_plan()
 
     def _parent_hash(self, rid: Any, block: Any) -> Any:
-        p = block.parent
-        if p is None:
+        """vLLM's parent_block_hash: the hash before ``block`` in its request's chain (None: a first block)."""
+        if not block.depth:
             return None
-        if p.block_hash is not None and p.cid == block.parent_cid:
-            return p.block_hash
-        hashes = self.engine.kv.prefix.hashes.get(rid)  # the parent lost a hash clash: its chain hash
-        if hashes and block.block_hash in hashes:
-            i = hashes.index(block.block_hash)
-            return hashes[i - 1] if i else None
-        return None
+        hashes = self.engine.kv.prefix.hashes.get(rid)
+        return hashes[block.depth - 1] if hashes and len(hashes) >= block.depth else None
 
     def _stored(self, rid: Any, bid: int) -> None:
         block = self.engine.kv.pool.blocks[bid]
