@@ -205,6 +205,11 @@ def verdicts(offload: pd.DataFrame | None = None, streaming: pd.DataFrame | None
     return out
 
 
+def _conditions(config: dict) -> str:
+    """A study's config as words for a table cell ('model llama-2-70b, gpu a100-80gb, ...'), not a dict repr."""
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in config.items())
+
+
 def claim_table(offload: pd.DataFrame | None = None, streaming: pd.DataFrame | None = None,
                 engine: pd.DataFrame | None = None) -> pd.DataFrame:
     """The seed's swap claims beside our numbers (given study frames), with conditions."""
@@ -216,7 +221,7 @@ def claim_table(offload: pd.DataFrame | None = None, streaming: pd.DataFrame | N
         rows.append(dict(claim=seed_tp, ours=f"{best:.2f}x best swap variant vs recompute; overlap vs sync "
                          f"{e.get('swap overlap', np.nan) / e.get('swap sync', np.nan):.2f}x",
                          where="real engine, CPU (copies synchronous: overlap cannot help)",
-                         conditions=str(engine.attrs.get("config", {}))))
+                         conditions=_conditions(engine.attrs.get("config", {}))))
     if offload is not None:
         sat = offload[np.isinf(offload["rate"])]
         ov = sat[sat["variant"] == "swap overlap int4"]
@@ -224,7 +229,7 @@ def claim_table(offload: pd.DataFrame | None = None, streaming: pd.DataFrame | N
                          f"{ov['throughput_vs_recompute'].max():.2f}x vs recompute, "
                          f"{ov['throughput_vs_swap_sync'].max():.3f}x vs sync swap",
                          where="simulated, swap preemption", conditions="saturated ShareGPT, KV pool "
-                         f"{sorted(set(sat['kv_fraction']))} of what fits; {offload.attrs.get('config', {})}"))
+                         f"{sorted(set(sat['kv_fraction']))} of what fits; {_conditions(offload.attrs.get('config', {}))}"))
     if streaming is not None:
         st = streaming[streaming["variant"] == "stream overlap int4"]
         for frac, g in st.groupby("kv_fraction"):
@@ -233,7 +238,7 @@ def claim_table(offload: pd.DataFrame | None = None, streaming: pd.DataFrame | N
                              f"{g['tbt_vs_device'].min():.2f}-{g['tbt_vs_device'].max():.2f}x TBT",
                              where="simulated, KV streamed from the host every decode step",
                              conditions=f"kv_fraction {frac}, ctx {sorted(g['context'])}, "
-                             f"{streaming.attrs.get('config', {})}"))
+                             f"{_conditions(streaming.attrs.get('config', {}))}"))
         sy = streaming[streaming["variant"] == "stream sync int4"]
         j = sy["throughput_vs_device"].idxmax()
         rows.append(dict(claim="CPU offloading only for throughput-first, latency-tolerant offline work",

@@ -179,7 +179,7 @@ def engine_swap_study(model: str | None = None, *, num_requests: int = 12, promp
                          same_outputs=toks == ref, prefetch_hits=sw.num_prefetch_hits))
     df = pd.DataFrame(rows)
     df["throughput_vs_recompute"] = df["out_tok_per_cpu_s"] / df["out_tok_per_cpu_s"].iloc[0]
-    df.attrs["config"] = dict(model=loaded.source, num_requests=num_requests, prompt_len=prompt_len,
+    df.attrs["config"] = dict(model=loaded.config.name, num_requests=num_requests, prompt_len=prompt_len,
                               max_tokens=max_tokens, num_blocks=pool, device=device)
     return df
 

@@ -66,19 +66,34 @@ def kv_format_figure(model: str | ModelSpec, context: int, batch: int = 1,
 def waste_curve_figure(max_len: int = 4096, block_size: int = 16, marks: Sequence[int] = (50, 150, 200, 3200)) -> go.Figure:
     """Share of reserved KV holding no token vs request length: a ``max_len`` reservation against paging."""
     t = np.unique(np.concatenate([np.geomspace(1, max_len, 200).round(), np.asarray(marks, dtype=float)]))
+    xs = sorted(int(m) for m in marks)
     fig = go.Figure([
         go.Scatter(x=t, y=reservation_waste(t, max_len) * 100, mode="lines", name=f"contiguous, {max_len:,} reserved",
                    line=dict(color=WASTE_COLOUR)),
         go.Scatter(x=t, y=paged_waste(t, block_size) * 100, mode="lines", name=f"paged, blocks of {block_size}",
                    line=dict(color=PAGED_COLOUR)),
-        go.Scatter(x=list(marks), y=[float(reservation_waste(m, max_len)) * 100 for m in marks], mode="markers+text",
-                   text=[f"{m:,}: {float(reservation_waste(m, max_len)):.1%}" for m in marks],
-                   textposition="top right", marker=dict(size=9, color=WASTE_COLOUR), showlegend=False),
+        go.Scatter(x=xs, y=[float(reservation_waste(m, max_len)) * 100 for m in xs], mode="markers+text",
+                   text=[f"{m:,}: {float(reservation_waste(m, max_len)):.1%}" for m in xs],
+                   textposition=_label_positions(xs, max_len), marker=dict(size=9, color=WASTE_COLOUR),
+                   showlegend=False, cliponaxis=False),
     ])
     fig.update_layout(title="Wasted share of a request's KV memory", xaxis_type="log", xaxis_title="tokens in the request",
-                      yaxis_title="% of its KV slots empty", yaxis_range=[0, 105], height=380,
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.25))
+                      yaxis_title="% of its KV slots empty", yaxis_range=[0, 112], height=400,
+                      margin=dict(l=60, r=30, t=50, b=50), legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(range=[0, np.log10(max_len) + 0.05])
     return fig
+
+
+def _label_positions(xs: Sequence[int], max_len: int, near: float = 0.3) -> list[str]:
+    """Text positions for marks on a log axis (sorted): to the right, below when the previous
+    label is within `near` decades (so neighbours do not collide), to the left in the last
+    quarter of the axis (so no label runs past its edge)."""
+    out: list[str] = []
+    for i, x in enumerate(xs):
+        side = "left" if np.log10(max(x, 1)) > 0.75 * np.log10(max_len) else "right"
+        close = i > 0 and np.log10(x) - np.log10(max(xs[i - 1], 1)) < near and out[-1].startswith("top")
+        out.append(f"{'bottom' if close else 'top'} {side}")
+    return out
 
 
 def preallocation_figure(lengths: Sequence[int] | np.ndarray, max_len: int = 4096, block_size: int = 16,

@@ -12,6 +12,8 @@ from plotly.subplots import make_subplots
 
 from paged.studies.fragmentation import label
 
+from .sizing import count_axis
+
 COLOURS = {"contiguous-max": "#e76f51", "contiguous-pow2": "#f4a261", "contiguous-oracle": "#e9c46a",
            "paged": "#264653"}
 HELD, RESERVED = "#2a9d8f", "#e76f51"
@@ -93,6 +95,7 @@ def engine_usage_figure(steps: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="SmolLM2 on this machine: share of reserved KV slots holding tokens, per step",
                       xaxis_title="engine step", yaxis_title="% holding tokens", yaxis_range=[0, 105], height=360,
                       margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(**count_axis(float(steps["step"].max()) if len(steps) else None))
     return fig
 
 

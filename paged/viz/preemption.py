@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from .sizing import count_axis
+
 MODE_COLOURS = {"reference": "#8d99ae", "recompute": "#e76f51", "swap": "#264653"}
 
 
@@ -22,6 +24,10 @@ def modes_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
     fig.update_layout(title="Blocks in use per step; x = a request preempted", xaxis_title="engine step",
                       yaxis_title="blocks", height=360, margin=dict(l=60, r=20, t=50, b=50),
                       legend=dict(orientation="h", y=-0.25))
+    top = max([float(st["step"].max()) for st in frames.values() if len(st)] or [0.0])
+    blocks = max([float(st["num_used_blocks"].max()) for st in frames.values() if len(st)] or [0.0])
+    fig.update_xaxes(**count_axis(top))
+    fig.update_yaxes(**count_axis(blocks))
     return fig
 
 

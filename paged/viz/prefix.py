@@ -7,6 +7,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .sizing import count_axis
+
 
 def caching_figure(table: pd.DataFrame) -> go.Figure:
     """Prompt tokens computed vs served from the cache, per setting."""
@@ -31,6 +33,7 @@ def hit_rate_over_steps(frames: dict[str, pd.DataFrame]) -> go.Figure:
                                  mode="lines+markers"))
     fig.update_layout(title="Prefix-cache hit rate so far (tokens)", xaxis_title="step", yaxis_title="% of prompt tokens",
                       yaxis_range=[0, 100], height=340, margin=dict(l=60, r=20, t=50, b=40))
+    fig.update_xaxes(**count_axis(max([float(st["step"].max()) for st in frames.values() if len(st)] or [0.0])))
     return fig
 
 

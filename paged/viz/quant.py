@@ -15,6 +15,8 @@ import plotly.graph_objects as go
 
 from paged.quant.metrics import survival
 
+from .sizing import ROW_PX, count_axis, heatmap_height, label_positions
+
 __all__ = ["pareto", "error_vs_context", "survival_curves", "layer_heatmap", "key_outlier_heatmap",
            "render", "live_side_by_side"]
 
@@ -34,7 +36,7 @@ def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "k
             front.append(r)
             best = r[metric]
     fig = go.Figure(go.Scatter(x=d.bits_per_value, y=d[metric], mode="markers+text", text=d.format,
-                               textposition="top center", name="formats",
+                               textposition=label_positions(d.bits_per_value, d[metric], d.format, log_y=True), name="formats",
                                customdata=np.stack([d.tokens_per_gib, d.same_top1_pct], -1),
                                hovertemplate="%{text}<br>%{x:.3g} bits/value<br>KLD %{y:.3g}<br>"
                                              "%{customdata[0]:,.0f} tokens/GiB<br>same top-1 %{customdata[1]:.1f}%"))
@@ -77,19 +79,28 @@ def survival_curves(df: pd.DataFrame, context_length: int | None = None) -> go.F
 
 def layer_heatmap(errors: pd.DataFrame, metric: str = "out_rel_err_kv") -> go.Figure:
     """Formats x layers heatmap of a :func:`~paged.quant.diagnostics.layer_errors` (or
-    sensitivity) column."""
+    sensitivity) column. Sized from its content: ``ROW_PX`` per format row (a one-row heatmap
+    still has room for its colour bar), one categorical column per layer measured."""
     z = errors.pivot(index="format", columns="layer", values=metric)
-    fig = go.Figure(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="Viridis", colorbar_title=metric))
-    fig.update_layout(title=f"{metric} per layer", xaxis_title="layer", height=120 + 28 * len(z))
+    fig = go.Figure(go.Heatmap(z=z.values, x=[str(c) for c in z.columns], y=list(z.index), colorscale="Viridis",
+                               colorbar=dict(title=dict(text=metric, side="right"), thickness=14),
+                               hovertemplate="%{y}, layer %{x}: %{z:.3g}<extra></extra>"))
+    fig.update_layout(title=f"{metric} per layer", xaxis_title="layer", margin=dict(l=90, r=20, t=50, b=50),
+                      height=heatmap_height(len(z), row_px=max(ROW_PX, 28), top=50, bottom=50, colorbar=True))
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
     return fig
 
 
 def key_outlier_heatmap(channels: pd.DataFrame) -> go.Figure:
-    """Per-channel key absmax (max over KV heads), layers x head_dim channels."""
+    """Per-channel key absmax (max over KV heads), layers x head_dim channels (``ROW_PX`` per layer)."""
     z = channels.groupby(["layer", "channel"]).absmax.max().unstack()
     fig = go.Figure(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="Magma", colorbar_title="|K| max"))
     fig.update_layout(title="Key outlier channels (absmax per channel)", xaxis_title="channel",
-                      yaxis_title="layer", height=520)
+                      yaxis_title="layer", margin=dict(l=60, r=20, t=50, b=50),
+                      height=heatmap_height(len(z), row_px=16, top=50, bottom=50, colorbar=True))
+    fig.update_yaxes(autorange="reversed", **count_axis(float(len(z))))
+    fig.update_xaxes(**count_axis(float(len(z.columns))))
     return fig
 
 
