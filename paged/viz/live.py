@@ -28,6 +28,8 @@ import plotly.graph_objects as go
 from paged.telemetry import STEP_COLUMNS
 from . import figures as F
 from .buffers import CachedDecoder, RingBuffer, counts_text as _counts, widgets_available
+from .dashboard_views import VIEWS, build_views, table_rows, update_series
+from .replay_view import ReplayView
 
 SNAPSHOT_BUDGET_BYTES = 64 << 20
 STORY_EVERY_S = 1.0
@@ -36,7 +38,6 @@ STORY_EVERY_S = 1.0
 
 __all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "widgets_available"]
 
-VIEWS = ("grid", "tables", "usage", "timeline", "latency", "prefix")
 
 
 class Dashboard:
@@ -47,7 +48,7 @@ class Dashboard:
     rebuilt on reset as `builder(run.tokenizer, **kwargs)`."""
 
     def __init__(self, run, views: Sequence[str] = ("grid", "tables", "usage", "timeline"), *, fps: float = 15.0,
-                 steps_per_second: float | None = None, history: int = 512, cols: int | None = None,
+                 steps_per_second: float | None = None, history: int = 4096, cols: int | None = None,
                  max_requests: int = 12, settings: dict[str, Any] | None = None,
                  workload: tuple[Callable, dict] | None = None, title: str | None = None,
                  draw_share: float = 0.1) -> None:
@@ -99,26 +100,8 @@ class Dashboard:
 
     # ---- figures ---------------------------------------------------------------------
     def _static(self) -> dict[str, go.Figure]:
-        run, snap = self.run, self.run.snapshot()
-        steps = self._steps_frame()
-        out: dict[str, go.Figure] = {}
-        for v in self.views:
-            if v == "grid":
-                out[v] = F.block_grid(snap, self.cols, self.page, self._decoder, self.selected)
-            elif v == "tables":
-                out[v] = F.block_tables(snap, self.max_requests, self.selected)
-                # a fixed frame: rows keep their height as requests come and go
-                out[v].update_layout(height=26 * self.max_requests + 100)
-                out[v].update_yaxes(autorange=False, range=[self.max_requests - 0.5, -0.5])
-            elif v == "usage":
-                out[v] = F.usage_over_time(steps)
-            elif v == "timeline":
-                out[v] = F.step_timeline(steps)
-            elif v == "latency":
-                out[v] = F.latency_distributions({run.label: (run.requests_frame(), run.tbt_samples())})
-            elif v == "prefix":
-                out[v] = F.prefix_cache(steps)
-        return out
+        return build_views(self.views, self.run, self.run.snapshot(), self._steps_frame(), cols=self.cols,
+                           page=self.page, decoder=self._decoder, selected=self.selected, max_requests=self.max_requests)
 
     def _steps_frame(self):
         import pandas as pd
@@ -169,30 +152,7 @@ class Dashboard:
         self.viewing = None
         run, figs = self.run, self.figures
         self._draw_pool(run.snapshot if "tables" in figs else None)
-        d = self.buffer.frame()
-        if "usage" in figs:
-            s = F.usage_series(d)
-            with figs["usage"].batch_update():
-                figs["usage"].data[0].x, figs["usage"].data[0].y = s["x"], s["blocks"]
-                figs["usage"].data[1].x, figs["usage"].data[1].y = s["x"], s["tokens"]
-        if "timeline" in figs:
-            s = F.timeline_series(d)
-            with figs["timeline"].batch_update():
-                tr = figs["timeline"].data
-                tr[0].x, tr[0].y, tr[1].x, tr[1].y = s["x"], s["prefill"], s["x"], s["decode"]
-                tr[2].x, tr[2].y = s["x"], s["ms"]
-                tr[3].x, tr[3].y, tr[4].x, tr[4].y = s["pre_x"], s["pre_y"], s["swap_x"], s["swap_y"]
-        if "prefix" in figs:
-            q, h = d["prefix_cache_queries"], d["prefix_cache_hits"]
-            with figs["prefix"].batch_update():
-                figs["prefix"].data[0].x = d["step"]
-                figs["prefix"].data[0].y = np.divide(100 * h, q, out=np.zeros_like(h), where=q > 0)
-                figs["prefix"].data[1].x, figs["prefix"].data[1].y = d["step"], d["num_cached_free_blocks"]
-        if "latency" in figs:
-            req, tbt = run.requests_frame(), run.tbt_samples()
-            with figs["latency"].batch_update():
-                figs["latency"].data[0].x = 1e3 * req["ttft_s"].to_numpy(float) if len(req) else []
-                figs["latency"].data[1].x = 1e3 * np.asarray(tbt, float)
+        update_series(figs, self.buffer.frame(), run)
         if self.story is not None and (run.done or time.perf_counter() - self._story_at >= STORY_EVERY_S):
             self.story.refresh(current=len(run.rows) or None)  # reads every row: at most once a second live
             self._story_at = time.perf_counter()
@@ -219,7 +179,7 @@ class Dashboard:
                 figs["grid"].layout.title.text = (f"pool at {when} ({snap.num_blocks}×{snap.block_size}"
                                                   f" tokens): {_counts(snap)}")
         if "tables" in figs:
-            t = F.tables_data(snap, self.max_requests, self.selected)
+            t = F.tables_data(snap, table_rows(run, self.max_requests), self.selected)
             with figs["tables"].batch_update():
                 tr = figs["tables"].data[0]
                 tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
@@ -409,66 +369,5 @@ class Dashboard:
             display(f)
         for w in self.story.widgets:
             display(w)
-        for f in figs[1:]:
-            display(f)
-
-
-class ReplayView:
-    """Replay the snapshots a finished run kept (`run.keep_snapshots`) or a `paged.replay.Recording`:
-    the pool and tables at each step, a player that starts by itself once the view is shown and
-    ticks in the browser (so it animates after the notebook finished, and in Voilà), the run's key
-    moments (click one to jump there) and its summary. Deterministic: step k always shows the
-    snapshot kept at or before step k."""
-
-    def __init__(self, run, views: Sequence[str] = ("grid", "tables"), *, interval_ms: int = 300,
-                 autoplay: bool = True, cols: int | None = None, max_requests: int = 12) -> None:
-        from paged.errors import ConfigError
-        if not run.snapshots:
-            raise ConfigError("no snapshots to replay; call run.keep_snapshots(1) before stepping the run")
-        self.run, self.views, self.cols, self.max_requests = run, tuple(views), cols, max_requests
-        self.steps = sorted(run.snapshots)
-        first = run.snapshots[self.steps[0]]
-        self.figures = {"grid": F.block_grid(first, cols), "tables": F.block_tables(first, max_requests)}
-        self.figures = {k: v for k, v in self.figures.items() if k in self.views}
-        if "tables" in self.figures:
-            self.figures["tables"].update_layout(height=26 * max_requests + 100)
-            self.figures["tables"].update_yaxes(autorange=False, range=[max_requests - 0.5, -0.5])
-        self.no_widgets = widgets_available()
-        self.story = None
-        if self.no_widgets is None:
-            from .liveplot import LivePlot
-            from .story import StoryView
-            self.figures = {k: LivePlot(v) for k, v in self.figures.items()}
-            self.story = StoryView(run, self.show_step, autoplay=autoplay, interval_ms=interval_ms)
-            self.story.refresh(current=self.steps[0])
-            self.story.player.value = self.steps[0]
-        self.show_step(self.steps[0] if autoplay else self.steps[-1])
-
-    def show_step(self, step: int) -> None:
-        snap = self.run.snapshot_at(step)
-        if "grid" in self.figures:
-            g = F.grid_data(snap, self.cols, 0, None, None)
-            with self.figures["grid"].batch_update():
-                self.figures["grid"].data[0].z, self.figures["grid"].data[0].text = g["z"], g["text"]
-                self.figures["grid"].layout.title.text = f"replay: block pool at step {step} · {_counts(snap)}"
-        if "tables" in self.figures:
-            t = F.tables_data(snap, self.max_requests)
-            with self.figures["tables"].batch_update():
-                tr = self.figures["tables"].data[0]
-                tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
-                self.figures["tables"].layout.title.text = f"replay: block tables at step {step}"
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-        figs = list(self.figures.values())
-        if self.story is None:
-            for f in figs:
-                display(f)
-            return
-        display(self.story.player)
-        for f in figs[:1]:
-            display(f)
-        display(self.story.summary)
-        display(self.story.figure)
         for f in figs[1:]:
             display(f)
