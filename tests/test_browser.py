@@ -63,7 +63,8 @@ PROBE = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd
     traces: (gd.data || []).map(t => ({
         type: t.type || 'scatter',
         rows: t.type === 'heatmap' && Array.isArray(t.z) ? t.z.length : 0,
-        data: JSON.stringify(t.z !== undefined ? t.z : (t.y !== undefined ? t.y : (t.x !== undefined ? t.x : null)))
+        data: JSON.stringify(t.z !== undefined ? t.z : t.y !== undefined ? t.y : t.x !== undefined ? t.x
+            : t.dimensions !== undefined ? t.dimensions.map(d => d.values) : t.values !== undefined ? t.values : null)
             .slice(0, 20000)}))}))"""
 EMPTY = ("null", "[]", "", "[[null]]", "[null]")
 PLAYERS = """() => Array.from(document.querySelectorAll('.paged-player-label')).map(e => e.textContent)"""
@@ -207,21 +208,29 @@ def _all_cells_ran(page) -> bool:
 
 
 class Watch:
-    """What the page showed over time: per plot (in page order) whether it had data, its size checks,
-    and the distinct states of the block grids."""
+    """What the page showed over time: per plot (in page order) whether it had data, how many distinct
+    data states it went through, its size checks, and the distinct states of the block grids."""
 
     def __init__(self) -> None:
         self.had_data: list[bool] = []
+        self.states: list[set[int]] = []
         self.grid_states: list[str] = []
         self.small: dict[str, str] = {}
         self.plots: list = []
 
+    @property
+    def most_states(self) -> int:
+        """The most distinct data states one plot went through (>= 3: it was redrawn live)."""
+        return max((len(s) for s in self.states), default=0)
+
     def sample(self, page, label: str) -> None:
         self.plots = plots = page.evaluate(PROBE)
         self.had_data += [False] * (len(plots) - len(self.had_data))
+        self.states += [set() for _ in range(len(plots) - len(self.states))]
         for i, p in enumerate(plots):
             has = any(t["data"] not in EMPTY for t in p["traces"])
             self.had_data[i] = self.had_data[i] or has
+            self.states[i].add(hash(json.dumps([t["data"] for t in p["traces"]])))
             if has and p["height"] < MIN_PLOT_PX:
                 self.small[p["title"][:60]] = f"{p['height']:.0f} px tall"
             rows = max((t["rows"] for t in p["traces"]), default=0)
@@ -275,7 +284,7 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
         assert not empty, f"{name}: plots never showed data: {empty}"
         assert not watch.small, f"{name}: plots too small to read: {watch.small}"
         if has_dashboard:
-            assert len(watch.grid_states) >= 2, f"{name}: the block grid never changed (the view is not live)"
+            assert watch.most_states >= 3, f"{name}: no plot was redrawn while the run went (the view is not live)"
             assert page.evaluate(DASHBOARD_IN_VIEW), f"{name}: after Run All the window shows no dashboard"
             moments = [p for p in watch.plots if p["title"].startswith("key moments of the run")]
             assert moments and any(t["data"] not in EMPTY for t in moments[0]["traces"]), \

@@ -241,8 +241,6 @@ class Dashboard:
     def _finished(self) -> None:
         """The run is over: keep its story on screen (summary, key moments, replay), showing the
         pool at its peak usage rather than the empty pool of the end."""
-        if self.anchor is not None:
-            self.anchor.running = False
         if self.story is None:
             return
         self.story.refresh()
@@ -325,7 +323,6 @@ class Dashboard:
     def _bring_into_view(self) -> None:
         """Scroll the page to this dashboard as its run starts (Run All lands on the show)."""
         if self.anchor is not None:
-            self.anchor.running = True
             self.anchor.scroll += 1
 
     def reset(self, workload: dict | None = None, **settings) -> None:

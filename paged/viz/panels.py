@@ -18,22 +18,26 @@ TOKENS_HINT = "<i>click a block to see its request and tokens</i>"
 class ScrollAnchor(anywidget.AnyWidget):
     """An invisible mark at the top of a dashboard: each increment of ``scroll`` scrolls the page
     so the mark is at the top of the view (a run starting under Run All brings its dashboard in).
-    A view that first renders while ``running`` (a Voilà page still arriving) scrolls at once."""
+    The page records the requests it carried out (``scrolled``), so a view that renders only after
+    the run began (a busy page, a Voilà page still arriving) still scrolls, once."""
 
     _esm = """
     function render({ model, el }) {
       el.style.cssText = "height:0;margin:0;padding:0";
-      let seen = model.get("scroll");
-      const bring = () => el.scrollIntoView({ block: "start" });
-      const go = () => { if (model.get("scroll") !== seen) { seen = model.get("scroll"); bring(); } };
+      const go = () => {
+        if (model.get("scroll") > model.get("scrolled")) {
+          model.set("scrolled", model.get("scroll")); model.save_changes();
+          setTimeout(() => el.scrollIntoView({ block: "start" }), 0);
+        }
+      };
       model.on("change:scroll", go);
-      if (model.get("running")) { setTimeout(bring, 0); }
+      go();
       return () => model.off("change:scroll", go);
     }
     export default { render };
     """
     scroll = traitlets.Int(0).tag(sync=True)
-    running = traitlets.Bool(False).tag(sync=True)
+    scrolled = traitlets.Int(0).tag(sync=True)
 
 # name -> (widget kind, options); the dashboard shows those its run has
 CACHE_SETTINGS: dict[str, tuple[str, Any]] = {
