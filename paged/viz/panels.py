@@ -17,17 +17,39 @@ TOKENS_HINT = "<i>click a block to see its request and tokens</i>"
 
 class ScrollAnchor(anywidget.AnyWidget):
     """An invisible mark at the top of a dashboard: each increment of ``scroll`` scrolls the page
-    so the mark is at the top of the view (a run starting under Run All brings its dashboard in).
+    so the mark is at the top of the view (a run starting under Run All brings its dashboard in),
+    and keeps it there for a few seconds while the dashboard renders (until the person scrolls).
     The page records the requests it carried out (``scrolled``), so a view that renders only after
     the run began (a busy page, a Voilà page still arriving) still scrolls, once."""
 
     _esm = """
+    const HOLD_MS = 30000;  // keep the mark at the top while the dashboard below it renders
+    function hold(el) {
+      // The browser's scroll anchoring keeps whatever node it picked in place as content above it grows:
+      // a dashboard rendering under the mark would push itself out of view. Re-align on every frame for a
+      // while, and stop at once when the person scrolls or types.
+      const until = performance.now() + HOLD_MS;
+      let stopped = false;
+      const stop = () => { stopped = true; };
+      const events = ["wheel", "touchstart", "keydown", "mousedown"];
+      events.forEach((e) => window.addEventListener(e, stop, { once: true, passive: true, capture: true }));
+      const tick = () => {
+        if (stopped || performance.now() > until || !el.isConnected) {
+          events.forEach((e) => window.removeEventListener(e, stop, { capture: true }));
+          return;
+        }
+        if (Math.abs(el.getBoundingClientRect().top) > 2) el.scrollIntoView({ block: "start" });
+        requestAnimationFrame(tick);
+      };
+      el.scrollIntoView({ block: "start" });
+      requestAnimationFrame(tick);
+    }
     function render({ model, el }) {
       el.style.cssText = "height:0;margin:0;padding:0";
       const go = () => {
         if (model.get("scroll") > model.get("scrolled")) {
           model.set("scrolled", model.get("scroll")); model.save_changes();
-          setTimeout(() => el.scrollIntoView({ block: "start" }), 0);
+          setTimeout(() => hold(el), 0);
         }
       };
       model.on("change:scroll", go);
