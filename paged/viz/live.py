@@ -169,8 +169,7 @@ class Dashboard:
             snap = run.snapshot(block_range=(self.page * rows * cols, (self.page + 1) * rows * cols))
         if snap is None:
             return
-        when = (f"step {snap.step}" if step is None else f"step {step} (replayed)" if snap.step == step
-                else f"step {snap.step} (replayed: the snapshot kept nearest before step {step})")
+        when = f"step {snap.step}" if step is None else f"step {snap.step} (replayed)"  # the snapshot's own step
         if "grid" in figs:
             g = F.grid_data(snap, self.cols, self.page, self._decoder, self.selected)
             with figs["grid"].batch_update():
