@@ -270,9 +270,9 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
         watch, stem = Watch(), name.removesuffix(".ipynb")
         t0, mid_shot = time.time(), False
         while time.time() - t0 < DEADLINE_S:
-            time.sleep(1.0)
+            time.sleep(0.5)
             watch.sample(page, name)
-            if not mid_shot and watch.most_states >= 3 and not _all_cells_ran(page):
+            if not mid_shot and watch.most_states >= 2 and not _all_cells_ran(page):
                 _shot(page, f"{stem}-mid.png")
                 mid_shot = True
             if _all_cells_ran(page):
