@@ -20,6 +20,7 @@ export JUPYTER_CONFIG_DIR := $(CURDIR)/.cache/jupyter/config
 export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
 export MPLCONFIGDIR := $(CURDIR)/.cache/mpl
+export JUPYTER_PATH := $(CURDIR)/jupyter
 
 # Bound to this machine only; a fresh token each start unless you set LAB_TOKEN.
 LAB_PORT ?= 8888
@@ -30,7 +31,7 @@ endif
 # containers often run as root, which JupyterLab refuses without this flag
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install lab dashboard demo test bench clean vllm bench-vllm
+.PHONY: install nbfilter lab dashboard demo test bench clean vllm bench-vllm
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,29 +43,42 @@ $(STAMP): pyproject.toml
 	# JupyterLab renders every cell (no windowing): plots scrolled away and back are not re-created.
 	# (The empty live heatmaps seen once were anywidget's 2-s model start-up timeout on plotly's 5 MB
 	# FigureWidget ESM, not windowing; the live views now use paged.viz.liveplot.LivePlot.)
+	# No "get notified about Jupyter news?" pop-up over the page, no update checks.
 	mkdir -p $(VENV)/share/jupyter/lab/settings
-	echo '{"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}' \
+	echo '{"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}, "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
 		> $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $(STAMP)
 
+# Committed notebooks stay output-free after people run them (nbstripout as a git clean filter).
+nbfilter: $(STAMP)
+	@git config filter.nbstripout.clean >/dev/null 2>&1 || scripts/install_nbfilter.sh $(BIN)/python
+
 install: $(STAMP)
 
-lab: $(STAMP)
-	@echo "JupyterLab on notebooks/: http://127.0.0.1:$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=notebooks \
-		--IdentityProvider.token=$(LAB_TOKEN) $(ALLOW_ROOT)
+# The port: LAB_PORT if free; a busy default moves to the next free port, a busy port you chose stops
+# with a message; the server never moves on its own (port_retries=0), so the printed URL is the one served.
+lab: $(STAMP) nbfilter
+	@port=$$($(BIN)/python scripts/free_port.py $(LAB_PORT) LAB_PORT $(origin LAB_PORT)) || exit 1; \
+	echo "JupyterLab on notebooks/: http://127.0.0.1:$$port/lab?token=$(LAB_TOKEN)"; \
+	exec $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$$port --ServerApp.port_retries=0 \
+		--ServerApp.root_dir=notebooks --IdentityProvider.token=$(LAB_TOKEN) --config=jupyter/jupyter_server_config.py \
+		--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate $(ALLOW_ROOT)
 
-# Code-free pages for a projector: each notebook runs in its own kernel, only outputs and widgets show.
-dashboard: $(STAMP)
-	@echo "Dashboard (Voila): http://127.0.0.1:$(DASHBOARD_PORT)/?token=$(LAB_TOKEN)"
-	$(BIN)/voila notebooks --no-browser --Voila.ip=127.0.0.1 --port=$(DASHBOARD_PORT) --token=$(LAB_TOKEN) \
-		--strip_sources=True --show_tracebacks=True
+# Code-free pages for a projector: each notebook runs in its own kernel, only outputs and widgets show;
+# outputs appear as cells run (progressive rendering), so a run is seen live from its first step, and the
+# `paged` template (jupyter/voila/templates/paged) keeps only each notebook's title and question as prose.
+dashboard: $(STAMP) nbfilter
+	@port=$$($(BIN)/python scripts/free_port.py $(DASHBOARD_PORT) DASHBOARD_PORT $(origin DASHBOARD_PORT)) || exit 1; \
+	echo "Dashboard (Voila): http://127.0.0.1:$$port/?token=$(LAB_TOKEN)"; \
+	exec $(BIN)/voila notebooks --no-browser --Voila.ip=127.0.0.1 --port=$$port --Voila.port_retries=0 \
+		--token=$(LAB_TOKEN) --strip_sources=True --show_tracebacks=True --template=paged \
+		--VoilaConfiguration.progressive_rendering=True
 
 demo: $(STAMP)
 	$(BIN)/python -m paged demo --out reports
 
 # the vLLM venv too: tests/test_vllm_e2e.py runs a real vLLM CPU server (cached: built once)
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) nbfilter
 	$(BIN)/python -m pytest tests --durations=15
 
 bench: $(STAMP)

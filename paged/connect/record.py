@@ -132,5 +132,6 @@ def chrome_trace(source: Any, path: str | Path | None = None) -> dict:
                        args=dict(seq=b["seq"], stored=stored, removed=removed, restart=bool(b.get("restart")))))
     trace = dict(traceEvents=ev, displayTimeUnit="ms", otherData=dict(backend="vllm", format=FORMAT))
     if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(trace, allow_nan=False))
     return trace

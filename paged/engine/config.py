@@ -3,7 +3,10 @@
 A ``CacheConfig`` (``.cache``) and a ``SchedulerConfig`` (``.scheduler``), shared with the
 simulator (``paged.core.config``), plus what only the engine has: the sampling ``seed``, the
 ``attention_backend``, ``split_prefill_decode`` (decode chunks and prefill chunks as two forward
-passes, each timed on its own; default: one mixed pass, as vLLM does) and ``record_events``.
+passes, each timed on its own; default: one mixed pass, as vLLM does), ``record_events`` and
+``warm_up`` (run one tiny request through the model when the engine is built, so first-call costs --
+torch's lazy set-up, compiled kernels -- are not charged to the first request's TTFT; once per
+process and model/format/device; ``LLMEngine.warmup_s`` says what it took).
 
 Every knob may be given flat (``EngineConfig(block_size=32, kv_cache_dtype="int8")``, as
 ``LLM(...)`` does) and read flat (``config.block_size``); see ``paged.core.composed``. Every
@@ -42,6 +45,7 @@ class EngineConfig(ComposedConfig):
     attention_backend: str | None = None
     split_prefill_decode: bool = False
     record_events: bool = True
+    warm_up: bool = True
     # paged.connect.speak: publish the prefix cache as vLLM KV events on this ZMQ endpoint ('tcp://*:5557', or a
     # dict of vLLM's KVEventsConfig keys) and serve Prometheus metrics under vLLM's names on this port (0: any free)
     kv_events_endpoint: str | dict | None = None
@@ -49,7 +53,7 @@ class EngineConfig(ComposedConfig):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", need_int("seed", self.seed, _error, hint="e.g. seed=0"))
-        for name in ("split_prefill_decode", "record_events"):
+        for name in ("split_prefill_decode", "record_events", "warm_up"):
             need_flag(name, getattr(self, name), _error)
         if self.attention_backend is not None and not isinstance(self.attention_backend, str):
             raise _error(f"attention_backend must be None or a backend name, got {self.attention_backend!r}")

@@ -27,6 +27,8 @@ from paged.errors import (ConfigError, DuplicateRequestError, InvalidRequestErro
                           UnknownRequestError)
 from paged.models.loader import LoadedModel
 from .cache_sizing import allocation_error, size_cache
+from .clock import EngineClock
+from .warmup import warm_up
 from .cache_sizing import kv_bytes_per_block as _kv_bytes_per_block  # noqa: F401 - its old import path
 from .config import EngineConfig
 from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
@@ -71,7 +73,8 @@ class LLMEngine:
             raise err from None
         self._groups = Groups(self.scheduler, c.seed, self._text)
         self._request_rows: list[dict] = []
-        self._t0 = time.perf_counter()  # the engine clock of step and request records
+        self.clock = EngineClock()  # the clock of step and request records: engine time only (clock.py)
+        self.warmup_s = warm_up(self) if c.warm_up else 0.0  # first-call costs, paid before any timed work
         self.vllm = None  # paged.connect.speak.EngineSpeaker when kv_events_endpoint / metrics_port are set
         if c.kv_events_endpoint is not None or c.metrics_port is not None:
             from paged.connect.speak import connect_engine
@@ -90,11 +93,6 @@ class LLMEngine:
     def groups(self) -> Groups:
         """The user requests in flight, as groups of scheduler sequences (read-only use)."""
         return self._groups
-
-    @property
-    def t0(self) -> float:
-        """``time.perf_counter()`` when the engine was built: the origin of its step and request times."""
-        return self._t0
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
@@ -165,9 +163,8 @@ class LLMEngine:
             stops.update(self.loaded.config.eos_token_ids)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 stops.add(self.tokenizer.eos_token_id)
-        now = time.perf_counter()
-        group = Group(request_id, text, ids, params, now if arrival_time is None else arrival_time,
-                      stops=frozenset(stops), arrival_s=now - self._t0)
+        group = Group(request_id, text, ids, params, time.perf_counter() if arrival_time is None else arrival_time,
+                      stops=frozenset(stops), arrival_s=self.clock.now())
         self._groups.add(group, priority)  # raises before any state changes
 
     def abort(self, request_id: str) -> RequestOutput:
@@ -183,7 +180,14 @@ class LLMEngine:
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> StepOutput:
-        """Run one scheduler step and return what happened."""
+        """Run one scheduler step and return what happened (its times on the engine clock)."""
+        start = self.clock.start()
+        try:
+            return self._step(start)
+        finally:
+            self.clock.stop()
+
+    def _step(self, start: float) -> StepOutput:
         t0 = time.perf_counter()
         mark = len(self.recorder)
         plan = self.scheduler.schedule()
@@ -233,7 +237,7 @@ class LLMEngine:
         done = self.scheduler.update(plan, sampled)
         for fn in post:
             fn()
-        self._groups.stamp(plan, sampled, t0 - self._t0, time.perf_counter() - self._t0)
+        self._groups.stamp(plan, sampled, start, self.clock.now())
         self.runner.release_blocks(plan.finished_freed_blocks)
         for req in done:
             self._groups.record_done(Groups.of(req), req, FINISH_REASON[req.status])
@@ -257,7 +261,7 @@ class LLMEngine:
             num_tier_in_blocks=len(plan.tier_in), num_host_evicted_blocks=plan.num_host_evicted_blocks,
             schedule_ms=(t1 - t0) * 1e3, cache_ops_ms=cache_ms, forward_ms=forward_ms,
             prefill_ms=prefill_ms, decode_ms=decode_ms, sample_ms=(t3 - t2) * 1e3,
-            total_ms=(t3 - t0) * 1e3, time_s=t0 - self._t0, events=self.recorder.since(mark),
+            total_ms=(t3 - t0) * 1e3, time_s=start, events=self.recorder.since(mark),
             **plan.pool_counts())
         if failed:
             ids = [rid for rid, _ in failed]
@@ -276,7 +280,7 @@ class LLMEngine:
         self._request_rows.append(telemetry.request_row(
             g.request_id, g.arrival_s, len(g.prompt_token_ids),
             max((len(o.token_ids) for o in out.outputs), default=0), g.first_scheduled_s, g.first_token_s,
-            g.last_token_s, time.perf_counter() - self._t0, g.num_token_steps, g.num_preemptions,
+            g.last_token_s, self.clock.now(), g.num_token_steps, g.num_preemptions,
             g.num_cached_tokens))
         return out
 

@@ -178,10 +178,12 @@ class ServerView:
             import ipywidgets as W
 
             from .liveplot import LivePlot
+            from .panels import ScrollAnchor
             self.plots = {k: LivePlot(f) for k, f in figs.items()}
             self.status = W.HTML(status_panel(source))
+            self.anchor: Any = ScrollAnchor()
         else:
-            self.plots, self.status = {}, None
+            self.plots, self.status, self.anchor = {}, None, None
         self.figures = figs
 
     def _figures(self) -> dict[str, go.Figure]:
@@ -193,7 +195,10 @@ class ServerView:
                 "usage": server_vs_engine(src.server_frame(), engines, label=getattr(src, "label", "vLLM"))}
 
     def refresh(self) -> None:
-        """Redraw every figure from the source now (one message per plot)."""
+        """Redraw every figure from the source now (one message per plot); the first redraw brings
+        the view into the page's window (Run All lands on the show)."""
+        if self.anchor is not None and not self.frames:
+            self.anchor.scroll += 1
         figs = self._figures()
         self.figures = figs
         for k, plot in self.plots.items():
@@ -232,6 +237,7 @@ class ServerView:
             for f in self.figures.values():
                 display(f)
             return
+        display(self.anchor)
         display(self.status)
         for p in self.plots.values():
             display(p)

@@ -183,6 +183,10 @@ class SweepView:
         self._last_draw = 0.0
         self._draw_cost = 0.0
         self.no_widgets = widgets_available()
+        self.anchor: Any = None
+        if self.no_widgets is None:
+            from .panels import ScrollAnchor
+            self.anchor = ScrollAnchor()  # the first point brings the view into the window (Run All)
         self.figures: dict[str, Any] = {}
         for k, fig in self._static().items():
             if self.no_widgets is None:
@@ -217,6 +221,8 @@ class SweepView:
         """Take one point's rows (the ``on_result`` of ``paged.sweep``); draw if a frame is due."""
         self.rows.extend(rows)
         self.points += 1
+        if self.points == 1 and self.anchor is not None:
+            self.anchor.scroll += 1
         if rows and rows[0].get("status", "ok") != "ok":
             self.failed += 1
         if self._due():
@@ -246,6 +252,8 @@ class SweepView:
         if self.no_widgets is not None:
             display(HTML(f"<p><b>Static figures</b>: live widgets are unavailable here "
                          f"({html.escape(self.no_widgets)}); they show the points so far.</p>"))
+        if self.anchor is not None:
+            display(self.anchor)
         for f in self.figures.values():  # one by one, never inside a Box (plotly #4998)
             display(f)
 
