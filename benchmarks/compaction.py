@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compaction.py           # CPU (+ the Triton kernel with CUDA)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/compaction.py --quick   # smoke run
 
-The measurements are ``paged.engine.compaction_bench`` (see there for what each column means):
+The measurements are ``paged.studies.compaction`` (see there for what each column means):
 1. read: scattered vs contiguous block tables over the same K/V (ratio > 1: contiguity is faster);
 2. copies: compaction on a synthetic workload under the scheduler (same schedule as without),
    copies per pass and what planning and applying a pass cost;
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from paged.engine.compaction_bench import copy_table, engine_table, read_table, verdict  # noqa: E402
+from paged.studies.compaction import copy_table, engine_table, read_table, verdict  # noqa: E402
 
 
 def _print(df) -> None:

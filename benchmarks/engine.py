@@ -40,6 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks.harness import process_s, timed  # noqa: E402
 from paged.engine.llm import LLM  # noqa: E402
 from paged.models import embedded_gguf_path, load_model  # noqa: E402
 from paged.engine.sampling import SamplingParams  # noqa: E402
@@ -98,10 +99,9 @@ def bf16_report(loaded, prompts, outs, ours, a, rows, cpu, t_ours) -> None:
     """Ours with bfloat16 weights and KV: its speed, its share of greedy outputs equal to our
     float32 ones, and how near a tie the float32 model was where they first differ."""
     b16 = load_model(a.model, dtype=torch.bfloat16)
-    c0 = time.process_time()
-    t, got = run_ours(b16, prompts, outs, a.block_size, a.max_num_batched_tokens)
     name = "ours, bfloat16 (vs ours fp32)"
-    cpu[name] = time.process_time() - c0
+    cpu[name], (t, got) = timed(lambda: run_ours(b16, prompts, outs, a.block_size, a.max_num_batched_tokens),
+                                process_s)
     same, first = agreement(ours, got)
     rows.append((name, t, t / t_ours, same, first))
     print(f"  ours bf16 done in {t:.1f}s", flush=True)
@@ -194,9 +194,9 @@ def main() -> None:
           f"{a.min_prompt}-{a.max_prompt} (total {sum(map(len, prompts))}), outputs {a.min_output}-"
           f"{a.max_output} (total {n_out}), torch threads {torch.get_num_threads()}", flush=True)
     rows = []
-    c0 = time.process_time()  # CPU time of every thread (HF's continuous batching runs its own)
-    t_ours, ours = run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
-    c_ours = time.process_time() - c0
+    # CPU time of every thread (HF's continuous batching runs its own)
+    c_ours, (t_ours, ours) = timed(lambda: run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens),
+                                   process_s)
     cpu = {"ours (paged engine)": c_ours}
     rows.append(("ours (paged engine)", t_ours, 1.0, 1.0, -1))
     print(f"  ours done in {t_ours:.1f}s", flush=True)
@@ -205,18 +205,16 @@ def main() -> None:
         for r in range(2 * a.ab):
             on = (r % 2 == 0) == (r // 2 % 2 == 0)
             with packed_linears(on):
-                c0 = time.process_time()
-                run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
-                got[on].append(time.process_time() - c0)
+                got[on].append(timed(lambda: run_ours(loaded, prompts, outs, a.block_size,
+                                                      a.max_num_batched_tokens), process_s)[0])
         print("CPU s, packed:", " ".join(f"{x:.1f}" for x in got[True]),
               "| plain F.linear:", " ".join(f"{x:.1f}" for x in got[False]),
               f"| ratio of sums {sum(got[True]) / sum(got[False]):.3f}")
         return
     if a.unpacked:  # the engine before the packed linears, in the same run
         with packed_linears(False):
-            c0 = time.process_time()
-            t, got = run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens)
-            cpu["ours, plain F.linear (packed off)"] = time.process_time() - c0
+            cpu["ours, plain F.linear (packed off)"], (t, got) = timed(
+                lambda: run_ours(loaded, prompts, outs, a.block_size, a.max_num_batched_tokens), process_s)
         same, first = agreement(ours, got)
         rows.append(("ours, plain F.linear (packed off)", t, t / t_ours, same, first))
         print(f"  ours unpacked done in {t:.1f}s", flush=True)
@@ -225,17 +223,15 @@ def main() -> None:
     skip = set(filter(None, a.skip.split(",")))
     hf = load_hf(a.model) if skip != {"static", "continuous"} else None
     if "static" not in skip:
-        c0 = time.process_time()
-        t, got = run_static(hf, prompts, outs, a.static_batch, pad_id=0)
-        cpu[f"transformers generate, static batch {a.static_batch}"] = time.process_time() - c0
+        cpu[f"transformers generate, static batch {a.static_batch}"], (t, got) = timed(
+            lambda: run_static(hf, prompts, outs, a.static_batch, pad_id=0), process_s)
         same, first = agreement(ours, got)
         rows.append((f"transformers generate, static batch {a.static_batch}", t, t / t_ours, same, first))
         print(f"  static done in {t:.1f}s", flush=True)
     if "continuous" not in skip:
         try:
-            c0 = time.process_time()
-            t, got = run_hf_continuous(hf, prompts, outs)
-            cpu["transformers continuous batching"] = time.process_time() - c0
+            cpu["transformers continuous batching"], (t, got) = timed(lambda: run_hf_continuous(hf, prompts, outs),
+                                                                      process_s)
             same, first = agreement(ours, got)
             rows.append(("transformers continuous batching", t, t / t_ours, same, first))
         except Exception as e:  # noqa: BLE001 - report and go on

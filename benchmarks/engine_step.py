@@ -19,19 +19,15 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks.harness import cpu_and_wall as _clock, interleave, spread  # noqa: E402
 from paged.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from paged.engine.sampling import SamplingParams  # noqa: E402
 from paged.models import load_model  # noqa: E402
-
-
-def _clock() -> tuple[float, float]:
-    return time.thread_time(), time.perf_counter()
 
 
 class Ours:
@@ -148,11 +144,8 @@ def main(argv=None) -> int:
     systems = [hf] + [v for _, v in variants]
     for s in systems:
         s.steps(1)  # warm-up
-    rows = []
-    for r in range(a.rounds):
-        order = systems if r % 2 == 0 else systems[::-1]
-        got = {id(s): s.steps(a.steps) for s in order}
-        rows.append([got[id(s)] for s in systems])
+    got = interleave({j: (lambda s=s: s.steps(a.steps)) for j, s in enumerate(systems)}, a.rounds)
+    rows = [[got[j][r] for j in range(len(systems))] for r in range(a.rounds)]  # [round][system] (cpu, wall)
     ms = lambda xs: 1e3 * statistics.median(xs) / a.steps  # noqa: E731
     print(f"decode step, batch {a.batch}, context {a.prompt}..{a.prompt + total}, SmolLM2 fp32, "
           f"torch threads {torch.get_num_threads()}, {a.rounds} interleaved rounds x {a.steps} steps; "
@@ -162,10 +155,10 @@ def main(argv=None) -> int:
     for j, name in enumerate(names):
         print(f"{name:<40} {ms([r[j][0] for r in rows]):11.1f} {ms([r[j][1] for r in rows]):12.1f}")
     for j, (name, _) in enumerate(variants, start=1):
-        ratio = [r[j][0] / r[0][0] for r in rows]
+        mid, lo, hi = spread([r[j][0] / r[0][0] for r in rows])
         wall = [r[j][1] / r[0][1] for r in rows]
-        print(f"{name} / transformers per step (cpu): median {statistics.median(ratio):.3f}, "
-              f"range {min(ratio):.3f}-{max(ratio):.3f} over rounds; wall median {statistics.median(wall):.3f}")
+        print(f"{name} / transformers per step (cpu): median {mid:.3f}, "
+              f"range {lo:.3f}-{hi:.3f} over rounds; wall median {statistics.median(wall):.3f}")
     n = min(len(ours.tokens[0]), len(hf.tokens[0]))
     for name, v in variants:
         same = sum(x == y for x, y in zip(v.tokens, hf.tokens))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's `kernels`, not benchmarks/kernels.py
 
+from benchmarks.harness import best_of  # noqa: E402
 from paged.models.gguf_loader import open_gguf  # noqa: E402
 from paged.models.loader import resolve_model_path  # noqa: E402
 
@@ -25,14 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     path = resolve_model_path(a.model)
-    best = {True: float("inf"), False: float("inf")}
-    names = {}
-    for _ in range(a.rounds):
-        for fast in (True, False):
-            t0 = time.thread_time()
-            reader = open_gguf(path, fast=fast)
-            best[fast] = min(best[fast], time.thread_time() - t0)
-            names[fast] = [t.name for t in reader.tensors]
+    times, readers = best_of([lambda: open_gguf(path, fast=True), lambda: open_gguf(path, fast=False)], a.rounds)
+    best = dict(zip((True, False), times))
+    names = {fast: [t.name for t in r.tensors] for fast, r in zip((True, False), readers)}
     if names[True] != names[False]:
         print("the two readers list different tensors")
         return 1

@@ -8,7 +8,7 @@ score policy, side by side on one workload each.
 
 Prints per-variant prefix hit rate (GPU / host tier), prefill tokens saved, blocks and bytes
 moved, swaps and throughput, with ratios to the first row, and the verdict on the seeds' "cuts
-swaps by 40% on a 70B model" (``paged.sim.tiers.swap_claim``).
+swaps by 40% on a 70B model" (``paged.studies.host_tier.swap_claim``).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import pandas as pd
 
-    from paged.sim.tiers import swap_claim, tier_study
+    from paged.studies.host_tier import swap_claim, tier_study
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 30)
     n = 200 if a.quick else 1000
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     print(swap_claim(sim))
     print(swap_claim(sim, "host tier, score (size_weight=+0.5)"))
     if not a.no_engine:
-        from paged.engine.tier_study import engine_tier_study
+        from paged.studies.host_tier import engine_tier_study
         eng = engine_tier_study(a.model, num_requests=24 if a.quick else 48, num_blocks=32)
         eng["throughput_vs_first"] = eng["throughput_tok_s"] / eng["throughput_tok_s"].iloc[0]
         print(f"\nengine ({a.model or 'tiny random Llama'}, CPU): 8 prefixes x 6 blocks, 32 GPU blocks")

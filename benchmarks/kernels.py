@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's `kernels`
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from benchmarks.harness import best_of
 
 # peak HBM bandwidth, GB/s (vendor figures; see ANCHORS.md)
 PEAK_GBPS = {"A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100-SXM4-40GB": 1555, "A100-PCIE-40GB": 1555,
@@ -81,16 +81,7 @@ def _cpu_times(fns, rounds: int) -> list[float]:
     The fns alternate within every round (so drifting machine load hits them alike), after three
     warm-up calls each (allocator and thread-pool set-up).
     """
-    for fn in fns:
-        for _ in range(3):
-            fn()
-    best = [math.inf] * len(fns)
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            t0 = time.thread_time()
-            fn()
-            best[i] = min(best[i], time.thread_time() - t0)
-    return [b * 1e3 for b in best]
+    return [b * 1e3 for b in best_of(fns, rounds, warmup=3)[0]]
 
 
 def _cpu_row(args, ctx: int, bs: int) -> list[dict]:

@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from paged.sim.simulator import SimConfig, Simulator  # noqa: E402
-from paged.sim.studies import block_size_ablation, interference_study, memory_story  # noqa: E402
 from paged.sim.workload import synthetic_trace  # noqa: E402
+from paged.studies.papers import block_size_ablation, interference_study, memory_story  # noqa: E402
 
 
 def speed(n: int, profile: bool, model: str, gpu: str, rate: float) -> dict:

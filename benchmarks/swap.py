@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's kernels, not benchmarks/kernels.py
 
 import torch  # noqa: E402
 
+from benchmarks.harness import best_of, wall_s  # noqa: E402
 from paged._kernels import kernels  # noqa: E402
 from paged.engine.swap import SwapExecutor  # noqa: E402
 
@@ -53,14 +53,8 @@ def run(device: str = "cpu", blocks: int = 32, layers: int = 4, heads: int = 2, 
             y = torch.tanh(y @ w)
 
     def timed(fn) -> float:
-        best = float("inf")
-        for _ in range(rounds):
-            _sync(dev)
-            t0 = time.perf_counter()
-            fn()
-            _sync(dev)
-            best = min(best, time.perf_counter() - t0)
-        return best
+        """Best wall seconds of one call over ``rounds``, the device synchronized around it."""
+        return best_of([fn], rounds, clock=wall_s, sync=lambda: _sync(dev))[0][0]
 
     rows = []
     t_fwd = timed(lambda: forward(None))

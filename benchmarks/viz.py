@@ -1,7 +1,7 @@
 """Cost of the live views: snapshot + frame build per pool size, and the engine's throughput with
 the live dashboard at its frame cap vs without it, on the same workload.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/viz.py [--quick]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/viz.py [--quick] [--page-bytes]
 
 Part 1 fills a pool of 1k / 16k / 128k blocks to ~75% with requests of 16 blocks and times
 `KVCacheManager.snapshot()` (whole, and of the one grid page drawn), the grid page and block-table
@@ -25,14 +25,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # the repo's kernels/, not benchmarks/kernels.py
 
+from benchmarks.harness import best_of, wall_s  # noqa: E402
+
 
 def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    """Best wall seconds of one call of ``fn`` over ``repeats`` calls."""
+    return best_of([fn], repeats, clock=wall_s)[0][0]
 
 
 def _filled_manager(num_blocks: int, block_size: int = 16):
@@ -124,10 +122,82 @@ def throughput_table(num_requests: int = 8, max_tokens: int = 32, repeats: int =
     return df.round(3)
 
 
+def page_bytes_table(notebook: str = "02_block_tables_live.ipynb", timeout_s: float = 600.0):
+    """Bytes the browser receives over the websockets while JupyterLab runs `notebook` (Run All, small
+    parameters), with plotly.js shared by every live plot (one PlotlyLibrary widget per kernel) and with
+    one copy per plot (``liveplot.SHARE_PLOTLY = False``, the earlier behaviour), in one run."""
+    import json
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import tempfile
+
+    import nbformat
+    import pandas as pd
+    from playwright.sync_api import sync_playwright
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    work = tempfile.mkdtemp(prefix="paged-bytes-")
+    shutil.copytree(os.path.join(root, "notebooks"), os.path.join(work, "notebooks"),
+                    ignore=shutil.ignore_patterns("outputs", ".ipynb_checkpoints"))
+    os.symlink(os.path.abspath(os.path.join(root, "data")), os.path.join(work, "data"))
+    nb = nbformat.read(os.path.join(work, "notebooks", notebook), as_version=4)
+    variants = {"shared plotly.js": True, "plotly.js per plot": False}
+    for label, shared in variants.items():
+        copy = nbformat.from_dict(json.loads(json.dumps(nb)))
+        copy.cells.insert(0, nbformat.v4.new_code_cell(f"from paged.viz import liveplot\nliveplot.SHARE_PLOTLY = {shared}"))
+        nbformat.write(copy, os.path.join(work, "notebooks", f"{label.split()[0]}.ipynb"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PAGED_SMOKE="1", JUPYTER_CONFIG_DIR=os.path.join(work, "jc"),
+               JUPYTER_DATA_DIR=os.path.join(work, "jd"), JUPYTER_RUNTIME_DIR=os.path.join(work, "jr"),
+               IPYTHONDIR=os.path.join(work, "ipy"), PYTHONPATH=os.path.abspath(root))
+    srv = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                            "--allow-root", "--IdentityProvider.token=tok", f"--ServerApp.root_dir={work}"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    rows = []
+    try:
+        time.sleep(5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            for label in variants:
+                page = browser.new_page(viewport={"width": 1366, "height": 900})
+                got = [0]
+                page.on("websocket", lambda ws: ws.on("framereceived", lambda f: got.__setitem__(0, got[0] + len(f))))
+                page.goto(f"http://127.0.0.1:{port}/lab/tree/notebooks/{label.split()[0]}.ipynb?token=tok",
+                          timeout=180_000)
+                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+                page.click(".lm-MenuBar-item:has-text('Run')")
+                page.click(".lm-Menu-item:has-text('Run All Cells')")
+                t0 = time.time()
+                time.sleep(5)
+                while time.time() - t0 < timeout_s:
+                    prompts = page.evaluate("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
+                                            ".map(e => e.textContent)")
+                    if prompts and all(any(ch.isdigit() for ch in x) for x in prompts):
+                        break
+                    time.sleep(2)
+                plots = page.evaluate("() => document.querySelectorAll('.js-plotly-plot').length")
+                rows.append(dict(variant=label, live_plots=plots, websocket_mb=got[0] / 2**20))
+                page.close()
+            browser.close()
+    finally:
+        os.killpg(srv.pid, signal.SIGTERM)
+        shutil.rmtree(work, ignore_errors=True)
+    df = pd.DataFrame(rows).set_index("variant")
+    df["ratio_vs_per_plot"] = df["websocket_mb"] / df.loc["plotly.js per plot", "websocket_mb"]
+    return df.round(3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (for the smoke test)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--page-bytes", action="store_true",
+                    help="also: websocket bytes of notebook 02 in JupyterLab, plotly.js shared vs per plot (chromium)")
     a = ap.parse_args()
     import pandas as pd
     pd.set_option("display.width", 140)
@@ -139,6 +209,10 @@ def main() -> None:
           f"{a.repeats}, alternating)")
     kw = dict(num_requests=3, max_tokens=8) if a.quick else {}
     print(throughput_table(repeats=a.repeats, **kw).to_string())
+    if a.page_bytes:
+        print()
+        print("bytes over the websockets while JupyterLab runs notebook 02 (Run All, small parameters)")
+        print(page_bytes_table().to_string())
     np.random.seed(0)
 
 

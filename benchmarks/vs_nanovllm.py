@@ -30,22 +30,15 @@ import importlib
 import os
 import statistics
 import sys
-import time
 import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from paged import KVCacheManager, NullRecorder, Request, Scheduler, SchedulerConfig  # noqa: E402
-
-now = time.thread_time_ns
-_BASE = [(j * 7919 + 13) % 32000 for j in range(1 << 14)]
-
-
-def tokens(i: int, n: int) -> list[int]:
-    """A prompt unique to ``i`` from its first token on."""
-    return [i] + _BASE[:n - 1]
+from benchmarks.harness import interleave, spread, thread_ns as now  # noqa: E402
+from benchmarks.kv_workloads import SchedState, prompt as tokens  # noqa: E402
+from paged import KVCacheManager, NullRecorder, Request  # noqa: E402
 
 
 def load_nano(src: str | None = None):
@@ -110,28 +103,14 @@ class NanoMiss:
 
 
 # ---- 2. scheduler ----------------------------------------------------------------------
-class OursSched:
-    PROMPT = 100
+class OursSched(SchedState):
+    """Ours in steady decode (``benchmarks.kv_workloads.SchedState``, NullRecorder, block 16)."""
 
     def __init__(self, batch: int, max_steps: int) -> None:
-        total = self.PROMPT + max_steps + 4
-        kv = KVCacheManager(batch * -(-total // 16) + 64, 16, recorder=NullRecorder())
-        self.s = s = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=batch))
-        for i in range(batch):
-            s.add_request(Request(f"d{i}", tokens(i, self.PROMPT), max_tokens=max_steps + 4))
-        self.sampled = {f"d{i}": 7 for i in range(batch)}
-        while True:
-            out = s.schedule()
-            s.update(out, self.sampled)
-            if len(out.scheduled) == batch and all(c.num_tokens == 1 for c in out.scheduled):
-                break
+        super().__init__(batch, max_steps, NullRecorder())
 
     def run(self, steps: int) -> float:
-        s, sampled = self.s, self.sampled
-        t0 = now()
-        for _ in range(steps):
-            s.update(s.schedule(), sampled)
-        return (now() - t0) / steps
+        return self.steps(steps)
 
 
 class NanoSched:
@@ -163,23 +142,21 @@ class NanoSched:
 
 
 def _interleave(pairs: dict, rounds: int, work) -> dict:
-    """pairs: key -> {system: state}; returns key -> {system: [value per round]}."""
-    got = {k: {name: [] for name in systems} for k, systems in pairs.items()}
-    for r in range(rounds):
-        for k, systems in pairs.items():
-            names = list(systems)
-            for name in (names if r % 2 == 0 else names[::-1]):
-                got[k][name].append(work(k, systems[name]))
-    return got
+    """pairs: key -> {system: state}; returns key -> {system: [value per round]}. Every (key,
+    system) runs once per round, in an order that reverses every round (so within a key, ours and
+    nano-vllm take turns going first)."""
+    flat = {(k, name): (lambda k=k, st=st: work(k, st)) for k, systems in pairs.items() for name, st in systems.items()}
+    got = interleave(flat, rounds)
+    return {k: {name: got[(k, name)] for name in systems} for k, systems in pairs.items()}
 
 
 def _line(label: str, ours: list[float], ref: list[float] | None, unit: str, scale: float) -> str:
     med = statistics.median(ours) * scale
     if ref is None:
         return f"  {label:<40} {med:9.2f} {unit}"
-    per_round = [o / n for o, n in zip(ours, ref)]
+    mid, lo, hi = spread([o / n for o, n in zip(ours, ref)])
     return (f"  {label:<40} {med:9.2f} {unit}  nano-vllm {statistics.median(ref) * scale:9.2f} {unit}  "
-            f"ours/nano {statistics.median(per_round):5.2f}  (rounds {min(per_round):.2f}-{max(per_round):.2f})")
+            f"ours/nano {mid:5.2f}  (rounds {lo:.2f}-{hi:.2f})")
 
 
 def main(argv=None) -> int:

@@ -59,7 +59,7 @@ from .quant import quantize_kv
 if TYPE_CHECKING:
     from .cache import KVCacheLayer
 
-__all__ = ["write_kivi", "gather_k", "plan_copy", "plan_swap", "release"]
+__all__ = ["write_kivi", "write_plan", "gather_k", "plan_copy", "plan_swap", "release"]
 
 
 def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,7 @@ class _WritePlan(NamedTuple):
         return self.old >= 0
 
 
-def _plan(slot_mapping: torch.Tensor, bs: int) -> _WritePlan | None:
+def write_plan(slot_mapping: torch.Tensor, bs: int) -> _WritePlan | None:
     sm_host = slot_mapping.to("cpu")  # the bookkeeping's one host sync on a GPU
     rows = torch.nonzero(sm_host >= 0).squeeze(1)
     slots = sm_host[rows].long()
@@ -113,7 +113,7 @@ def _ix(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
 def write_kivi(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store ``key``/``value`` ``[T, H, D]`` at ``slot_mapping`` (< 0 skipped) under invariants 1-4."""
     pool = layer.staging
-    p = _plan(slot_mapping, layer.block_size)
+    p = write_plan(slot_mapping, layer.block_size)
     if p is None:
         return
     p = p._replace(old=pool.slots_of(p.blocks))

@@ -3,21 +3,21 @@
 The core (pure Python): `BlockPool` -> `KVCacheManager` -> `Scheduler`, observed through a
 `Recorder` whose events `paged.telemetry` turns into DataFrames.
 """
-from .core import (Block, BlockPool, Event, KVCacheManager, NullRecorder, Recorder, Request, RequestStatus,
+from .core import (Block, BlockPool, CacheConfig, Event, KVCacheManager, NullRecorder, Recorder, Request, RequestStatus,
                    ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput)
 from .errors import (BlockStateError, CacheInUseError, ConfigError, DuplicateRequestError,
                      InvalidRequestError, ModelLoadError, PagedError, StepFailedError, UnknownRequestError)
 
 __all__ = [
-    "Block", "BlockPool", "BlockStateError", "CacheInUseError", "ConfigError", "DuplicateRequestError",
+    "Block", "BlockPool", "BlockStateError", "CacheConfig", "CacheInUseError", "ConfigError", "DuplicateRequestError",
     "Event", "InvalidRequestError", "KVCacheManager", "ModelLoadError", "NullRecorder", "PagedError", "Recorder", "Request",
     "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepFailedError", "UnknownRequestError",
-    "LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Simulator", "SimConfig",
+    "LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Simulator", "SimConfig", "sweep",
 ]
 
 # The real-model engine needs torch; import it on first use so `import paged` stays light.
 _LAZY = {"LLM": ".engine", "LLMEngine": ".engine", "EngineConfig": ".engine", "SamplingParams": ".engine",
-         "Simulator": ".sim", "SimConfig": ".sim"}
+         "Simulator": ".sim", "SimConfig": ".sim", "sweep": ".sweeps"}  # paged.sweep(study, grid, ...)
 
 
 def __getattr__(name: str):

@@ -3,7 +3,8 @@
 - ``simulate``: one simulated deployment; a readable summary (progress bar on long runs) or one
   JSON object with ``--json``.
 - ``sweep``: a grid (``--grid key=v1,v2`` repeated; keys are ``SimConfig`` fields or trace keys)
-  run in worker processes into a tidy CSV or Parquet file.
+  through ``paged.sweep`` (worker processes, or Ray with ``--backend ray``; finished points kept
+  in a store beside ``--out``, so a re-run resumes) into a tidy CSV or Parquet file.
 - ``demo``: the headline report (markdown + CSV): the embedded SmolLM2 through our paged cache
   on this machine (step log, prefix hits, preemption, KV formats), then simulated runs: the vLLM
   paper's memory story and the prefill/decode interference table.
@@ -19,52 +20,85 @@ import math
 import os
 import sys
 import time
+import typing
+import warnings
 from typing import Any, Sequence
 
 from paged.errors import PagedError
 
-# SimConfig fields the CLI does not expose, and the spelling of the flags that differ from --field-name
-_SIM_HIDDEN = ("hash_fn", "record_events")
+# SimConfig knobs the CLI does not expose, and the spelling of the flags that differ from --knob-name
+_SIM_HIDDEN = ("record_events", "kv_share_with")
 _FLAG_NAMES = {"tensor_parallel": ("--tensor-parallel", "--tp"), "enable_chunked_prefill": ("--chunked-prefill",),
                "enable_prefix_caching": ("--prefix-caching",),
                "max_num_batched_tokens": ("--max-num-batched-tokens", "--token-budget")}
+_GROUPS = {None: "deployment and cost model (SimConfig)", "cache": "KV cache (CacheConfig, shared with the engine)",
+           "scheduler": "scheduler (SchedulerConfig, shared with the engine)"}
 
 
-def _sim_fields() -> list[dataclasses.Field]:
+def _sim_knobs() -> dict[str, tuple[str | None, dataclasses.Field]]:
+    """Flat ``SimConfig`` knob -> (its part, its field), deployment first, then cache and scheduler."""
     from paged.sim.simulator import SimConfig
 
-    return [f for f in dataclasses.fields(SimConfig) if f.name not in _SIM_HIDDEN]
+    knobs = SimConfig.knob_fields()
+    order = sorted(knobs, key=lambda n: (knobs[n][0] is not None, knobs[n][0] == "scheduler"))
+    return {n: knobs[n] for n in order if n not in _SIM_HIDDEN}
+
+
+class _OldFlag(argparse.Action):
+    """A deprecated flag: sets the new setting (``convert(value, flag)``) with a DeprecationWarning."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new_flag: str = "", convert: Any = None,
+                 **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.new_flag, self.convert = new_flag, convert or (lambda v, flag: v)
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        warnings.warn(f"{option_string} is deprecated; use {self.new_flag}", DeprecationWarning, stacklevel=2)
+        setattr(ns, self.dest, self.convert(values, option_string))
 
 
 def _add_sim_args(p: argparse.ArgumentParser) -> None:
-    """One flag per ``SimConfig`` field (type and default from the dataclass), plus the workload."""
-    import typing
-
+    """One flag per ``SimConfig`` knob (type and default from its config class), plus the workload."""
+    from paged.core.config import KV_CACHE_DTYPES, SWAP_COMPRESSIONS, SWAP_MODES
+    from paged.core.prefix_cache import HASH_FUNCTIONS
     from paged.sim.simulator import ALLOCATORS, SimConfig
-    from paged.sim.specs import GPU_PRESETS, KV_FORMATS, MODEL_PRESETS
+    from paged.sim.specs import GPU_PRESETS, MODEL_PRESETS
     from paged.sim.workload import WORKLOADS
 
     extra: dict[str, dict[str, Any]] = {
         "model": dict(help=f"preset ({', '.join(MODEL_PRESETS)}) or config.json path"),
         "gpu": dict(help=f"preset: {', '.join(GPU_PRESETS)}"),
         "num_blocks": dict(help="KV blocks per GPU (default: what fits)"),
-        "kv_format": dict(choices=sorted(KV_FORMATS)), "allocator": dict(choices=ALLOCATORS),
+        "kv_cache_memory": dict(help="KV-cache bytes per GPU (used without --num-blocks)"),
+        "kv_cache_dtype": dict(choices=KV_CACHE_DTYPES, help="'auto': the model's dtype"),
+        "hash_fn": dict(choices=sorted(HASH_FUNCTIONS)), "allocator": dict(choices=ALLOCATORS),
+        "swap_mode": dict(choices=SWAP_MODES), "swap_compression": dict(choices=[c for c in SWAP_COMPRESSIONS if c]),
+        "swap_space": dict(help="GiB of host memory per GPU for swap and the host tier (default 4)"),
         "preemption_mode": dict(choices=("recompute", "swap")), "policy": dict(choices=("fcfs", "priority")),
         "max_num_batched_tokens": dict(help="token budget per step (default: 2048 with chunked prefill, "
                                             "else max(2048, max_model_len))"),
         "calibration": dict(metavar="STEPS.csv", help="fit the cost model to engine steps saved with "
                                                       "paged.sim.cost_model.calibration_frame"),
     }
-    hints = typing.get_type_hints(SimConfig)
-    g = p.add_argument_group("deployment, scheduler and cost model (SimConfig fields)")
-    for f in _sim_fields():
-        kind = next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],)) if t is not type(None))
-        names = _FLAG_NAMES.get(f.name, ("--" + f.name.replace("_", "-"),))
-        kw: dict[str, Any] = dict(dest=f.name, default=f.default, **extra.get(f.name, {}))
+    types = SimConfig.knob_types()
+    groups = {part: p.add_argument_group(title) for part, title in _GROUPS.items()}
+    for name, (part, f) in _sim_knobs().items():
+        kind = next(t for t in (typing.get_args(types[name]) or (types[name],)) if t is not type(None))
+        names = _FLAG_NAMES.get(name, ("--" + name.replace("_", "-"),))
+        kw: dict[str, Any] = dict(dest=name, default=f.default, **extra.get(name, {}))
         if kind is bool:
-            g.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
+            groups[part].add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
         else:
-            g.add_argument(*names, type=kind, **kw)
+            groups[part].add_argument(*names, type=kind if isinstance(kind, type) else str, **kw)
+    old = p.add_argument_group("deprecated flags")
+    old.add_argument("--kv-format", dest="kv_cache_dtype", action=_OldFlag, new_flag="--kv-cache-dtype",
+                     choices=KV_CACHE_DTYPES, help=argparse.SUPPRESS)
+    old.add_argument("--swap-space-gib", dest="swap_space", type=float, action=_OldFlag, new_flag="--swap-space",
+                     help=argparse.SUPPRESS)
+    old.add_argument("--swap-overlap", "--no-swap-overlap", dest="swap_mode", nargs=0, action=_OldFlag,
+                     new_flag="--swap-mode overlap|sync", help=argparse.SUPPRESS,
+                     convert=lambda v, flag: "sync" if flag.startswith("--no-") else "overlap")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="sharegpt", choices=sorted(WORKLOADS))
     w.add_argument("--trace", default=None, help="trace file (CSV paged/vidur/azure or JSONL); overrides --workload")
@@ -79,11 +113,11 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
 
 
 def _sim_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in _sim_fields()}
+    return {name: getattr(args, name) for name in _sim_knobs()}
 
 
 def _trace_keys(args: argparse.Namespace) -> dict[str, Any]:
-    """The workload flags as ``paged.sim.studies.trace_for`` keys."""
+    """The workload flags as ``paged.studies.grid.trace_for`` keys."""
     return dict(workload=args.workload, num_requests=args.num_requests, rate=args.rate, arrival=args.arrival,
                 cv=args.cv, num_prefixes=args.num_prefixes, prefix_tokens=args.prefix_tokens,
                 prefix_fraction=args.prefix_fraction, trace=args.trace, trace_seed=args.seed)
@@ -120,7 +154,7 @@ def json_safe(summary: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from paged.sim.simulator import SimConfig, Simulator
-    from paged.sim.studies import trace_for
+    from paged.studies.grid import trace_for
 
     sim = Simulator(SimConfig(**_sim_kwargs(args)))
     tr = trace_for(_trace_keys(args), sim.max_model_len)
@@ -153,10 +187,11 @@ def _parse_value(v: str) -> Any:
 
 def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
     """``["block_size=8,16", "allocator=paged"]`` -> ``{"block_size": [8, 16], "allocator": ["paged"]}``."""
+    from paged.core.composed import DEPRECATED
     from paged.sim.simulator import SimConfig
-    from paged.sim.studies import TRACE_KEYS
+    from paged.studies.grid import TRACE_KEYS
 
-    fields = {f.name for f in dataclasses.fields(SimConfig)} | set(TRACE_KEYS)
+    fields = set(SimConfig.knobs()) | set(DEPRECATED) | set(TRACE_KEYS)
     grid: dict[str, list[Any]] = {}
     for spec in specs:
         key, sep, vals = spec.partition("=")
@@ -173,6 +208,10 @@ def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
                 or v is None
             if not ok:
                 raise PagedError(f"--grid {spec!r}: {key} takes {kind.__name__} values, got {v!r}")
+        if key in DEPRECATED:  # an old spelling: today's name and values (with a DeprecationWarning)
+            new, convert, _ = DEPRECATED[key]
+            warnings.warn(f"--grid {key} is deprecated; use --grid {new}", DeprecationWarning, stacklevel=2)
+            grid[new] = [convert(v) for v in grid.pop(key)]
     return grid
 
 
@@ -181,17 +220,19 @@ _GRID_KINDS = {"num_requests": int, "rate": float, "cv": float, "trace_seed": in
 
 
 def _sim_kinds() -> dict[str, type]:
-    import typing
-
+    """Flat ``SimConfig`` knob (old spellings too) -> the type its values take (None dropped)."""
+    from paged.core.composed import DEPRECATED
     from paged.sim.simulator import SimConfig
 
-    hints = typing.get_type_hints(SimConfig)
-    return {f.name: next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],)) if t is not type(None))
-            for f in dataclasses.fields(SimConfig)}
+    kinds = {name: next(t for t in (typing.get_args(hint) or (hint,)) if t is not type(None))
+             for name, hint in SimConfig.knob_types().items()}
+    kinds = {name: (kind if isinstance(kind, type) else object) for name, kind in kinds.items()}
+    kinds.update({old: (bool if old == "swap_overlap" else kinds[new]) for old, (new, _, _) in DEPRECATED.items()})
+    return kinds
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from paged.sim.studies import run_grid
+    from paged.sweeps import sweep
 
     base = {**_sim_kwargs(args), **_trace_keys(args)}
     del base["trace_seed"]  # the seed is a SimConfig field: a swept seed reseeds the trace too
@@ -211,7 +252,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 raise PagedError("writing Parquet needs pyarrow or fastparquet; pip install pyarrow, "
                                  "or give --out a .csv path") from None
     t0 = time.perf_counter()
-    df = run_grid(points, jobs=args.jobs, progress=not args.no_progress and sys.stderr.isatty())
+    store = False if args.no_store else (args.store or os.path.splitext(out)[0] + ".points")
+    df = sweep("simulate", points, backend=args.backend, jobs=args.jobs, address=args.address, store=store,
+               force=args.force, progress=not args.no_progress and sys.stderr.isatty())
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     if out.endswith(".parquet"):
         df.to_parquet(out, index=False)
@@ -220,13 +263,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cols = keys + [c for c in ("requests_finished", "throughput_req_s", "throughput_tok_s", "ttft_p99_s",
                                "tbt_p99_s", "kv_token_usage_mean", "num_preemptions") if c in df.columns]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    print(f"\n{len(df)} runs in {time.perf_counter() - t0:.1f} s -> {out}")
+    info = df.attrs["sweep"]
+    for err in df.loc[df["status"] != "ok", "error"].drop_duplicates()[:3]:
+        print(f"failed: {err}", file=sys.stderr)
+    print(f"\n{len(df)} runs in {time.perf_counter() - t0:.1f} s ({info['cached']} from {info['store']}, "
+          f"{info['errors'] + info['lost']} failed) -> {out}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The embedded model through our paged cache on this machine, then the simulated studies."""
-    from paged.report import demo_report
+    from paged.studies.demo import demo_report
 
     md, path = demo_report(args.out, num_requests=args.num_requests, jobs=args.jobs, model=args.model,
                            engine_requests=args.engine_requests, engine_blocks=args.engine_blocks,
@@ -253,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", default="sweep.csv", help=".csv or .parquet")
     sw.add_argument("--jobs", "-j", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     sw.add_argument("--no-progress", action="store_true")
+    sw.add_argument("--backend", choices=("local", "ray"), default="local", help="ray: one Ray task per point")
+    sw.add_argument("--address", default=None, help="Ray cluster: auto or ray://head:10001 (default: a local instance)")
+    sw.add_argument("--store", default=None, help="point store folder (default: --out without suffix + .points)")
+    sw.add_argument("--no-store", action="store_true", help="keep no per-point results (no resume)")
+    sw.add_argument("--force", action="store_true", help="recompute points already stored")
     sw.set_defaults(func=cmd_sweep)
     demo = sub.add_parser("demo", help="write the headline report (markdown + CSV)")
     demo.add_argument("--out", default="reports")
@@ -287,7 +339,11 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    with warnings.catch_warnings(record=True) as caught:  # deprecated flags: say so on stderr
+        warnings.simplefilter("always", DeprecationWarning)
+        args = build_parser().parse_args(argv)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
     try:
         _check_args(args)
         return args.func(args)

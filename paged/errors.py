@@ -46,3 +46,11 @@ class StepFailedError(PagedError, RuntimeError):
         super().__init__(message)
         self.request_ids = list(request_ids)
         self.step_output = step_output
+
+
+class ConnectError(PagedError, ConnectionError):
+    """A live source cannot reach its server (wrong endpoint, server down, timed out)."""
+
+
+class WireFormatError(PagedError, ValueError):
+    """A message from a server does not follow the wire format it claims (counted, not fatal, in live sources)."""

@@ -48,6 +48,10 @@ class Recording(RecordFrames):
     def snapshot_steps(self) -> list[int]:
         return sorted(self.snapshots)
 
+    def snapshot_at(self, step: int) -> KVSnapshot:
+        """The kept snapshot at or before `step` (what a replay shows at that step)."""
+        return self.snapshot(step)
+
     def snapshot(self, step: int | None = None) -> KVSnapshot:
         """The last kept snapshot at or before `step` (default: the last one); a `step` before the
         first kept snapshot gets the first one (a replay slider starts there)."""
@@ -69,8 +73,10 @@ def _json_default(x):
 
 
 def save(run, path: str | Path) -> Path:
-    """Write `run`'s (or a Recording's) rows, events, request rows and kept snapshots to `path` (.npz)."""
+    """Write `run`'s (or a Recording's) rows, events, request rows and kept snapshots to `path` (.npz;
+    its folder is created)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
     rows = run.rows
     for c in STEP_COLUMNS:
@@ -174,5 +180,6 @@ def chrome_trace(run) -> dict:
 def to_chrome_trace(run, path: str | Path) -> Path:
     """Write `chrome_trace(run)` as JSON to `path`."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(chrome_trace(run), default=_json_default, allow_nan=False))
     return path

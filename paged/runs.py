@@ -18,7 +18,6 @@ at the first step whose index reaches its `arrival_step`.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -78,17 +77,68 @@ class _Run(RecordFrames):
         self._written: list[int] = []
         self.done = False
         self.snapshot_stride = 0               # keep_snapshots(k): a snapshot every k steps
+        self.max_snapshots: int | None = None  # keep_snapshots(..., max_snapshots): thin beyond this
         self.snapshots: dict[int, Any] = {}    # step index (len(rows)) -> KVSnapshot
+        self._notable: set[int] = set()        # steps whose snapshot thinning keeps (key moments)
+        self._peak = 0.0
 
-    def keep_snapshots(self, stride: int = 1) -> "_Run":
-        """Keep a snapshot after every `stride`-th step (for paged.replay); 0 stops."""
-        self.snapshot_stride = stride
+    def keep_snapshots(self, stride: int = 1, max_snapshots: int | None = None) -> "_Run":
+        """Keep a snapshot after every `stride`-th step and after every step with a key moment
+        (copy-on-write, preemption, swap, tier move, compaction, a usage peak 2% above the last
+        one or a full pool, the first prefix hit: ``paged.story``), for replays; 0 stops. With `max_snapshots`, when more are kept the
+        regular ones are thinned (every other one dropped, the stride doubled), then the notable
+        ones, so memory stays bounded on long runs over large pools."""
+        if not isinstance(stride, int) or stride < 0:
+            raise ConfigError(f"stride must be an integer >= 0 (0 stops keeping snapshots), got {stride!r}")
+        if max_snapshots is not None and (not isinstance(max_snapshots, int) or max_snapshots < 2):
+            raise ConfigError(f"max_snapshots must be an integer >= 2 or None, got {max_snapshots!r}")
+        self.snapshot_stride, self.max_snapshots = stride, max_snapshots
         return self
 
+    def _is_notable(self, row: dict) -> bool:
+        first_hit = row["prefix_cache_hits"] > 0 and (len(self.rows) < 2 or self.rows[-2]["prefix_cache_hits"] == 0)
+        # a new usage peak, by 2% of the pool at least (rising usage would make every step one)
+        u = row["kv_cache_usage_perc"]
+        peak = u > self._peak + 0.02 or (u > self._peak and u >= 0.999)
+        if peak:
+            self._peak = u
+        return bool(first_hit or peak or row["num_block_copies"] or row["num_preempted"]
+                    or row["num_swapped_out_blocks"] or row["num_swapped_in_blocks"] or row["num_tier_out_blocks"]
+                    or row["num_tier_in_blocks"] or row["num_compaction_copies"])
+
     def _after_step(self) -> None:
+        k, n = self.snapshot_stride, len(self.rows)
+        if not k:
+            return
+        notable = self._is_notable(self.rows[-1])
+        if notable or n % k == 0:
+            self.snapshots[n] = self.snapshot()
+            if notable:
+                self._notable.add(n)
+            if self.max_snapshots is not None and len(self.snapshots) > self.max_snapshots:
+                self._thin()
+
+    def _thin(self) -> None:
+        """Drop every other regular snapshot (doubling the stride); if only notable ones are
+        left over the cap, every other notable one (the last usage peak stays)."""
+        self.snapshot_stride *= 2
         k = self.snapshot_stride
-        if k and len(self.rows) % k == 0:
-            self.snapshots[len(self.rows)] = self.snapshot()
+        for s in [s for s in self.snapshots if s not in self._notable and s % k]:
+            del self.snapshots[s]
+        if len(self.snapshots) > self.max_snapshots:
+            peak = max(self._notable, key=lambda s: (self.rows[s - 1]["kv_cache_usage_perc"], -s), default=None)
+            for s in sorted(self._notable)[1::2]:
+                if s != peak:
+                    del self.snapshots[s]
+                    self._notable.discard(s)
+
+    def snapshot_at(self, step: int):
+        """The kept snapshot of the last step <= `step` that has one (the first kept one before it)."""
+        if not self.snapshots:
+            raise ConfigError("this run kept no snapshots; call run.keep_snapshots(stride) before stepping")
+        keys = sorted(self.snapshots)
+        i = int(np.searchsorted(keys, step, side="right")) - 1
+        return self.snapshots[keys[max(i, 0)]]
 
     @property
     def num_steps(self) -> int:
@@ -136,9 +186,8 @@ class EngineRun(_Run):
         if len({w.request_id for w in self.workload}) != len(self.workload):
             raise ConfigError("workload request ids must be unique")
         self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
-        # the engine's clock (seconds since it was built), so our request rows and its step rows agree
-        self._t0 = getattr(engine, "_t0", time.perf_counter())
-        self._req: dict[str, dict] = {}
+        self._ids = {w.request_id for w in self.workload}
+        self._token_times: dict[str, list[float]] = {}  # request id -> engine-clock end of each step with its tokens
         self.last_output = None
         self.backend = backend_label(engine.device, engine.runner.backend)
         self.tokenizer = engine.tokenizer
@@ -151,49 +200,34 @@ class EngineRun(_Run):
     def scheduler(self):
         return self.engine.scheduler
 
-    @property
-    def now(self) -> float:
-        return time.perf_counter() - self._t0
-
     def _add_arrivals(self, step: int) -> None:
         from paged.engine import SamplingParams
         while self._pending and self._pending[0].arrival_step <= step:
             w = self._pending.pop(0)
             self.engine.add_request(w.request_id, w.prompt, w.params or SamplingParams())
-            n = len(self.engine.scheduler.requests[w.request_id].token_ids)
-            self._req[w.request_id] = dict(request_id=w.request_id, arrival_time_s=self.now, num_prompt_tokens=n,
-                                           first_scheduled_s=np.nan, token_times=[], finish_s=np.nan,
-                                           num_output_tokens=0, num_preemptions=0, num_cached_tokens=0)
+            self._token_times[w.request_id] = []
 
     def step(self) -> dict:
-        """Add due arrivals, run one engine step, record it; returns its STEP_COLUMNS row."""
+        """Add due arrivals, run one engine step, record it; returns its STEP_COLUMNS row. Times are the
+        engine's own (``paged.engine.clock``): pausing or pacing the run between steps changes none."""
         if self.done:
             raise PagedError("this run is done; use fresh() for a new one")
         self._add_arrivals(len(self.rows) + 1)
-        start = self.now
         out = self.engine.step()
-        end = self.now
         self.last_output = out
+        row = out.to_row()  # exactly STEP_COLUMNS (paged.telemetry.step_row)
+        end = row["time_s"] + row["step_time_s"]
         from paged.engine.groups import SEQ_ID_SEP  # '<group id>#k': the engine's sequence ids
-        for c in out.scheduled:
-            r = self._req.get(c.request_id.split(SEQ_ID_SEP)[0])
-            if r is not None and np.isnan(r["first_scheduled_s"]):
-                r["first_scheduled_s"] = start
         for gid in {sid.split(SEQ_ID_SEP)[0] for sid in out.new_tokens}:
-            if gid in self._req:
-                self._req[gid]["token_times"].append(end)
-        for ro in out.finished:
-            r = self._req.get(ro.request_id)
-            if r is not None:
-                r.update(finish_s=end, num_output_tokens=max((len(c.token_ids) for c in ro.outputs), default=0),
-                         num_preemptions=ro.num_preemptions, num_cached_tokens=ro.num_cached_tokens)
+            if gid in self._token_times:
+                self._token_times[gid].append(end)
         kv = self.kv
         self._track(out.events, kv.num_blocks)
         self._written = [b for c in out.scheduled if kv.has(c.request_id)
                          for b in kv.block_table(c.request_id)[c.start // kv.block_size:
                                                                (c.start + c.num_tokens - 1) // kv.block_size + 1]
                          if c.num_tokens]
-        self.rows.append(out.to_row())  # exactly STEP_COLUMNS (paged.telemetry.step_row)
+        self.rows.append(row)
         self.done = not self._pending and not self.engine.has_unfinished_requests()
         self._after_step()
         return self.rows[-1]
@@ -205,26 +239,12 @@ class EngineRun(_Run):
                                 last_use=self._last_use, with_tokens=with_tokens, block_range=block_range)
 
     def request_rows(self) -> list[dict]:
-        """REQUEST_COLUMNS rows of the requests that finished so far."""
-        out = []
-        for r in self._req.values():
-            if np.isnan(r["finish_s"]):
-                continue
-            tt = r["token_times"]
-            first = tt[0] if tt else np.nan
-            out.append(dict(request_id=r["request_id"], arrival_time_s=r["arrival_time_s"],
-                            num_prompt_tokens=r["num_prompt_tokens"], num_output_tokens=r["num_output_tokens"],
-                            first_scheduled_s=r["first_scheduled_s"], first_token_s=first, finish_s=r["finish_s"],
-                            ttft_s=first - r["arrival_time_s"],
-                            tbt_mean_s=float(np.mean(np.diff(tt))) if len(tt) > 1 else np.nan,
-                            e2e_s=r["finish_s"] - r["arrival_time_s"],
-                            queueing_s=r["first_scheduled_s"] - r["arrival_time_s"],
-                            num_preemptions=r["num_preemptions"], num_cached_tokens=r["num_cached_tokens"]))
-        return out
+        """REQUEST_COLUMNS rows of the workload's requests that finished so far: the engine's own records."""
+        return [r for r in self.engine.request_rows() if r["request_id"] in self._ids]
 
     def tbt_samples(self) -> np.ndarray:
-        """Every gap between consecutive tokens of a request (seconds), all requests."""
-        gaps = [np.diff(r["token_times"]) for r in self._req.values() if len(r["token_times"]) > 1]
+        """Every gap between consecutive token steps of a request (seconds on the engine clock), all requests."""
+        gaps = [np.diff(t) for t in self._token_times.values() if len(t) > 1]
         return np.concatenate(gaps) if gaps else np.zeros(0)
 
     def fresh(self, workload: Sequence[EngineRequest | dict] | None = None, **config) -> "EngineRun":

@@ -16,7 +16,7 @@ Both executors (the torch engine and the simulator) produce step rows with exact
   blocks copied GPU -> host / host -> GPU by the step, ``num_host_evicted_blocks`` host entries
   dropped for room, ``num_host_cached_blocks`` entries held after the plan, ``host_cache_hits``
   the cumulative tokens of ``prefix_cache_hits`` served from the host tier (GPU-tier hits are the
-  difference). Bytes moved = blocks x the block's bytes (``tier_metrics``).
+  difference). Bytes moved = blocks x the block's bytes (``paged.studies.host_tier.tier_metrics``).
 - requests: ``*_s`` columns are times on the same clock as ``time_s`` (NaN when it never
   happened); ``ttft_s = first_token_s - arrival_time_s``, ``e2e_s = finish_s - arrival_time_s``,
   ``queueing_s = first_scheduled_s - arrival_time_s``, ``tbt_mean_s`` the mean gap between the
@@ -186,25 +186,3 @@ def metrics(kv: "KVCacheManager", scheduler: "Scheduler | None" = None) -> dict[
         m["num_waiting"] = len(scheduler.waiting)
         m["num_swapped"] = len(scheduler.swapped)
     return m
-
-
-def tier_metrics(steps: pd.DataFrame, block_bytes: float = 0.0) -> dict[str, float]:
-    """Per-tier hit rates (tokens over prefix-cache queries), prefill tokens saved, blocks and
-    bytes moved (``block_bytes`` per block), and swap frequency from a steps frame (``STEP_COLUMNS``,
-    engine or simulator). "swaps" = host-tier moves (tier-out + tier-in) + preemption swap blocks;
-    ``swap_steps_share`` = share of steps that moved any block over the link."""
-    if not len(steps):
-        return {}
-    last = steps.iloc[-1]
-    q, hits, host = float(last["prefix_cache_queries"]), int(last["prefix_cache_hits"]), int(last["host_cache_hits"])
-    out, tin = int(steps["num_tier_out_blocks"].sum()), int(steps["num_tier_in_blocks"].sum())
-    swap = int(steps["num_swapped_out_blocks"].sum() + steps["num_swapped_in_blocks"].sum())
-    moving = (steps["num_tier_out_blocks"] + steps["num_tier_in_blocks"] + steps["num_swapped_out_blocks"]
-              + steps["num_swapped_in_blocks"]) > 0
-    return {"prefix_hit_rate": hits / q if q else 0.0, "gpu_hit_rate": (hits - host) / q if q else 0.0,
-            "host_hit_rate": host / q if q else 0.0, "prefill_tokens_saved": hits,
-            "tier_out_blocks": out, "tier_in_blocks": tin,
-            "host_evicted_blocks": int(steps["num_host_evicted_blocks"].sum()),
-            "preemption_swap_blocks": swap, "swaps": out + tin + swap,
-            "bytes_moved": (out + tin + swap) * block_bytes, "gib_moved": (out + tin + swap) * block_bytes / 2**30,
-            "swap_steps_share": float(moving.mean()), "steps": len(steps)}

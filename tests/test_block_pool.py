@@ -127,7 +127,8 @@ def test_batch_metadata_matches_block_tables():
     a = Request("a", list(range(1, 11)), max_tokens=4)   # 10 tokens: 3 blocks
     b = Request("b", [7, 8], max_tokens=4)
     kv.allocate_slots(a, 10); kv.allocate_slots(b, 2)
-    batch = build_batch([ScheduledChunk(a, 0, 10, True), ScheduledChunk(b, 0, 2, True)], kv)
+    batch = build_batch([ScheduledChunk(a, 0, 10, True, kv.blocks_of("a")),
+                         ScheduledChunk(b, 0, 2, True, kv.blocks_of("b"))], kv.block_size)
     ta, tb = kv.block_table("a"), kv.block_table("b")
     assert batch.slot_mapping.tolist() == [ta[p // 4] * 4 + p % 4 for p in range(10)] + [tb[0] * 4, tb[0] * 4 + 1]
     assert batch.query_start_loc.tolist() == [0, 10, 12]
@@ -162,3 +163,48 @@ def test_token_usage_shows_internal_fragmentation():
     fill(kv, "a", [1, 2, 3, 4, 5])      # 5 tokens in 2 blocks of 4
     assert kv.kv_cache_usage_perc == 2 / 8
     assert kv.token_usage == 5 / 8
+
+
+def _pool_state(pool: BlockPool):
+    return (pool.num_used, pool.num_cached_free, pool.free_block_ids(), sorted(pool.cached_free_block_ids()),
+            [(b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks if b is not None], dict(pool.index))
+
+
+def test_pool_moves_a_block_and_drops_entries_through_its_own_methods():
+    """What compaction and the manager need, as pool methods: relocate, evict a cached-free block,
+    uncache an in-use one; each keeps the invariants, and a bad call changes nothing."""
+    rec = Recorder()
+    pool = BlockPool(8, recorder=rec)
+    a, b, c = pool.allocate(3, "r")
+    assert pool.register(b, "hb", (1,)) and pool.register(c, "hc", (2,), b.cid, depth=1)
+    pool.free(b)                                   # b: cached-free; a, c in use
+    assert pool.num_created == 3 and pool.free_block_ids() == list(range(3, 8))
+    assert pool.cached_free_block_ids() == {1} and pool.num_cached_free == 1
+    pool.take_freed()
+    before = _pool_state(pool)
+    for bad in [(1, 5), (0, 2), (0, 8), (9, 3)]:   # src not in use, dst in use, out of range
+        with pytest.raises(BlockStateError):
+            pool.relocate(*bad)
+        assert _pool_state(pool) == before
+    pool.relocate(2, 6)                            # c (in use, hashed) to a never-used id
+    assert c.block_id == 6 and pool.blocks[6] is c and pool.index["hc"] is c and c.parent_cid == b.cid
+    assert pool.blocks[2].ref_cnt == 0 and pool.take_freed() == [2]
+    assert pool.num_created == 7 and sorted(pool.free_block_ids()) == [2, 3, 4, 5, 7]
+    pool.check_invariants()
+    with pytest.raises(BlockStateError, match="not cached-free"):
+        pool.evict_cached(0)
+    pool.evict_cached(1)                           # b: entry dropped, plain free, an evict event
+    assert "hb" not in pool.index and b.block_hash is None and 1 in pool.free_block_ids()
+    assert rec.events[-1][1] == "evict"
+    assert pool.uncache(6) and "hc" not in pool.index and c.ref_cnt == 1   # in use: keeps its holder
+    assert not pool.uncache(6) and not pool.uncache(5)
+    pool.check_invariants()
+
+
+def test_uncache_of_a_cached_free_block_makes_it_plain_free():
+    pool = BlockPool(4)
+    (b,) = pool.allocate(1)
+    pool.register(b, "h", (1,))
+    pool.free(b)
+    assert pool.uncache(b.block_id) and pool.num_cached_free == 0 and b.block_id in pool.free_block_ids()
+    pool.check_invariants()

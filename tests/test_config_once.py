@@ -2,8 +2,6 @@
 SchedulerConfig with one helper, the CLI's simulator flags come from SimConfig."""
 from __future__ import annotations
 
-import dataclasses
-
 import pandas as pd
 import pytest
 
@@ -44,10 +42,12 @@ def test_cli_flags_default_to_simconfig():
     from paged.cli import build_parser
 
     args = build_parser().parse_args(["simulate"])
-    for f in dataclasses.fields(SimConfig):
-        if hasattr(args, f.name):
-            assert getattr(args, f.name) == f.default, f.name
+    knobs = SimConfig.knob_fields()  # flat: the cache's, the scheduler's and the deployment's
+    flagged = [name for name in knobs if hasattr(args, name)]
+    assert set(knobs) - set(flagged) == {"record_events", "kv_share_with"}  # every other knob has a flag
+    for name in flagged:
+        assert getattr(args, name) == knobs[name][1].default, name
     args = build_parser().parse_args(["simulate", "--tp", "2", "--no-chunked-prefill", "--token-budget", "64",
-                                      "--kv-format", "int4_kivi", "--no-paged-kernel-penalty"])
-    assert (args.tensor_parallel, args.enable_chunked_prefill, args.max_num_batched_tokens, args.kv_format,
+                                      "--kv-cache-dtype", "int4_kivi", "--no-paged-kernel-penalty"])
+    assert (args.tensor_parallel, args.enable_chunked_prefill, args.max_num_batched_tokens, args.kv_cache_dtype,
             args.paged_kernel_penalty) == (2, False, 64, "int4_kivi", False)

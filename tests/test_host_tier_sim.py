@@ -6,8 +6,8 @@ import pytest
 
 
 def test_simulator_charges_tier_copies():
-    from paged.sim.tiers import tier_study
-    df = tier_study(model="llama-2-7b", gpu="a100-40gb", tensor_parallel=1, num_blocks=300, swap_space_gib=2.0,
+    from paged.studies.host_tier import tier_study
+    df = tier_study(model="llama-2-7b", gpu="a100-40gb", tensor_parallel=1, num_blocks=300, swap_space=2.0,
                     num_requests=40, num_prefixes=16, prefix_tokens=512, rate=20.0,
                     variants=["recompute (no host tier)", "host tier, LRU", "host tier, score"])
     off, lru, score = (df.iloc[i] for i in range(3))
@@ -17,7 +17,7 @@ def test_simulator_charges_tier_copies():
     assert lru["gpu_hit_rate"] + lru["host_hit_rate"] == pytest.approx(lru["prefix_hit_rate"])
     assert (df["blocks_in_use_at_end"] == 0).all()
     assert lru["gib_moved"] == pytest.approx(lru["swaps"] * lru["block_bytes"] / 2**30)
-    from paged.sim.tiers import swap_claim
+    from paged.studies.host_tier import swap_claim
     assert "seed claims 40% fewer" in swap_claim(df)
 
 

@@ -1,5 +1,6 @@
-"""The import graph: no circles in paged/ and kernels/ (module-level imports, type-only ones
-included; imports inside functions are lazy by design), and the core stays light."""
+"""The import graph: no circles in paged/ and kernels/ (every import counts: module-level,
+type-only and lazy ones inside functions, which defer loading but still tie two modules to each
+other), and the core stays light. The other architecture rules are in tests/test_architecture.py."""
 from __future__ import annotations
 
 import ast
@@ -37,13 +38,20 @@ def _module_level_imports(tree: ast.Module):
             todo.extend(node.body)
 
 
-def import_graph() -> dict[str, set[str]]:
+def _all_imports(tree: ast.Module):
+    """Every import node, wherever it is (functions and methods included: lazy imports)."""
+    return (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
+def import_graph(lazy: bool = True) -> dict[str, set[str]]:
+    """Module -> modules of ours it imports; ``lazy=False``: only what runs at import time."""
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
+    imports = _all_imports if lazy else _module_level_imports
     for mod, path in mods.items():
         is_pkg = path.name == "__init__.py"
         base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-        for node in _module_level_imports(ast.parse(path.read_text(), str(path))):
+        for node in imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -102,11 +110,24 @@ def _is_package_edge(a: str, b: str) -> bool:
 
 
 def test_no_import_cycles():
+    """No circle among our modules, counting every import (lazy ones inside functions too)."""
     graph = import_graph()
     assert "paged.core.block_pool" in graph and "kernels" in graph
+    assert "paged.core.snapshot" in graph["paged.core.kv_manager"]  # a lazy import is an edge
+    assert "paged.core.snapshot" not in import_graph(lazy=False)["paged.core.kv_manager"]
     pruned = {m: {t for t in ts if not _is_package_edge(m, t)} for m, ts in graph.items()}
     cycles = _cycles(pruned)
-    assert not cycles, f"import circles (module-level imports): {cycles}"
+    assert not cycles, f"import circles (lazy imports inside functions included): {cycles}"
+
+
+def test_the_cycle_check_sees_lazy_imports():
+    """The check itself: an import inside a method is an edge, and two modules importing each
+    other (one lazily) are reported."""
+    tree = ast.parse("import a\nclass K:\n    def f(self):\n        from . import b\n")
+    assert [len(n.names) for n in _all_imports(tree)] == [1, 1]
+    assert len(list(_module_level_imports(tree))) == 1
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_core_imports_no_torch_pandas_or_plotly():
@@ -132,3 +153,57 @@ def test_only_paged_viz_imports_plotly_or_ipywidgets():
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
                           if n.split(".")[0] in ("plotly", "ipywidgets", "anywidget")]
     assert not offenders, f"plotly/ipywidgets imported outside paged/viz: {offenders}"
+
+
+def _imports_in_file(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in a file, lazy ones inside functions included."""
+    base = list(path.relative_to(ROOT).parts[:-1])  # the package a relative import starts from
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                prefix = ".".join(base[:len(base) - node.level + 1])
+                src = f"{prefix}.{node.module}" if node.module else prefix
+            else:
+                src = node.module or ""
+            out += [(node.lineno, f"{src}.{a.name}") for a in node.names]
+    return out
+
+
+def _offenders(files, forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{p.relative_to(ROOT)}:{line} {name}" for p in files for line, name in _imports_in_file(p)
+            if any(name == f or name.startswith(f + ".") for f in forbidden)]
+
+
+def test_studies_sit_above_the_executors_and_below_the_views():
+    """Data flows one way: executors -> records -> studies -> views. Nothing below paged.studies
+    imports it (lazily either), a study never imports a view, and paged.cli is the one caller above."""
+    below = [p for p in sorted((ROOT / "paged").rglob("*.py"))
+             if not {"studies", "viz"} & set(p.relative_to(ROOT / "paged").parts) and p.name != "cli.py"]
+    below += sorted((ROOT / "kernels").rglob("*.py"))
+    assert len(below) > 50
+    bad = _offenders(below, ("paged.studies", "paged.viz"))
+    assert not bad, f"modules below paged.studies import a study or a view: {bad}"
+    studies = sorted((ROOT / "paged" / "studies").rglob("*.py"))
+    assert len(studies) > 10
+    bad = _offenders(studies, ("paged.viz",))
+    assert not bad, f"studies import views (a study returns frames; paged.viz draws them): {bad}"
+
+
+def test_views_run_no_executor():
+    """paged.viz draws frames, snapshots and study results: it never imports an executor or the
+    runs that step one (lazy imports included). Running is a study's job (paged.studies)."""
+    views = sorted((ROOT / "paged" / "viz").rglob("*.py"))
+    bad = _offenders(views, ("paged.engine", "paged.sim.simulator", "paged.runs"))
+    assert not bad, f"views import an executor; move the runner to paged/studies/: {bad}"
+
+
+def test_kernels_import_nothing_of_paged():
+    """The kernels are a library of their own (tensors in, tensors out): no module in ``kernels/``
+    imports ``paged`` (lazily either); ``paged`` imports ``kernels``, never the other way."""
+    files = sorted((ROOT / "kernels").rglob("*.py"))
+    assert len(files) > 10
+    bad = _offenders(files, ("paged",))
+    assert not bad, f"kernels import paged: {bad}"

@@ -31,7 +31,7 @@ def test_engine_and_simulator_size_a_block_identically(fmt):
     for bs in BLOCK_SIZES:
         engine = _kv_bytes_per_block(SMOL_CFG, bs, fmt, torch.float16)
         assert SMOL.kv_bytes_per_token(fmt, block_size=bs) * bs == engine, (fmt, bs)
-    sim = Simulator(SimConfig(model="smollm2-135m", gpu="a100-80gb", kv_format=fmt, block_size=32))
+    sim = Simulator(SimConfig(model="smollm2-135m", gpu="a100-80gb", kv_cache_dtype=fmt, block_size=32))
     assert sim.block_bytes == sim.sizing.bytes_per_block == _kv_bytes_per_block(SMOL_CFG, 32, fmt, torch.float16)
 
 
@@ -95,5 +95,5 @@ def test_front_formats_are_sized_alike_by_the_engine_and_the_simulator(alias):
     engine = _kv_bytes_per_block(SMOL_CFG, bs, alias, torch.float16)
     assert SMOL.kv_bytes_per_token(alias, block_size=bs) * bs == engine
     assert format_table.lookup(alias).name == format_table.FRONT[alias]
-    sim = Simulator(SimConfig(model="smollm2-135m", gpu="a100-80gb", kv_format=alias, block_size=bs))
+    sim = Simulator(SimConfig(model="smollm2-135m", gpu="a100-80gb", kv_cache_dtype=alias, block_size=bs))
     assert sim.block_bytes == engine

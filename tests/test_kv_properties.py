@@ -14,6 +14,9 @@ Setups where nothing fits (1 block of 1 slot) are not drawn: pools hold at least
 token slots. Forks, copy-on-write and swaps are the rare paths, so extra rules drive them
 (fork-then-write, swap round trip) and the run reports how often each happened
 (`COUNTS`, shown as the test's `counts` property) and fails if one barely ran.
+
+The machine runs in a fresh interpreter (``tests/fresh_interpreter.py``), so its derandomized
+examples are the same whatever tests ran before it; ``run_machine()`` runs it in the caller's.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from hypothesis import assume, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
+from fresh_interpreter import run_fresh
 from paged import KVCacheManager, Request
 from shadow import ShadowKV
 
@@ -234,14 +238,24 @@ class KVMachine(RuleBasedStateMachine):
         self.kv.check_invariants()
 
 
-def test_kv_manager_properties(record_property):
+def run_machine() -> dict[str, int]:
+    """Run the machine (80 derandomized examples of up to 50 steps); returns the path counts."""
     COUNTS.clear()
     # derandomize (as the host-tier machine): the same examples every run, so the floors below are a fixed
     # check; randomized, about 1 run in 8 fell under a floor (e.g. 34 prefix-hit blocks)
     run_state_machine_as_test(KVMachine, settings=settings(max_examples=80, stateful_step_count=50, deadline=None,
                                                            derandomize=True, database=None))
-    record_property("counts", dict(COUNTS))
-    # the rare paths ran often enough to mean something; typical runs: 1,200-1,500 allocate_slots,
-    # 85-155 CoW copies, 450-650 forks, 90-340 swap-ins, 180-380 prefix-hit blocks
+    return dict(COUNTS)
+
+
+def test_kv_manager_properties(record_property):
+    # in a fresh interpreter: derandomized examples still depend on the modules loaded before
+    # (tests/fresh_interpreter.py); in the suite's process this test once passed alone and failed after
+    # other test files (a wrong prefix hit, tests/test_prefix_verification.py)
+    counts = run_fresh("test_kv_properties", "run_machine")
+    record_property("counts", counts)
+    # the rare paths ran often enough to mean something; the run today: 1,321 allocate_slots, 163 CoW
+    # copies, 506 forks, 172 swap-ins, 110 prefix-hit blocks (in other processes' example mixes:
+    # 1,200-1,500, 85-155, 450-650, 90-340, 110-390)
     floors = {"allocate_slots": 800, "cow_copies": 40, "forks": 200, "swap_ins": 40, "prefix_hit_blocks": 40}
-    assert all(COUNTS[k] >= v for k, v in floors.items()), dict(COUNTS)
+    assert all(counts.get(k, 0) >= v for k, v in floors.items()), counts

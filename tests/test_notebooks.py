@@ -4,7 +4,8 @@ Each notebook is its own test case. The kernel is the interpreter running pytest
 ipykernel), started with IPython and Jupyter directories in a temporary folder and one OpenMP
 thread; the notebook runs from a copy inside ``notebooks/``'s temporary twin (``data/`` linked),
 so relative paths resolve as they do in JupyterLab and the repository's files stay output-free.
-Also checked: the layout rules of CONTRACT (a ``parameters`` cell that reads PAGED_SMOKE, no
+Every output is also checked: plotly figures pass ``paged.viz.check.figure_problems`` (heights, rows,
+integer count axes, labels) and no output shows a path of this machine. Also checked: the layout rules of CONTRACT (a ``parameters`` cell that reads PAGED_SMOKE, no
 committed outputs, no function definitions in code cells, a "Try this" ending).
 """
 
@@ -85,6 +86,24 @@ def test_notebook_executes(path: Path, tmp_path: Path) -> None:
             else:
                 os.environ[k] = v
     print(f"{path.name}: executed in {took:.1f} s; slowest cells: {_slowest(nb)}")
+    problems = _output_problems(nb)
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def _output_problems(nb) -> list[str]:
+    """Unreadable figures (paged.viz.check) and paths of this machine in any output of an executed notebook."""
+    from paged.viz.check import figure_problems, output_problems
+    out = []
+    for i, c in enumerate(nb.cells):
+        for o in c.get("outputs", []) if c.cell_type == "code" else []:
+            data = o.get("data", {})
+            fig = data.get("application/vnd.plotly.v1+json")
+            if fig is not None:
+                out += [f"cell {i}: {p}" for p in figure_problems(fig)]
+            text = "".join(o.get("text", "")) + "".join(str(data.get(k, "")) for k in ("text/plain", "text/html",
+                                                                                     "text/markdown"))
+            out += [f"cell {i}: {p}" for p in output_problems(text)]
+    return out
 
 
 def _slowest(nb, n: int = 3) -> str:

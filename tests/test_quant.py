@@ -1,5 +1,6 @@
 """The KV quantization study: scheme grammar and storage costs, bad input, and on SmolLM2 the
-baseline's zero error, per-format error bounds and the CI-sized run time.
+baseline's zero error and per-format error bounds (the CI-sized run's cost is measured by
+benchmarks/time_budgets.py, not asserted here).
 
 Bounds are ~2-3x the values measured on this machine (ctx 256, first chunk of each shipped
 source, 381 scored tokens): KLD fp16 7e-7, int8 1.0e-3, fp8_e4m3 (scale 1) 1.4e-2,
@@ -7,8 +8,6 @@ int4_kivi 1.8e-2, int4+rot 3.9e-2, int4 8.2e-2; 4.5 bits: kivi_g64/int4_g64+vrot
 kiviq_g32/int4_g64+vrot (4.49) 2.1e-2, int4sym (q4_0-like) 0.13.
 """
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -95,17 +94,6 @@ def test_study_baseline_is_exact_and_formats_within_bounds(table):
     # 4.5 bits: KIVI keys over 64 tokens beat q4_0's layout (int4sym) and even 5-bit per-token int4
     assert df.loc["kivi_g64/int4_g64+vrot"].kld_mean < df.loc["int4"].kld_mean < df.loc["int4sym"].kld_mean
     assert df.loc["fp16"].role == "noise_floor" and set(df.n_tokens) == {3 * 127}
-
-
-def test_study_ci_sized_run_time(smol):
-    """The CI-sized case costs under a minute of CPU (this process's CPU time, all threads: what
-    neighbours on a busy box do not inflate, unlike wall time; 15 s measured)."""
-    t0 = time.process_time()
-    df = study(smol, formats=["int8", "int4"], context_lengths=(256,), max_chunks=1, divergence_tokens=8,
-               progress=False)
-    seconds = time.process_time() - t0
-    assert len(df) == 4 * 3
-    assert seconds < 60, seconds
 
 
 def test_describe_formats(smol):

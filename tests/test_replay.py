@@ -16,8 +16,7 @@ def _run():
 
 def test_save_load_round_trip(tmp_path):
     run = _run()
-    if not run.snapshots:  # a simulator without iter_steps keeps none; take one by hand
-        run.snapshots[len(run.rows)] = run.snapshot()
+    assert run.snapshots  # kept by the run itself (tests/test_run_snapshots.py: both run kinds, every step)
     p = replay.save(run, tmp_path / "r.npz")
     rec = replay.load(p)
     assert len(rec.rows) == len(run.rows)

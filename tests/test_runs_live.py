@@ -99,4 +99,15 @@ def test_replay_view_steps_through_snapshots(llm):
     view = live.ReplayView(run, autoplay=False)
     first = str(view.figures["grid"].data[0].z)
     view.show_step(view.steps[len(view.steps) // 2])
-    assert str(view.figures["grid"].data[0].z) != first and view.play.max == len(run.rows) - 1
+    assert str(view.figures["grid"].data[0].z) != first and view.story.player.max == len(run.rows)
+    assert not view.story.player.autoplay and view.story.summary.value  # the run's summary is shown too
+
+
+def test_replay_view_autoplays_in_the_browser(llm):
+    """The player starts in the page the first time it renders (its own timer, not ipywidgets.Play, whose
+    playing=True set in the kernel shows pause and never moves); the browser test watches it advance."""
+    from paged.viz import live
+    run = runs.EngineRun(llm, _workload()).keep_snapshots(1).run_to_completion()
+    view = live.ReplayView(run)
+    assert view.story.player.autoplay and view.story.player.value == min(run.snapshots)
+    assert "autoplay" in view.story.player._esm and view.story.player.layout.display != "none"

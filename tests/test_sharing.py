@@ -12,7 +12,7 @@ from paged.engine.kv_sharing import cache_index, check_share_map, owner_layers  
 from paged.errors import ConfigError  # noqa: E402
 from paged.models.testing import make_tiny_checkpoint  # noqa: E402
 from paged.quant.runs import greedy  # noqa: E402
-from paged.quant.sharing import SharedKVAttention, disjoint_pairs, js_distance  # noqa: E402
+from paged.studies.sharing import SharedKVAttention, disjoint_pairs, js_distance  # noqa: E402
 
 PROMPTS = [list(range(3, 30)), list(range(40, 49)), [7, 8, 9]]
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, prompt_logprobs=0)

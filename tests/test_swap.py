@@ -224,7 +224,7 @@ def test_greedy_outputs_identical_sync_overlap_under_swap_pressure(tiny):
     assert a.engine.runner.swap.bytes_out > 0 and b.engine.runner.swap.bytes_out == a.engine.runner.swap.bytes_out
     assert b.engine.runner.swap.num_prefetch_hits > 0  # the overlap run swapped some blocks in from prefetches
     _, c = _run(tiny, prompts, swap_mode="overlap", swap_compression="int4", **pressure)
-    sw = c.engine.runner.swap  # lossy: outputs may differ (paged.quant.swap_error measures by how much)
+    sw = c.engine.runner.swap  # lossy: outputs may differ (paged.studies.swap_error measures by how much)
     assert sw.bytes_in > 0 and sw.host_block_bytes() < sw.device_block_bytes()
 
 

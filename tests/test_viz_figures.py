@@ -40,10 +40,12 @@ def test_block_grid_is_one_heatmap_with_fixed_range_and_hover():
     assert all(t.type != "scattergl" for t in fig.data)
 
 
-def test_grid_pages_large_pools_and_tokens_decode():
+def test_grid_packs_large_pools_and_tokens_decode():
     kv = KVCacheManager(10_000, 16)
-    d = F.grid_data(kv.snapshot(), page=1)
-    assert d["rows"] * d["cols"] <= F.MAX_CELLS and d["num_pages"] == 3 and d["first"] == d["rows"] * d["cols"]
+    d = F.grid_data(kv.snapshot())  # too many blocks for one cell each: 5 per cell, the whole pool on one page
+    assert d["rows"] * d["cols"] <= F.MAX_CELLS and d["num_pages"] == 1 and d["blocks_per_cell"] == 5
+    rows, cols = F.grid_shape(10_000)
+    assert rows * cols >= 10_000 and cols == d["cols"] * 5
 
     class Tok:
         def decode(self, ids):

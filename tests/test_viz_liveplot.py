@@ -11,12 +11,28 @@ pytest.importorskip("anywidget")
 from paged.viz.liveplot import LivePlot  # noqa: E402
 
 
-def test_state_holds_the_figure_and_plotly_js() -> None:
+def test_state_holds_the_figure_and_one_shared_plotly_js() -> None:
     p = LivePlot(go.Figure(go.Heatmap(z=[[1, 2], [3, 4]]), layout_title_text="pool"))
+    q = LivePlot(go.Figure(go.Scatter(x=[0], y=[1])))
     fig = json.loads(p._figure)
     assert fig["data"][0]["type"] == "heatmap" and fig["layout"]["title"]["text"] == "pool"
-    assert "plotly.js" in p._plotly[:200] and len(p._plotly) > 1_000_000  # plotly.py's own bundle
+    lib = p._library
+    assert "plotly.js" in lib.source[:200] and len(lib.source) > 1_000_000  # plotly.py's own bundle
+    # the library travels once per page: every plot references the same widget, none carries the source
+    assert q._library is lib
+    for w in (p, q):
+        state = w.get_state()
+        assert state["_library"] == f"IPY_MODEL_{lib.model_id}"
+        assert len(json.dumps({k: v for k, v in state.items() if k != "_esm"})) < 100_000
     assert len(p._esm) < 4000  # small: loads well inside anywidget's 2 s start-up window
+
+
+def test_a_closed_library_is_made_again() -> None:
+    from paged.viz.liveplot import plotly_library
+    lib = plotly_library()
+    lib.close()
+    p = LivePlot(go.Figure())
+    assert p._library is not lib and p._library.comm is not None
 
 
 def test_batch_update_sends_the_whole_figure_once() -> None:

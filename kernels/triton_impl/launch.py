@@ -21,11 +21,13 @@ MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost dominates
 MAX_SPLITS = 32
 
 
-def _pow2(n: int) -> int:
+def pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1): Triton block shapes."""
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _dot_code(dtype: torch.dtype, device: torch.device) -> int:
+def dot_code(dtype: torch.dtype, device: torch.device) -> int:
+    """How kernels cast ``tl.dot`` operands: 0 keep fp32 (interpreter, CPU, fp32), 1 fp16, 2 bf16."""
     if INTERPRETED or device.type != "cuda" or dtype == torch.float32:
         return 0
     return 2 if dtype == torch.bfloat16 else 1
@@ -70,8 +72,8 @@ def decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tens
     s, hq, d = q.shape
     h, bs = layer.num_kv_heads, layer.block_size
     group = hq // h
-    gp = max(16, _pow2(group))
-    block_d = max(16, _pow2(d))
+    gp = max(16, pow2(group))
+    block_d = max(16, pow2(d))
     block_n = 16 if INTERPRETED else 64
     max_len = block_tables.shape[1] * bs
     if num_splits is not None and int(num_splits) < 1:
@@ -89,8 +91,8 @@ def decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tens
     decode_split_kernel[(s, h, nsplit)](
         qc, *_side(layer), block_tables, seq_lens, mid_o, mid_lse, sm_scale, block_tables.stride(0), per_split,
         nsplit, HQ=hq, H=h, D=d, NG=_num_groups(layer), BS=bs, GROUP=group, GP=gp, BLOCK_N=block_n,
-        BLOCK_D=block_d, FMT=layer.kv_format.code, DOT=_dot_code(q.dtype, q.device))
-    decode_merge_kernel[(s * hq,)](mid_o, mid_lse, out, lse, nsplit, D=d, SP=max(2, _pow2(nsplit)), BLOCK_D=block_d)
+        BLOCK_D=block_d, FMT=layer.kv_format.code, DOT=dot_code(q.dtype, q.device))
+    decode_merge_kernel[(s * hq,)](mid_o, mid_lse, out, lse, nsplit, D=d, SP=max(2, pow2(nsplit)), BLOCK_D=block_d)
     return out, lse
 
 
@@ -104,7 +106,7 @@ def prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Ten
         return out
     h, bs = layer.num_kv_heads, layer.block_size
     group = hq // h
-    gp = _pow2(group)
+    gp = pow2(group)
     block_q = max(1, (16 if INTERPRETED else 64) // gp)
     if block_q * gp < 16:
         block_q = 16 // gp
@@ -114,8 +116,8 @@ def prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Ten
     prefill_kernel[(n, h, triton.cdiv(max_q, block_q))](
         q.contiguous(), *_side(layer), block_tables, seq_lens, query_start_loc, out, sm_scale,
         block_tables.stride(0), HQ=hq, H=h, D=d, NG=_num_groups(layer), BS=bs, GROUP=group, GP=gp,
-        BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=max(16, _pow2(d)), FMT=layer.kv_format.code,
-        DOT=_dot_code(q.dtype, q.device))
+        BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=max(16, pow2(d)), FMT=layer.kv_format.code,
+        DOT=dot_code(q.dtype, q.device))
     return out
 
 
@@ -129,8 +131,8 @@ def write_kv_triton(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor,
     bf16 = layer.k.dtype == torch.bfloat16
     if bf16:  # store RNE-rounded bits ourselves (the interpreter's bf16 cast truncates)
         side[0], side[1] = layer.k.view(torch.int16), layer.v.view(torch.int16)
-    write_kv_kernel[(t, h)](key, value, slot_mapping, *side, H=h, D=d, NG=ng, NGP=_pow2(ng),
-                            HGP=_pow2(max(1, d // ng // 2)), BLOCK_D=_pow2(d), FMT=layer.kv_format.code, BF16=bf16)
+    write_kv_kernel[(t, h)](key, value, slot_mapping, *side, H=h, D=d, NG=ng, NGP=pow2(ng),
+                            HGP=pow2(max(1, d // ng // 2)), BLOCK_D=pow2(d), FMT=layer.kv_format.code, BF16=bf16)
 
 
 def copy_blocks_triton(tensors: list[torch.Tensor], mapping: torch.Tensor) -> None:
@@ -141,5 +143,5 @@ def copy_blocks_triton(tensors: list[torch.Tensor], mapping: torch.Tensor) -> No
         if flat.shape[1] % 4 == 0:
             flat = flat.view(torch.int32)
         row = flat.shape[1]
-        block = min(1024, _pow2(row))
+        block = min(1024, pow2(row))
         copy_blocks_kernel[(m.shape[0], triton.cdiv(row, block))](flat, m, ROW=row, BLOCK=block)

@@ -11,7 +11,7 @@ from ..errors import ShapeError
 from ..format_table import CODE_PLAIN
 from .attention import decode_merge_kernel
 from .common import INTERPRETED
-from .launch import _dot_code, _pow2, choose_num_splits
+from .launch import dot_code, pow2, choose_num_splits
 from .split_attention import split_decode_kernel, split_prefill_kernel
 
 
@@ -44,8 +44,8 @@ def split_decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torc
     s, hq, d = q.shape
     h, bs = layer.num_kv_heads, layer.block_size
     group = hq // h
-    gp = max(16, _pow2(group))
-    block_d = max(16, _pow2(d))
+    gp = max(16, pow2(group))
+    block_d = max(16, pow2(d))
     block_n = 16 if INTERPRETED else 64
     max_len = block_tables.shape[1] * bs
     if num_splits is not None and int(num_splits) < 1:
@@ -63,8 +63,8 @@ def split_decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torc
     split_decode_kernel[(s, h, nsplit)](
         q.contiguous(), *ptrs, block_tables, seq_lens, mid_o, mid_lse, scale, block_tables.stride(0), per_split,
         nsplit, fmt.sink, fmt.window, HQ=hq, H=h, D=d, BS=bs, GROUP=group, GP=gp, BLOCK_N=block_n,
-        BLOCK_D=block_d, DOT=_dot_code(q.dtype, q.device), **const)
-    decode_merge_kernel[(s * hq,)](mid_o, mid_lse, out, lse, nsplit, D=d, SP=max(2, _pow2(nsplit)), BLOCK_D=block_d)
+        BLOCK_D=block_d, DOT=dot_code(q.dtype, q.device), **const)
+    decode_merge_kernel[(s * hq,)](mid_o, mid_lse, out, lse, nsplit, D=d, SP=max(2, pow2(nsplit)), BLOCK_D=block_d)
     return out
 
 
@@ -78,7 +78,7 @@ def split_prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: tor
         return out
     h, bs = layer.num_kv_heads, layer.block_size
     group = hq // h
-    gp = _pow2(group)
+    gp = pow2(group)
     block_q = max(1, (16 if INTERPRETED else 64) // gp)
     if block_q * gp < 16:
         block_q = 16 // gp
@@ -89,5 +89,5 @@ def split_prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: tor
     split_prefill_kernel[(n, h, triton.cdiv(max_q, block_q))](
         q.contiguous(), *ptrs, block_tables, seq_lens, query_start_loc, out, scale, block_tables.stride(0),
         fmt.sink, fmt.window, HQ=hq, H=h, D=d, BS=bs, GROUP=group, GP=gp, BLOCK_Q=block_q, BLOCK_N=block_n,
-        BLOCK_D=max(16, _pow2(d)), DOT=_dot_code(q.dtype, q.device), **const)
+        BLOCK_D=max(16, pow2(d)), DOT=dot_code(q.dtype, q.device), **const)
     return out

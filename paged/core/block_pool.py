@@ -10,6 +10,11 @@ Invariants (checked by `check_invariants`, relied on everywhere):
   O(log n) (heap policies).
 Blocks are created lazily on first use, so a pool of a million blocks costs nothing
 until it is used.
+
+The pool owns this state: other modules read it through the queries below (``blocks`` and
+``index`` are read-only outside the pool) and change it only through its methods; compaction
+moves blocks with ``relocate`` and drops cached entries with ``evict_cached``, the manager drops
+entries of never-written blocks with ``uncache``.
 """
 from __future__ import annotations
 
@@ -53,6 +58,38 @@ class BlockPool:
     def ref_count(self, block_id: int) -> int:
         b = self.blocks[block_id] if 0 <= block_id < self.num_blocks else None
         return 0 if b is None else b.ref_cnt
+
+    @property
+    def num_created(self) -> int:
+        """Blocks created so far: ``blocks[i]`` is a ``Block`` below this id and None from it on
+        (never used)."""
+        return self._next_fresh
+
+    @property
+    def num_cached_free(self) -> int:
+        """Cached-free blocks (ref 0, still hashed; held by the eviction policy)."""
+        return len(self.cached_free)
+
+    def free_block_ids(self) -> list[int]:
+        """Ids of the free blocks without a hash: plain-free ones, then the never-used ones."""
+        ids = [b.block_id for b in self._free_plain]
+        ids.extend(range(self._next_fresh, self.num_blocks))
+        return ids
+
+    def cached_free_block_ids(self) -> set[int]:
+        """Ids of the cached-free blocks."""
+        return {b.block_id for b in self.cached_free}
+
+    def take_freed(self) -> list[int]:
+        """Ids whose ref count reached 0 since the last call and are still free now, sorted
+        (a block freed and reused in between starts a new life through its new owner)."""
+        freed = self.freed
+        if not freed:
+            return []
+        blocks = self.blocks
+        ids = sorted(i for i in freed if blocks[i] is None or blocks[i].ref_cnt == 0)
+        freed.clear()
+        return ids
 
     # ---- allocation ----------------------------------------------------------------
     def allocate(self, n: int, request_id: str | None = None) -> list[Block]:
@@ -139,6 +176,11 @@ class BlockPool:
             self.num_filled_slots += num_filled - block.num_filled
             block.num_filled = num_filled
 
+    def add_filled_slots(self, n: int) -> None:
+        """Count ``n`` more slots holding tokens in used blocks whose ``num_filled`` the caller
+        raised itself (the manager's decode lane: ``fill`` inlined, reported once per run)."""
+        self.num_filled_slots += n
+
     def fill_span(self, blocks: list[Block], first: int, end: int, block_size: int) -> None:
         """``fill(blocks[i], min(block_size, end - i * block_size))`` for every block holding a
         position below ``end`` from index ``first`` on (one call for a chunk's blocks)."""
@@ -154,18 +196,20 @@ class BlockPool:
         self.num_filled_slots += added
 
     # ---- hash index ----------------------------------------------------------------
-    def register(self, block: Block, block_hash: Hashable, token_ids: tuple[int, ...],
-                 parent: Block | None, request_id: str | None = None, *, cid: int | None = None) -> bool:
-        """Index a full, used block under `block_hash`. First writer wins on a clash. `cid`:
-        the content id it keeps (content moved back from the host tier), else a new one."""
+    def register(self, block: Block, block_hash: Hashable, token_ids: tuple[int, ...], parent_cid: int | None = 0,
+                 request_id: str | None = None, *, depth: int = 0, cid: int | None = None) -> bool:
+        """Index a full, used block under `block_hash`. First writer wins on a clash.
+
+        ``parent_cid``: the content id of the block its K/V was computed after (0: the first block
+        of a prefix; None: not known, so the block is indexed but never verified as a hit);
+        ``depth``: its position in the prefix chain; ``cid``: the content id it keeps (content
+        moved back from the host tier), else a new one, never given before."""
         if block.block_hash is not None or block_hash in self.index:
             return False
         block.block_hash = block_hash
         block.token_ids = token_ids
-        block.parent = parent
-        block.parent_gen = parent.generation if parent is not None else 0
-        block.parent_cid = parent.cid if parent is not None else 0
-        block.depth = parent.depth + 1 if parent is not None else 0
+        block.parent_cid = parent_cid
+        block.depth = depth
         if cid is None:
             cid, self._next_cid = self._next_cid, self._next_cid + 1
         block.cid = cid
@@ -177,13 +221,72 @@ class BlockPool:
     def lookup(self, block_hash: Hashable) -> Block | None:
         return self.index.get(block_hash)
 
+    def restore_hits(self, block: Block, hits: int) -> None:
+        """Give used ``block`` the hit count its content had in another tier (a host-tier hit)."""
+        if block.ref_cnt < 1:
+            raise BlockStateError(f"{block} is not in use")
+        block.hits = hits
+
+    def adopt_cid(self, block: Block, cid: int) -> None:
+        """Give indexed ``block`` the content id ``cid`` of an identical copy that was dropped
+        (the host tier's entry for the same hash, tokens and parent content)."""
+        if self.index.get(block.block_hash) is not block:
+            raise BlockStateError(f"{block} is not indexed; only an indexed block takes a content id")
+        block.cid = cid
+
+    def uncache(self, block_id: int) -> bool:
+        """Drop the prefix-cache entry of block ``block_id`` if the index holds it (its K/V was
+        never written: a failed step). An in-use block keeps its holders; a cached-free one
+        becomes plain free. Returns whether an entry was dropped."""
+        block = self.blocks[block_id]
+        if block is None or block.block_hash is None or self.index.get(block.block_hash) is not block:
+            return False
+        if block.ref_cnt == 0:
+            self.cached_free.remove(block)
+            self._free_plain.append(block)
+        self._drop_hash(block)
+        return True
+
+    def evict_cached(self, block_id: int) -> None:
+        """Evict cached-free block ``block_id`` now (an ``evict`` event): its entry is dropped
+        and it becomes plain free (compaction taking its id; the host tier is not asked)."""
+        block = self.blocks[block_id]
+        if block is None or block.ref_cnt or block.block_hash is None:
+            raise BlockStateError(f"block {block_id} is not cached-free; only cached-free blocks can be evicted")
+        self.cached_free.remove(block)
+        self._drop_hash(block)
+        self._free_plain.append(block)
+        self.recorder.emit(ev.EVICT, None, block_id, None)
+
+    def relocate(self, src: int, dst: int) -> None:
+        """Give the in-use block at id ``src`` the id ``dst`` (plain free or never used) and the
+        free block at ``dst`` the id ``src`` (O(1), or O(ids created) when ``dst`` was never used:
+        the ids up to it are created and reused after the blocks freed so far). Tables, the hash
+        index and parent links hold ``Block`` objects, so every holder sees the new id."""
+        blocks = self.blocks
+        if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks):
+            raise BlockStateError(f"relocate({src}, {dst}): ids must be in [0, {self.num_blocks})")
+        moved, target = blocks[src], blocks[dst]
+        if moved is None or moved.ref_cnt < 1:
+            raise BlockStateError(f"relocate({src}, {dst}): block {src} is not in use")
+        if target is not None and (target.ref_cnt or target.block_hash is not None):
+            raise BlockStateError(f"relocate({src}, {dst}): block {dst} is not plain free")
+        if target is None:
+            new = [Block(i) for i in range(self._next_fresh, dst + 1)]
+            for b in new:
+                blocks[b.block_id] = b
+            self._free_plain[:0] = reversed(new)
+            self._next_fresh = dst + 1
+            target = blocks[dst]
+        moved.block_id, target.block_id = dst, src
+        blocks[dst], blocks[src] = moved, target
+        self.freed.add(src)
+
     def _drop_hash(self, block: Block) -> None:
         del self.index[block.block_hash]
         block.block_hash = None
         block.token_ids = None
-        block.parent = None
         block.cid = block.parent_cid = None
-        block.generation += 1
 
     def demote_cached_free(self, n: int) -> int:
         """Hand up to `n` cached-free blocks (policy order) to `on_evict` and make them plain

@@ -34,25 +34,22 @@ one (compaction never costs a prefix hit); with ``drop_cached=True`` a window ma
 prefix entry is dropped (an ``evict`` event; the host tier is not asked to keep it, because its copy
 to the host would run after this pass's copies overwrote the block).
 
-**Prefix entries follow the data.** A move relocates the ``Block`` object itself (its id changes,
-``pool.blocks`` is updated, the free block that was at the destination takes the source id). Tables,
-the hash index and parent links all hold ``Block`` objects, so every prefix entry and every holder of
-a shared block sees the new id, and verified hits keep working (same object, same generation).
+**Prefix entries follow the data.** A move relocates the ``Block`` object itself (``BlockPool.relocate``:
+its id changes, the free block that was at the destination takes the source id). Tables and the hash
+index hold ``Block`` objects (and prefix chains are kept by content ids), so every prefix entry and every holder of a
+shared block sees the new id, and verified hits keep working (content ids do not change).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import TYPE_CHECKING, Collection, Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from . import events as ev
-from .block import Block
+from .block_pool import BlockPool
 from paged.errors import BlockStateError
 
-if TYPE_CHECKING:
-    from .kv_manager import KVCacheManager
-
-__all__ = ["CompactionPlan", "count_runs", "fragmentation", "own_blocks", "plan_compaction", "compact_manager"]
+__all__ = ["CompactionPlan", "compact_pool", "count_runs", "fragmentation", "own_blocks", "plan_compaction"]
 
 _BLOCKED, _FREE, _CACHED = 0, 1, 2
 
@@ -204,46 +201,19 @@ def plan_compaction(tables: Sequence[tuple[str, Sequence[int]]], num_blocks: int
     return plan
 
 
-def _relocate(pool, src: int, dst: int) -> None:
-    """Give the live block at ``src`` the id ``dst`` (a plain-free or never-used id) and the free
-    block at ``dst`` the id ``src`` (O(1), or O(ids materialized) when ``dst`` was never used)."""
-    blocks = pool.blocks
-    target = blocks[dst]
-    if target is None:  # never used: create ids up to dst, reused after the blocks freed so far
-        new = [Block(i) for i in range(pool._next_fresh, dst + 1)]
-        for b in new:
-            blocks[b.block_id] = b
-        pool._free_plain[:0] = reversed(new)
-        pool._next_fresh = dst + 1
-        target = blocks[dst]
-    moved = blocks[src]
-    assert moved.ref_cnt > 0 and target.ref_cnt == 0 and target.block_hash is None, (moved, target)
-    moved.block_id, target.block_id = dst, src
-    blocks[dst], blocks[src] = moved, target
-    pool.freed.add(src)
-
-
-def compact_manager(kv: "KVCacheManager", order: Sequence[str] | None = None, *, drop_cached: bool = False,
-                    max_copies: int | None = None, max_rounds: int = 4) -> CompactionPlan:
-    """Plan and commit one pass on ``kv`` (requests in ``order``, default: the order they got
-    blocks; ids holding no GPU blocks are skipped). The caller applies ``plan.copies`` to the
-    cache before any other operation that reads or writes those blocks."""
-    pool = kv.pool
-    ids = list(order) if order is not None else list(kv._tables)
-    tables = [(rid, [b.block_id for b in kv._tables[rid]]) for rid in ids if rid in kv._tables]
-    free = [b.block_id for b in pool._free_plain]
-    free.extend(range(pool._next_fresh, pool.num_blocks))
-    cached = {b.block_id for b in pool.cached_free}
-    plan = plan_compaction(tables, pool.num_blocks, free, cached, drop_cached=drop_cached, max_copies=max_copies,
-                           max_rounds=max_rounds)
-    rec = kv.recorder
+def compact_pool(pool: BlockPool, tables: Sequence[tuple[str, Sequence[int]]], *, drop_cached: bool = False,
+                 max_copies: int | None = None, max_rounds: int = 4,
+                 recorder: ev.Recorder | None = None) -> CompactionPlan:
+    """Plan one pass over ``tables`` ((request id, block ids) in priority order: the KV manager's)
+    and commit it to ``pool``: drop the cached-free blocks the plan takes (``evict`` events), then
+    relocate each moved block (a ``compact`` event on ``recorder`` each). The caller applies
+    ``plan.copies`` to the cache before any other operation that reads or writes those blocks."""
+    plan = plan_compaction(tables, pool.num_blocks, pool.free_block_ids(), pool.cached_free_block_ids(),
+                           drop_cached=drop_cached, max_copies=max_copies, max_rounds=max_rounds)
     for d in plan.dropped_cached:
-        block = pool.blocks[d]
-        pool.cached_free.remove(block)
-        pool._drop_hash(block)
-        pool._free_plain.append(block)
-        rec.emit(ev.EVICT, None, d, None)
+        pool.evict_cached(d)
+    emit = (recorder if recorder is not None else pool.recorder).emit
     for rid, s, d in plan.moves:
-        _relocate(pool, s, d)
-        rec.emit(ev.COMPACT, rid, d, s)
+        pool.relocate(s, d)
+        emit(ev.COMPACT, rid, d, s)
     return plan

@@ -164,7 +164,7 @@ class ScorePolicy:
     big is worth keeping) keeps long prefixes' deep blocks; ``size_weight < 0`` evicts deep
     blocks first, the leaves of the prefix tree, so a cached child rarely outlives its
     parent (a child without its parent can never be hit). Both are measured in
-    ``paged.sim.tiers``.
+    ``paged.studies.host_tier``.
 
     The first term decays with time and the second does not, so the order of two blocks can
     change as time passes: one heap per depth (within a depth the order is fixed, as in

@@ -24,13 +24,25 @@ from __future__ import annotations
 from typing import Hashable, Sequence
 
 from . import events as ev
-from .block import Block
+from .block import Block, BlockMapping
 from .block_pool import BlockPool
 from .eviction import EvictionPolicy, make_policy
+from paged.errors import ConfigError
 
-__all__ = ["HostBlock", "HostTier", "find_tiered_prefix"]
+__all__ = ["HostBlock", "HostTier", "check_host_tier_config"]
 
-BlockMapping = list[tuple[int, int]]
+
+def check_host_tier_config(on: bool, threshold: float, num_cpu_blocks: int, prefix_caching: bool) -> None:
+    """Raise ConfigError unless a KV manager can keep a host tier with these settings."""
+    if not (isinstance(threshold, (int, float)) and 0.0 < threshold <= 1.0):
+        raise ConfigError(f"host_tier_threshold must be in (0, 1] (share of GPU blocks), got {threshold!r}; "
+                          "1.0 demotes only on eviction")
+    if not on:
+        raise ConfigError("host_tier_threshold needs host_tier=True")
+    if num_cpu_blocks < 1:
+        raise ConfigError("host_tier=True needs a CPU pool: give num_cpu_blocks >= 1")
+    if not prefix_caching:
+        raise ConfigError("host_tier=True keeps prefix-cache blocks: set enable_prefix_caching=True")
 
 
 class HostBlock:
@@ -129,6 +141,50 @@ class HostTier:
         self.recorder.emit(ev.HOST_EVICT, None, None, entry.block_id)
         return True
 
+    def demote_excess(self, pool: BlockPool, limit: int) -> int:
+        """Demote cached-free GPU blocks (the pool's policy order) until used + cached-free blocks
+        are at most ``limit`` or the tier has no room. Returns blocks moved (copies in ``take_ops``)."""
+        n = min(pool.num_used + pool.num_cached_free - limit, pool.num_cached_free, self.room)
+        return pool.demote_cached_free(n) if n > 0 else 0
+
+    def bring_back(self, pool: BlockPool, cached: Sequence[Block | HostBlock], request_id: str,
+                   block_size: int) -> list[Block]:
+        """Take a prefix hit over both tiers (``prefix_cache.find_cached_prefix`` over this tier's
+        ``entries`` too; the caller checked the pool's room) and return the GPU blocks of the
+        request's new table, in order: the GPU blocks are revived, each host entry gets a new GPU block indexed under its hash and content id and a
+        planned copy back (an allocation here may demote other cached-free blocks, never these).
+        Emits a ``prefix_hit`` per block."""
+        entries = [e for e in cached if isinstance(e, HostBlock)]
+        for e in cached:
+            if isinstance(e, HostBlock):
+                self.take(e)  # out of reach of the demotions below
+            else:
+                pool.touch(e, request_id)
+        fresh = iter(pool.allocate(len(entries), request_id) if entries else ())
+        table: list[Block] = []
+        for e in cached:
+            if isinstance(e, HostBlock):
+                b = next(fresh)
+                parent = table[-1] if table else None
+                ok = pool.register(b, e.block_hash, e.token_ids, e.parent_cid, request_id,
+                                   depth=parent.depth + 1 if parent else 0, cid=e.cid)
+                assert ok and e.parent_cid == (parent.cid if parent else 0), "a host-tier hit follows its parent"
+                pool.fill(b, block_size)
+                pool.restore_hits(b, e.hits + 1)
+                self.promoted(e, b.block_id, request_id)
+                e = b
+            table.append(e)
+            self.recorder.emit(ev.PREFIX_HIT, request_id, e.block_id, block_size)
+        return table
+
+    def dedupe(self, pool: BlockPool, block: Block) -> None:
+        """A GPU block was indexed under a hash this tier holds: keep one tier. The same tokens
+        after the same parent content are the same K/V, so the block takes the entry's content id
+        and the entry's cached children stay reachable."""
+        entry = self.discard(block.block_hash)
+        if entry is not None and entry.token_ids == block.token_ids and entry.parent_cid == block.parent_cid:
+            pool.adopt_cid(block, entry.cid)
+
     def make_room(self, n: int) -> bool:
         """Evict entries until ``n`` CPU blocks are free (for a swap-out); False, and nothing
         changed, when even evicting every entry would not do."""
@@ -181,20 +237,3 @@ class HostTier:
         every = held + list(swapped_cpus) + list(self.free) + self._deferred
         assert len(every) == len(set(every)) == num_cpu_blocks, (len(every), len(set(every)), num_cpu_blocks)
 
-
-def find_tiered_prefix(pool: BlockPool, tier: HostTier, hashes: Sequence[Hashable], token_ids: Sequence[int],
-                       block_size: int, max_blocks: int) -> list[Block | HostBlock]:
-    """Longest verified run of cached blocks in either tier (no state change): each must hold
-    the same tokens and follow the content matched for the previous position (content ids)."""
-    found: list[Block | HostBlock] = []
-    parent_cid = 0
-    lookup, host = pool.index.get, tier.entries.get
-    for i in range(min(max_blocks, len(hashes))):
-        entry = lookup(hashes[i]) or host(hashes[i])
-        if entry is None or entry.parent_cid != parent_cid:
-            break
-        if entry.token_ids != tuple(token_ids[i * block_size:(i + 1) * block_size]):
-            break
-        found.append(entry)
-        parent_cid = entry.cid
-    return found

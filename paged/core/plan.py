@@ -1,97 +1,52 @@
-"""The scheduler's settings and what it hands an executor each step (its plan).
+"""What the scheduler hands an executor each step (its plan).
 
-``SchedulerConfig``: token budget, sequence slots, chunked prefill, preemption mode, policy,
-watermark; ``SchedulerConfig.of`` builds it from an executor's config (engine or simulator).
 ``SchedulerOutput``: the chunks to compute, the cache operations to apply first (compaction
 copies, swap out, copy-on-write copies, swap in), preemptions, and the pool right after planning.
+``SchedulerConfig`` (the scheduler's settings) lives in ``paged.core.config``; this old import
+path keeps working.
+
+Block ids travel in the plan (vLLM's ``KVCacheBlocks`` idea): each chunk carries its request's
+block table as the manager planned it (``ScheduledChunk.blocks``, ``DecodeRun.tables``), so an
+executor reads the plan only. A table is handed by reference, not copied (a step plans hundreds of
+them): it is valid from ``schedule`` until the step's ``update`` and read-only for executors.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Sequence
 
-from paged.errors import ConfigError
-from .kv_manager import BlockMapping
+from .block import Block, BlockMapping
+from .config import DEFAULT_TOKEN_BUDGET, SchedulerConfig
 from .request import Request
 
 __all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "PoolCounts", "SchedulerConfig", "ScheduledChunk", "StepCounts",
            "SchedulerOutput"]
 
-DEFAULT_TOKEN_BUDGET = 2048
-"""Tokens per step when chunked prefill is on and no budget is given (vLLM's default)."""
-
-
-@dataclass
-class SchedulerConfig:
-    max_num_batched_tokens: int = DEFAULT_TOKEN_BUDGET  # token budget per step
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"   # or "swap" (falls back to recompute when the CPU pool is full)
-    policy: str = "fcfs"                 # or "priority"
-    watermark: float = 0.01              # share of blocks kept free when admitting new requests
-    # priority policy: one priority level is worth this many steps of waiting, so a request
-    # is never starved by later arrivals of better priority (None: strict priority).
-    priority_aging_steps: int | None = 1000
-    # block compaction (paged.core.compaction): every `compaction_interval` steps, when the running
-    # requests' fragmentation exceeds `compaction_threshold`, one pass of at most
-    # `compaction_max_copies` copies (None: no limit); `compaction_drop_cached` lets it drop cached-free blocks
-    enable_block_compaction: bool = False
-    compaction_threshold: float = 0.25
-    compaction_interval: int = 16
-    compaction_max_copies: int | None = None
-    compaction_drop_cached: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_num_batched_tokens, int) or self.max_num_batched_tokens < 1:
-            raise ConfigError(f"max_num_batched_tokens must be an integer >= 1, got {self.max_num_batched_tokens!r}")
-        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-        if self.policy not in ("fcfs", "priority"):
-            raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        if self.priority_aging_steps is not None and (
-                not isinstance(self.priority_aging_steps, int) or self.priority_aging_steps < 1):
-            raise ConfigError(f"priority_aging_steps must be an integer >= 1 or None, got {self.priority_aging_steps!r}")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ConfigError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        if not isinstance(self.compaction_interval, int) or self.compaction_interval < 1:
-            raise ConfigError(f"compaction_interval must be an integer >= 1 (steps), got {self.compaction_interval!r}")
-        if not 0.0 <= self.compaction_threshold <= 1.0:
-            raise ConfigError(f"compaction_threshold must be in [0, 1] (a fragmentation share), "
-                              f"got {self.compaction_threshold!r}")
-        if self.compaction_max_copies is not None and (
-                not isinstance(self.compaction_max_copies, int) or self.compaction_max_copies < 1):
-            raise ConfigError(f"compaction_max_copies must be an integer >= 1 or None, "
-                              f"got {self.compaction_max_copies!r}")
-
-    @classmethod
-    def of(cls, config: object, max_model_len: int) -> "SchedulerConfig":
-        """The scheduler settings of an executor's config (``EngineConfig``, ``SimConfig``: any
-        object with some of these field names). A ``max_num_batched_tokens`` of None follows
-        vLLM's rule: 2048 with chunked prefill, else ``max(2048, max_model_len)``, so any prompt
-        the model takes fits in one step."""
-        kw = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
-        if kw.get("max_num_batched_tokens") is None:
-            chunked = kw.get("enable_chunked_prefill", True)
-            kw["max_num_batched_tokens"] = DEFAULT_TOKEN_BUDGET if chunked else max(DEFAULT_TOKEN_BUDGET, max_model_len)
-        return cls(**kw)
-
 
 class ScheduledChunk:
-    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached).
+    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached);
+    `blocks`: the request's block table (see the module docstring; empty when not planned by a
+    paged manager). Its tokens live in slots `blocks[p // bs].block_id * bs + p % bs`.
 
     A plain ``__slots__`` class, not a dataclass: one is built per scheduled request per step, and
     the generated dataclass ``__init__`` cost ~325 ns against ~205 ns for this one (CPython 3.11).
-    Compares by value, like the dataclass it replaces.
+    Compares by value (the work: request, start, tokens, sampling), like the dataclass it replaces.
     """
 
-    __slots__ = ("request", "start", "num_tokens", "samples")
+    __slots__ = ("request", "start", "num_tokens", "samples", "blocks")
 
-    def __init__(self, request: Request, start: int, num_tokens: int, samples: bool) -> None:
+    def __init__(self, request: Request, start: int, num_tokens: int, samples: bool,
+                 blocks: Sequence[Block] = ()) -> None:
         self.request = request
         self.start = start
         self.num_tokens = num_tokens
         self.samples = samples  # the chunk reaches the end of the known tokens: sample one
+        self.blocks = blocks
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The request's block table as ids, in order."""
+        return [b.block_id for b in self.blocks]
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not ScheduledChunk:
@@ -116,23 +71,26 @@ class ScheduledChunk:
 
 class DecodeRun:
     """Consecutive running requests that each compute their one last token, as the scheduler's
-    decode lane planned them: the chunks ``ScheduledChunk(r, start, 1, True)`` for ``r, start`` in
-    ``zip(requests, starts)``, held as two lists instead of one object per request (a step plans
-    hundreds of them; executors that read plans in bulk, such as the simulator, iterate the lists).
-    ``starts`` are the positions at planning time (``update`` moves the requests on afterwards).
+    decode lane planned them: the chunks ``ScheduledChunk(r, start, 1, True, table)`` for ``r,
+    start, table`` in ``zip(requests, starts, tables)``, held as lists instead of one object per
+    request (a step plans hundreds of them; executors that read plans in bulk, such as the
+    simulator, iterate the lists). ``starts`` are the positions at planning time (``update``
+    moves the requests on afterwards); ``tables`` the requests' block tables (module docstring).
     """
 
-    __slots__ = ("requests", "starts")
+    __slots__ = ("requests", "starts", "tables")
 
-    def __init__(self, requests: list[Request], starts: list[int]) -> None:
+    def __init__(self, requests: list[Request], starts: list[int],
+                 tables: list[Sequence[Block]] | None = None) -> None:
         self.requests = requests
         self.starts = starts
+        self.tables = tables if tables is not None else [()] * len(requests)
 
     def __len__(self) -> int:
         return len(self.requests)
 
     def chunks(self) -> list[ScheduledChunk]:
-        return [ScheduledChunk(r, s, 1, True) for r, s in zip(self.requests, self.starts)]
+        return [ScheduledChunk(r, s, 1, True, t) for r, s, t in zip(self.requests, self.starts, self.tables)]
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not DecodeRun:

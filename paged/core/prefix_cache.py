@@ -4,10 +4,13 @@ hash(block i) = hash_fn(hash(block i-1), token ids of block i, extra keys); bloc
 parent is a seed made from the request's extra keys (cache salt, adapter name), so two
 requests share KV only when their whole prefix and extra keys agree.
 
-A hit is *verified*: the indexed block must hold exactly the same token ids, and its
-recorded parent must be the block matched for the previous position, still holding
-the same content (same generation). A colliding hash function can therefore cost hits
-but never return wrong KV.
+A hit is *verified*: the indexed block must hold exactly the same token ids, and the
+content it was computed after (its ``parent_cid``) must be the content matched for the
+previous position (that block's ``cid``). A content id names one registration of one
+block's content and is never given to another, so a parent that was evicted, reused,
+or never indexed at all (a duplicate of content another block holds) cannot stand in
+for the content a child was computed after. A colliding hash function can therefore
+cost hits but never return wrong KV.
 
 That is why the default hash is xxh3-128 (the ``xxhash`` package), not a cryptographic
 one: a collision (two blocks with one hash) only means the second block is not indexed
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from .block_pool import Block, BlockPool
 from paged.errors import ConfigError
@@ -116,19 +119,24 @@ class BlockHasher:
             hashes.append(parent)
 
 
-def find_cached_prefix(pool: BlockPool, hashes: Sequence[Hashable], token_ids: Sequence[int],
-                       block_size: int, max_blocks: int) -> list[Block]:
-    """Longest verified run of cached blocks for the leading full blocks (no state change)."""
-    found: list[Block] = []
-    parent: Block | None = None
+def find_cached_prefix(pool: BlockPool, hashes: Sequence[Hashable], token_ids: Sequence[int], block_size: int,
+                       max_blocks: int, host: Mapping[Hashable, Any] | None = None) -> list[Any]:
+    """Longest verified run of cached blocks for the leading full blocks (no state change): each
+    holds the same tokens and was computed after the content matched for the previous position
+    (content ids). ``host``: the host tier's entries by hash (``HostTier.entries``), searched
+    where the pool's index has no block; its ``HostBlock`` entries verify the same way."""
+    found: list[Any] = []
+    parent_cid = 0
+    lookup = pool.index.get
+    second = host.get if host else None
     for i in range(min(max_blocks, len(hashes))):
-        block = pool.lookup(hashes[i])
-        if block is None:
-            break
-        if block.token_ids != tuple(token_ids[i * block_size:(i + 1) * block_size]):
+        entry = lookup(hashes[i])
+        if entry is None and second is not None:
+            entry = second(hashes[i])
+        if entry is None or entry.parent_cid != parent_cid:
+            break  # not cached, or computed after another prefix (or a hash collision)
+        if entry.token_ids != tuple(token_ids[i * block_size:(i + 1) * block_size]):
             break  # hash collision: different tokens
-        if block.parent is not parent or (parent is not None and block.parent_gen != parent.generation):
-            break  # the block was computed after a different prefix
-        found.append(block)
-        parent = block
+        found.append(entry)
+        parent_cid = entry.cid
     return found

@@ -28,7 +28,7 @@ class RequestStatus(enum.Enum):
 class Request:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "max_tokens", "stop_token_ids",
                  "arrival_time", "priority", "extra_keys", "num_computed_tokens", "status",
-                 "num_preemptions", "num_cached_tokens", "data", "_seq", "_rank")
+                 "num_preemptions", "num_cached_tokens", "data", "arrival_seq", "priority_rank")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int = 16, *,
                  stop_token_ids: Iterable[int] = (), arrival_time: float = 0.0, priority: int = 0,
@@ -54,8 +54,8 @@ class Request:
         self.num_preemptions = 0
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 before
         self.data = data             # executor's payload (e.g. sampling state)
-        self._seq = 0                # arrival order, set by the scheduler
-        self._rank = float(priority)  # priority policy order (lower first), set by the scheduler
+        self.arrival_seq = 0                 # arrival order, set by the scheduler
+        self.priority_rank = float(priority)  # priority policy order (lower first), set by the scheduler
 
     @property
     def num_tokens(self) -> int:

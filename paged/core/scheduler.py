@@ -26,78 +26,28 @@ of their queue, so they are served before anything that arrived later.
 """
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import deque
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from . import events as ev
 from paged.errors import DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
 from .kv_manager import KVCacheManager
 from .plan import DEFAULT_TOKEN_BUDGET, DecodeRun, ScheduledChunk, SchedulerConfig, SchedulerOutput, StepCounts
+from .queues import VictimPolicy, WaitingQueue, lowest_priority_first, newest_first
 from .request import Request, RequestStatus
 
 __all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput",
            "StepCounts", "VictimPolicy", "lowest_priority_first", "newest_first"]
 
-VictimPolicy = Callable[[Sequence[Request], int], int]
-"""Chooses a preemption victim: an index j >= start into the running list."""
-
-
-def newest_first(running: Sequence[Request], start: int) -> int:
-    """FCFS victim: the most recently admitted request (O(candidates), only on preemption)."""
-    return max(range(start, len(running)), key=lambda i: running[i]._seq)
-
-
-def lowest_priority_first(running: Sequence[Request], start: int) -> int:
-    """Priority victim: the worst rank (priority, aged), newest among equals."""
-    return max(range(start, len(running)), key=lambda i: (running[i]._rank, running[i]._seq))
-
-
-class _WaitingQueue:
-    """FCFS deque or priority heap; preempted requests re-enter at the front."""
-
-    def __init__(self, policy: str) -> None:
-        self.policy = policy
-        self._fifo: deque[Request] = deque()
-        self._heap: list[tuple[int, int, Request]] = []
-
-    def push(self, r: Request, front: bool = False) -> None:
-        if self.policy == "priority":
-            heapq.heappush(self._heap, (r._rank, r._seq, r))
-        elif front:
-            self._fifo.appendleft(r)
-        else:
-            self._fifo.append(r)
-
-    def peek(self) -> Request:
-        return self._heap[0][2] if self.policy == "priority" else self._fifo[0]
-
-    def pop(self) -> Request:
-        return heapq.heappop(self._heap)[2] if self.policy == "priority" else self._fifo.popleft()
-
-    def remove(self, r: Request) -> None:
-        if self.policy == "priority":
-            self._heap = [e for e in self._heap if e[2] is not r]
-            heapq.heapify(self._heap)
-        else:
-            self._fifo.remove(r)
-
-    def __len__(self) -> int:
-        return len(self._heap) if self.policy == "priority" else len(self._fifo)
-
-    def __iter__(self) -> Iterator[Request]:
-        return (e[2] for e in sorted(self._heap, key=lambda e: e[:2])) if self.policy == "priority" \
-            else iter(self._fifo)
-
-
 class Scheduler:
     def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None, *,
                  victim_policy: VictimPolicy | None = None) -> None:
         self.kv = kv
-        self.config = config or SchedulerConfig()
+        # the token budget of vLLM's rule when none is given: for this cache's max_model_len
+        self.config = (config or SchedulerConfig()).resolved(kv.max_model_len)
         self.recorder = kv.recorder
-        self.waiting = _WaitingQueue(self.config.policy)
+        self.waiting = WaitingQueue(self.config.policy)
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.requests: dict[str, Request] = {}
@@ -121,11 +71,11 @@ class Scheduler:
                 f"request {request.request_id!r} may hold {request.max_total_tokens} tokens, more than the token "
                 f"budget {self.config.max_num_batched_tokens} without chunked prefill (a preempted request is "
                 "recomputed in one step); enable chunked prefill or raise max_num_batched_tokens")
-        request._seq = next(self._seq)
+        request.arrival_seq = next(self._seq)
         aging = self.config.priority_aging_steps
         # rank = priority + arrival step / aging: the order of two ranks never changes as
         # time passes, yet a later arrival of better priority eventually ranks behind.
-        request._rank = request.priority + (self.step_index / aging if aging else 0.0)
+        request.priority_rank = request.priority + (self.step_index / aging if aging else 0.0)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.push(request)
@@ -171,8 +121,8 @@ class Scheduler:
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
         self.kv.fork(parent_id, child_id)
-        child._seq = next(self._seq)
-        child._rank = parent._rank
+        child.arrival_seq = next(self._seq)
+        child.priority_rank = parent.priority_rank
         child.status = RequestStatus.RUNNING
         self.requests[child_id] = child
         self.running.insert(self.running.index(parent) + 1, child)
@@ -193,19 +143,20 @@ class Scheduler:
         out = SchedulerOutput(step=self.step_index)
         budget = cfg.max_num_batched_tokens
         if cfg.policy == "priority":
-            self.running.sort(key=lambda r: (r._rank, r._seq))
+            self.running.sort(key=lambda r: (r.priority_rank, r.arrival_seq))
         running = self.running
         if cfg.enable_block_compaction and self.step_index - self._compaction_checked >= cfg.compaction_interval:
             self._compact(out)
-        work, chunked, allocate = out.work, cfg.enable_chunked_prefill, kv.allocate_slots
-        lane = getattr(kv, "append_decode_slots", None)  # decode lane (the contiguous baselines lack it)
+        work, chunked, allocate, blocks_of = out.work, cfg.enable_chunked_prefill, kv.allocate_slots, kv.blocks_of
+        lane = getattr(kv, "append_decode_slots", None)  # decode lane (None: every request takes the general path)
         i = 0
         while i < len(running) and budget > 0:  # the hot loop: one pass per running request
             if lane is not None:  # a run of decodes into blocks they own: no copies, nobody preempted
                 starts: list[int] = []
-                j = lane(running, i, min(len(running), i + budget), starts)
+                tables: list = []
+                j = lane(running, i, min(len(running), i + budget), starts, tables)
                 if j > i:
-                    work.append(DecodeRun(running[i:j], starts))
+                    work.append(DecodeRun(running[i:j], starts, tables))
                     budget -= j - i
                     i = j
                     continue
@@ -228,7 +179,7 @@ class Scheduler:
                 continue
             if copies:
                 out.block_copies.extend(copies)
-            work.append(ScheduledChunk(req, done, n, done + n == total))
+            work.append(ScheduledChunk(req, done, n, done + n == total, blocks_of(req.request_id)))
             budget -= n
             i += 1
         if not out.preempted:
@@ -278,7 +229,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.work.append(ScheduledChunk(req, req.num_computed_tokens, n,
-                                           req.num_computed_tokens + n == req.num_tokens))
+                                           req.num_computed_tokens + n == req.num_tokens, kv.blocks_of(req.request_id)))
             budget -= n
         return budget
 
@@ -303,7 +254,7 @@ class Scheduler:
             self.running.append(req)
             self.recorder.emit(ev.ADMIT, req.request_id, None, start)
             out.block_copies.extend(copies)
-            out.work.append(ScheduledChunk(req, start, n, start + n == req.num_tokens))
+            out.work.append(ScheduledChunk(req, start, n, start + n == req.num_tokens, kv.blocks_of(req.request_id)))
             budget -= n
         return budget
 

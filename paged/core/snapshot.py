@@ -18,12 +18,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from .kv_manager import KVCacheManager
+    from .block_pool import BlockPool
+    from .events import Recorder
+
+
+class PagedCache(Protocol):
+    """What a snapshot reads of a paged KV manager (``KVCacheManager``): public queries only."""
+
+    pool: "BlockPool"
+    block_size: int
+    num_cpu_blocks: int
+    num_free_cpu_blocks: int
+    recorder: "Recorder"
+
+    def request_ids(self) -> list[str]: ...
+    def swapped_request_ids(self) -> list[str]: ...
+    def block_table(self, request_id: str) -> list[int]: ...
+    def num_swapped_blocks(self, request_id: str) -> int: ...
+    def has(self, request_id: str) -> bool: ...
 
 STATE_FREE, STATE_CACHED, STATE_USED, STATE_SHARED, STATE_WRITING, STATE_RESERVED = range(6)
 STATE_NAMES = ("free", "cached-free", "in use", "shared (ref>1)", "written this step", "reserved, empty")
@@ -103,7 +120,7 @@ class KVSnapshot:
         return [self.request_ids[int(i)] for i in rows]
 
 
-def take_snapshot(kv: "KVCacheManager", requests: Mapping | None = None, *, step: int | None = None,
+def take_snapshot(kv: PagedCache, requests: Mapping | None = None, *, step: int | None = None,
                   writing: Iterable[int] = (), last_use: np.ndarray | None = None,
                   with_tokens: bool = False, block_range: tuple[int, int] | None = None) -> KVSnapshot:
     """Build a `KVSnapshot` of `kv`. `requests`: id -> Request (e.g. `scheduler.requests`) for
@@ -114,7 +131,7 @@ def take_snapshot(kv: "KVCacheManager", requests: Mapping | None = None, *, step
     pool = kv.pool
     n = pool.num_blocks
     lo, hi = (0, n) if block_range is None else (max(0, block_range[0]), min(n, block_range[1]))
-    live = pool.blocks[lo:max(lo, min(hi, pool._next_fresh))]  # created blocks; the rest were never used
+    live = pool.blocks[lo:max(lo, min(hi, pool.num_created))]  # created blocks; the rest were never used
     m = len(live)
     ref = np.zeros(n, np.int32)
     filled = np.zeros(n, np.int32)
@@ -140,14 +157,15 @@ def take_snapshot(kv: "KVCacheManager", requests: Mapping | None = None, *, step
         state[w] = STATE_WRITING
     # per request: tables (GPU), swapped, waiting
     reqs = requests or {}
-    tables = kv._tables
+    tables = {r: kv.block_table(r) for r in kv.request_ids()}
+    swapped = {r: kv.num_swapped_blocks(r) for r in kv.swapped_request_ids()}
     ids = list(tables)
-    ids += [r for r in kv._swapped if r not in tables]
-    ids += [r for r, q in reqs.items() if r not in tables and r not in kv._swapped]
+    ids += [r for r in swapped if r not in tables]
+    ids += [r for r, q in reqs.items() if r not in tables and r not in swapped]
     lens = np.fromiter((len(tables.get(r, ())) for r in ids), np.int32, len(ids))
     indptr = np.zeros(len(ids) + 1, np.int32)
     np.cumsum(lens, out=indptr[1:])
-    blocks = np.fromiter((b.block_id for r in ids for b in tables.get(r, ())), np.int32, int(indptr[-1]))
+    blocks = np.fromiter((b for r in ids for b in tables.get(r, ())), np.int32, int(indptr[-1]))
     owner = np.full(n, -1, np.int32)
     logical = np.full(n, -1, np.int32)
     if len(blocks):
@@ -167,7 +185,7 @@ def take_snapshot(kv: "KVCacheManager", requests: Mapping | None = None, *, step
     for i, r in enumerate(ids):
         q = reqs.get(r)
         if q is None:
-            status[i] = STATUS_SWAPPED if r in kv._swapped else STATUS_RUNNING
+            status[i] = STATUS_SWAPPED if r in swapped else STATUS_RUNNING
             continue
         status[i] = _STATUS.get(q.status.value, STATUS_FINISHED)
         computed[i], ntok[i], nprompt[i] = q.num_computed_tokens, q.num_tokens, q.num_prompt_tokens
@@ -175,8 +193,7 @@ def take_snapshot(kv: "KVCacheManager", requests: Mapping | None = None, *, step
     used_at[running_blocks] = step
     snap = KVSnapshot(step, kv.block_size, state, ref, owner, logical, filled, hashed, hkey, used_at,
                       ids, status, computed, ntok, nprompt, indptr, blocks,
-                      kv.num_cpu_blocks, kv.num_cpu_blocks - len(kv._cpu_free),
-                      {r: len(s) for r, s in kv._swapped.items()})
+                      kv.num_cpu_blocks, kv.num_cpu_blocks - kv.num_free_cpu_blocks, swapped)
     if with_tokens:
         toks = [reqs[r].token_ids if r in reqs else () for r in ids]
         tl = np.fromiter((len(t) for t in toks), np.int64, len(toks))
@@ -218,20 +235,11 @@ class ContiguousSnapshot:
         return np.array([STATE_FREE, STATE_RESERVED, STATE_USED], np.int8)[level]
 
 
-def take_contiguous_snapshot(kv, step: int | None = None) -> ContiguousSnapshot:
-    """`ContiguousSnapshot` of a `paged.sim.baselines.ContiguousKVCacheManager`."""
-    ids = list(kv._res)
-    start = np.fromiter((kv._res[r][0] for r in ids), np.int64, len(ids))
-    res = np.fromiter((kv._res[r][1] for r in ids), np.int64, len(ids))
-    fil = np.fromiter((kv._filled[r] for r in ids), np.int64, len(ids))
-    return ContiguousSnapshot(kv.recorder.step if step is None else step, kv.num_blocks, ids, start, res, fil)
-
-
-def written_blocks(kv: "KVCacheManager", chunks: Iterable) -> list[int]:
-    """Blocks that the chunks (objects with request_id, start, num_tokens) write."""
+def written_blocks(kv: PagedCache, chunks: Iterable) -> list[int]:
+    """Blocks that the chunks of a plan (``ScheduledChunk``: request id, start, num_tokens and
+    the request's ``blocks``) write, for requests that still hold their blocks in ``kv``."""
     bs, out = kv.block_size, []
     for c in chunks:
-        table = kv._tables.get(c.request_id)
-        if table and c.num_tokens:
-            out.extend(b.block_id for b in table[c.start // bs:(c.start + c.num_tokens - 1) // bs + 1])
+        if c.num_tokens and kv.has(c.request_id):
+            out.extend(b.block_id for b in c.blocks[c.start // bs:(c.start + c.num_tokens - 1) // bs + 1])
     return out

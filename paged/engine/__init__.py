@@ -3,8 +3,9 @@
 ``LLMEngine`` (schedule -> cache ops -> forward -> sample -> update -> record) and ``LLM``,
 its offline batch API. Imports torch.
 """
+from .config import EngineConfig
 from .llm import LLM
-from .llm_engine import EngineConfig, LLMEngine
+from .llm_engine import LLMEngine
 from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
 from .sampling import SamplingParams
 

@@ -1,4 +1,5 @@
-"""Batch metadata for the runner, built from one step's scheduled chunks.
+"""Batch metadata for the runner, built from one step's scheduled chunks (the plan only: each
+chunk carries its request's block table, ``ScheduledChunk.blocks``).
 
 For chunk c of request r (tokens [start, start + n)):
 - positions: start .. start+n-1;
@@ -17,8 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from paged.core.kv_manager import KVCacheManager
-from paged.core.scheduler import ScheduledChunk
+from paged.core.plan import ScheduledChunk
 
 
 @dataclass
@@ -78,12 +78,12 @@ def csr_page_table(tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
     return torch.from_numpy(indptr), torch.from_numpy(indices.astype(np.int32)), torch.from_numpy(last)
 
 
-def build_batch(chunks: Sequence[ScheduledChunk], kv: KVCacheManager) -> BatchMetadata:
+def build_batch(chunks: Sequence[ScheduledChunk], block_size: int) -> BatchMetadata:
     """Metadata for one step on CPU tensors (`.to(device)` moves them)."""
-    bs = kv.block_size
+    bs = block_size
     tables, ids, pos, slots, seq_lens, qlens = [], [], [], [], [], []
     for c in chunks:
-        table = kv.block_table(c.request_id)
+        table = c.block_ids
         tables.append(table)
         ids.append(np.asarray(c.request.token_ids[c.start:c.start + c.num_tokens], dtype=np.int64))
         pos.append(np.arange(c.start, c.start + c.num_tokens, dtype=np.int64))

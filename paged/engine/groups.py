@@ -19,7 +19,7 @@ import torch
 from paged.core.request import Request, RequestStatus
 from paged.core.scheduler import Scheduler, SchedulerOutput
 from .outputs import CompletionOutput, RequestOutput
-from .sampling import SamplingParams, greedy_tokens, make_generator, sample_row
+from .sampling import SamplingParams, greedy_tokens, logprob_dicts, make_generator, sample_row
 
 SEQ_ID_SEP = "#"
 """Separates a request id from the suffix of its forked sequences (``"<id>#k"``, ``"<id>#b<j>"``);
@@ -86,6 +86,53 @@ class Groups:
 
     def get(self, request_id: str) -> Group | None:
         return self.by_id.get(request_id)
+
+    @staticmethod
+    def of(request: Request) -> Group:
+        """The group a scheduler sequence serves."""
+        return request.data.group
+
+    def of_seq(self, seq_id: str) -> Group | None:
+        """The group of scheduler sequence ``seq_id`` (None once it left the scheduler, e.g. a
+        beam dropped while sampling)."""
+        req = self.scheduler.requests.get(seq_id)
+        return None if req is None else req.data.group
+
+    def note_preempted(self, preempted: Sequence[tuple[str, str]]) -> None:
+        """Count a plan's preemptions (``(sequence id, mode)`` pairs) on their groups."""
+        for rid, _ in preempted:
+            self.scheduler.requests[rid].data.group.num_preemptions += 1
+
+    def stamp(self, plan: SchedulerOutput, sampled: dict[str, int], start_s: float, end_s: float) -> None:
+        """Time stamps of the groups ``plan`` served (first scheduled, token steps), on the engine clock."""
+        seen: set[int] = set()
+        for c in plan.scheduled:
+            g = c.request.data.group
+            if g.first_scheduled_s is None:
+                g.first_scheduled_s = start_s
+            if c.samples and c.request_id in sampled and id(g) not in seen:
+                seen.add(id(g))
+                if g.first_token_s is None:
+                    g.first_token_s = end_s
+                g.last_token_s = end_s
+                g.num_token_steps += 1
+
+    def record_logprobs(self, sample_ids: list[str], logits: torch.Tensor, sampled: dict[str, int],
+                        prompt_parts: list) -> None:
+        """Store vLLM-style logprobs of sampled tokens and prompt tokens on their groups
+        (prompt positions are overwritten, not appended, so recompute after preemption is safe)."""
+        for row, rid in enumerate(sample_ids):
+            g = self.of_seq(rid)  # a beam may have been dropped while sampling
+            if g is not None and g.params.logprobs is not None and rid in sampled:
+                g.sample_logprobs += logprob_dicts(logits[row:row + 1], [sampled[rid]], g.params.logprobs)
+        for part in prompt_parts:
+            for rid, (start, rows) in (part or {}).items():
+                g = self.of_seq(rid)
+                if g is None:
+                    continue
+                toks = g.prompt_token_ids[start + 1:start + 1 + rows.shape[0]]
+                lps = logprob_dicts(rows[:len(toks)], toks, g.params.prompt_logprobs)
+                g.prompt_logprobs[start + 1:start + 1 + len(toks)] = lps
 
     def add(self, group: Group, priority: int) -> None:
         """Queue ``group``'s first sequence; raises (changing nothing) if the scheduler refuses it."""

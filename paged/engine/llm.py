@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .llm_engine import EngineConfig, LLMEngine, RequestOutput, StepOutput
+from .config import EngineConfig
+from .llm_engine import LLMEngine, RequestOutput, StepOutput
 from paged.errors import ConfigError, InvalidRequestError, PagedError, StepFailedError, UnknownRequestError
 from paged.models.loader import LoadedModel, load_model
 from .sampling import SamplingParams

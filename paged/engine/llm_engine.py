@@ -3,7 +3,8 @@
 ``LLMEngine`` is the step-level API (``add_request``, ``step``, ``abort``,
 ``has_unfinished_requests``, ``kv_manager``); ``paged.engine.llm.LLM`` wraps it for offline
 batches. User requests are groups of scheduler sequences (``paged.engine.groups``: n > 1,
-beam search); outputs and step records live in ``paged.engine.outputs``.
+beam search); outputs and step records live in ``paged.engine.outputs``; the settings in
+``paged.engine.config`` (``EngineConfig``) and the cache's size in ``paged.engine.cache_sizing``.
 
 Invariant: after ``abort`` or completion all of a group's blocks are released by the scheduler.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -20,162 +20,65 @@ import torch
 from paged import telemetry
 from paged.checks import is_int
 from paged.core import events as ev
+from paged.core.config import build_kv_manager
 from paged.core.kv_manager import KVCacheManager
-from paged.core.prefix_cache import DEFAULT_HASH_FN
-from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
+from paged.core.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from paged.errors import (ConfigError, DuplicateRequestError, InvalidRequestError, StepFailedError,
                           UnknownRequestError)
 from paged.models.loader import LoadedModel
+from .cache_sizing import allocation_error, size_cache
+from .clock import EngineClock
+from .warmup import warm_up
+from .cache_sizing import kv_bytes_per_block as _kv_bytes_per_block  # noqa: F401 - its old import path
+from .config import EngineConfig
 from .groups import FINISH_REASON, SEQ_ID_SEP, Group, Groups
 from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
-from .kv_sharing import check_share_map
 from .runner import ModelRunner
 from .recovery import abort_failed_step
-from .validate import check_engine_config, fit_budget
-from .sampling import SamplingParams, logprob_dicts
+from .sampling import SamplingParams
 
 __all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SEQ_ID_SEP",
            "StepOutput"]
-
-@dataclass
-class EngineConfig:
-    """Cache, scheduler and execution settings (names follow vLLM where it has them).
-
-    ``num_blocks`` wins over ``kv_cache_memory`` (bytes for all layers' K and V, int4_kivi's
-    fixed staging pool included); with neither, 512 MiB on CPU or 40% of the free GPU memory.
-    Settings are type-checked first (``paged.engine.validate``). ``num_cpu_blocks`` (host pool for swap
-    preemption and the host tier, shared) defaults to ``num_blocks`` when ``preemption_mode == "swap"``
-    or ``enable_host_tier``, else 0.
-    ``split_prefill_decode`` runs decode chunks and prefill chunks as two forward passes so
-    each gets its own timing (default: one mixed pass, as vLLM does).
-    """
-
-    block_size: int = 16
-    num_blocks: int | None = None
-    kv_cache_memory: int | None = None
-    kv_cache_dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"
-    num_cpu_blocks: int | None = None
-    max_model_len: int | None = None
-    policy: str = "fcfs"
-    watermark: float = 0.01
-    seed: int = 0
-    attention_backend: str | None = None
-    split_prefill_decode: bool = False
-    record_events: bool = True
-    # xxh3_128 (sha256 without xxhash); hits are verified on tokens and parent: collisions cost only hits
-    hash_fn: str = DEFAULT_HASH_FN
-    # swap preemption's transport (paged.engine.swap): 'overlap' = side streams + events on CUDA
-    # (same schedule, synchronous copies on CPU); compression 'fp8'|'int4' on the host (lossy)
-    swap_mode: str = "sync"
-    swap_compression: str | None = None
-    # block compaction (paged.core.compaction; lossless): every `compaction_interval` steps, when the
-    # running requests' fragmentation exceeds `compaction_threshold`, move live blocks so each table is
-    # contiguous (at most `compaction_max_copies` copies; `compaction_drop_cached` may drop cached-free blocks)
-    enable_block_compaction: bool = False
-    compaction_threshold: float = 0.25
-    compaction_interval: int = 16
-    compaction_max_copies: int | None = None
-    compaction_drop_cached: bool = False
-    kv_share_with: dict[int, int] | None = None  # {layer: earlier owner layer}: see paged.engine.kv_sharing
-    # host tier (paged.core.host_tier): cached-free prefix blocks go to the CPU pool instead of being
-    # dropped, and come back on a hit (lossless); `eviction`/`host_eviction`: each tier's policy
-    # ('lru', 'lfu', 'weighted', 'score[:k=v,...]'); `host_tier_threshold` < 1 demotes proactively
-    # once used + cached-free GPU blocks exceed that share (1.0: only on eviction)
-    eviction: str = "lru"
-    enable_host_tier: bool = False
-    host_eviction: str = "lru"
-    host_tier_threshold: float = 1.0
-
-    @classmethod
-    def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
-        """``EngineConfig(**kwargs)``, but an unknown name is a ConfigError listing the valid
-        ones (``also``: names the caller takes itself, listed too)."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(kwargs) - set(names))
-        if unknown:
-            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; valid: {', '.join([*also, *names])}")
-        config = cls(**kwargs)
-        check_engine_config(config)  # types and ranges, before anything is loaded
-        return config
-
-
-def _kv_bytes_per_block(cfg, block_size: int, kv_cache_dtype: str, dtype: torch.dtype, num_layers: int = 0) -> int:
-    from paged._kernels import kernels
-    try:
-        return (num_layers or cfg.num_layers) * block_size * kernels.bytes_per_token(
-            kv_cache_dtype, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, block_size=block_size)
-    except kernels.KernelError as e:
-        raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: {e}") from e
 
 
 class LLMEngine:
     """Step-level engine over one loaded model."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
-        self.config = c = config or EngineConfig()
-        check_engine_config(c)
+        self.config = c = config or EngineConfig()  # checked when it was built
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        mcfg = loaded.config
         p = next(self.model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        share = check_share_map(c.kv_share_with, mcfg.num_layers)
-        n_cache = mcfg.num_layers - len(share or ())  # only the owner layers hold (and cost) a cache
-        block_bytes = _kv_bytes_per_block(mcfg, c.block_size, c.kv_cache_dtype, self.dtype, n_cache)
-        num_blocks, num_staging = c.num_blocks, None
-        if num_blocks is None:
-            budget = c.kv_cache_memory
-            if budget is None:
-                if self.device.type == "cuda":
-                    free, _ = torch.cuda.mem_get_info(self.device)
-                    budget = int(0.4 * free)
-                else:
-                    budget = 512 << 20
-            num_blocks, num_staging = fit_budget(budget, block_bytes, mcfg, c, self.dtype, n_cache)
-        if not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ConfigError(f"the KV cache holds {num_blocks} blocks of {block_bytes} bytes; give "
-                              "num_blocks >= 1 or a larger kv_cache_memory")
-        max_len = min(loaded.max_model_len, num_blocks * c.block_size)
-        if c.max_model_len is not None:
-            if c.max_model_len > loaded.max_model_len:
-                raise ConfigError(f"max_model_len={c.max_model_len} exceeds the model's "
-                                  f"{loaded.max_model_len}; lower it")
-            max_len = c.max_model_len
-        self.max_model_len = max_len
-        self._pool_limits_len = c.max_model_len is None and max_len < loaded.max_model_len
-        num_cpu = c.num_cpu_blocks
-        if num_cpu is None:
-            num_cpu = num_blocks if c.preemption_mode == "swap" or c.enable_host_tier else 0
+        self.sizing = sz = size_cache(c, loaded, self.device, self.dtype)
+        self.max_model_len = sz.max_model_len
         self.recorder = ev.Recorder() if c.record_events else ev.NullRecorder()
         from paged._kernels import kernels
         try:
-            self.kv = KVCacheManager(num_blocks, c.block_size, enable_prefix_caching=c.enable_prefix_caching,
-                                     hash_fn=c.hash_fn, num_cpu_blocks=num_cpu, max_model_len=max_len,
-                                     recorder=self.recorder, eviction=c.eviction, host_tier=c.enable_host_tier,
-                                     host_eviction=c.host_eviction, host_tier_threshold=c.host_tier_threshold)
-            self.scheduler = Scheduler(self.kv, SchedulerConfig.of(c, max_len))
-            self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=c.kv_cache_dtype,
-                                      num_cpu_blocks=num_cpu, attention_backend=c.attention_backend,
-                                      max_num_seqs=c.max_num_seqs, num_staging_blocks=num_staging,
-                                      swap_mode=c.swap_mode, swap_compression=c.swap_compression, kv_share_with=share)
+            self.kv = build_kv_manager(c.cache, sz.num_blocks, num_cpu_blocks=sz.num_cpu_blocks,
+                                       max_model_len=sz.max_model_len, recorder=self.recorder)
+            self.scheduler = Scheduler(self.kv, c.scheduler.resolved(sz.max_model_len))
+            self.runner = ModelRunner(self.model, self.kv, kv_cache_dtype=sz.kv_cache_dtype,
+                                      num_cpu_blocks=sz.num_cpu_blocks, attention_backend=c.attention_backend,
+                                      max_num_seqs=c.max_num_seqs, num_staging_blocks=sz.num_staging_blocks,
+                                      swap_mode=c.swap_mode, swap_compression=c.swap_compression,
+                                      kv_share_with=sz.kv_share_with)
         except kernels.KernelError as e:
             raise ConfigError(f"cannot set up the KV cache and attention backend: {e}") from e
         except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
-            if not isinstance(e, MemoryError) and "memory" not in str(e).lower() and "alloc" not in str(e).lower():
+            err = allocation_error(sz, self.device, e)
+            if err is None:
                 raise
-            need = (num_blocks + num_cpu) * block_bytes
-            raise ConfigError(f"num_blocks={num_blocks} (+ num_cpu_blocks={num_cpu}) of {block_bytes:,} bytes need "
-                              f"{need / 2**30:,.1f} GiB for the KV cache, which could not be allocated on "
-                              f"{self.device}; lower num_blocks or give kv_cache_memory in bytes") from None
+            raise err from None
         self._groups = Groups(self.scheduler, c.seed, self._text)
         self._request_rows: list[dict] = []
-        self._t0 = time.perf_counter()  # the engine clock of step and request records
+        self.clock = EngineClock()  # the clock of step and request records: engine time only (clock.py)
+        self.warmup_s = warm_up(self) if c.warm_up else 0.0  # first-call costs, paid before any timed work
+        self.vllm = None  # paged.connect.speak.EngineSpeaker when kv_events_endpoint / metrics_port are set
+        if c.kv_events_endpoint is not None or c.metrics_port is not None:
+            from paged.connect.speak import connect_engine
+            self.vllm = connect_engine(self)
 
     # ---- introspection ---------------------------------------------------------------
     @property
@@ -185,6 +88,11 @@ class LLMEngine:
     @property
     def model_config(self):
         return self.loaded.config
+
+    @property
+    def groups(self) -> Groups:
+        """The user requests in flight, as groups of scheduler sequences (read-only use)."""
+        return self._groups
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
@@ -242,7 +150,7 @@ class LLMEngine:
         text, ids = self._to_ids(prompt)
         if not ids:
             raise InvalidRequestError(f"request {request_id!r} has an empty prompt; give at least one token")
-        if self._pool_limits_len and len(ids) + params.max_tokens > self.max_model_len:  # the pool is the limit
+        if self.sizing.pool_limits_len and len(ids) + params.max_tokens > self.max_model_len:  # the pool is the limit
             raise InvalidRequestError(
                 f"request {request_id!r}: prompt ({len(ids)}) + max_tokens ({params.max_tokens}) tokens exceed the "
                 f"KV cache of {self.kv.num_blocks} blocks x {self.kv.block_size} = {self.max_model_len} tokens; "
@@ -255,9 +163,8 @@ class LLMEngine:
             stops.update(self.loaded.config.eos_token_ids)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 stops.add(self.tokenizer.eos_token_id)
-        now = time.perf_counter()
-        group = Group(request_id, text, ids, params, now if arrival_time is None else arrival_time,
-                      stops=frozenset(stops), arrival_s=now - self._t0)
+        group = Group(request_id, text, ids, params, time.perf_counter() if arrival_time is None else arrival_time,
+                      stops=frozenset(stops), arrival_s=self.clock.now())
         self._groups.add(group, priority)  # raises before any state changes
 
     def abort(self, request_id: str) -> RequestOutput:
@@ -273,7 +180,14 @@ class LLMEngine:
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> StepOutput:
-        """Run one scheduler step and return what happened."""
+        """Run one scheduler step and return what happened (its times on the engine clock)."""
+        start = self.clock.start()
+        try:
+            return self._step(start)
+        finally:
+            self.clock.stop()
+
+    def _step(self, start: float) -> StepOutput:
         t0 = time.perf_counter()
         mark = len(self.recorder)
         plan = self.scheduler.schedule()
@@ -291,7 +205,7 @@ class LLMEngine:
             first, second = (self._split_passes(decodes, prefills)
                              if self.config.split_prefill_decode and decodes and prefills else ([], []))
             limits = {c.request_id: len(g.prompt_token_ids) - 1 for c in plan.scheduled
-                      if (g := c.request.data.group).prompt_logprobs is not None}
+                      if (g := Groups.of(c.request)).prompt_logprobs is not None}
             prompt_parts = []
             if first and second:
                 rd, rp = self._forward(first, limits), self._forward(second, limits)
@@ -310,7 +224,7 @@ class LLMEngine:
                     decode_ms, prefill_ms = 0.0, forward_ms
             t2 = time.perf_counter()
             sampled, post = self._groups.sample(sample_ids, logits)
-            self._record_logprobs(sample_ids, logits, sampled, prompt_parts)
+            self._groups.record_logprobs(sample_ids, logits, sampled, prompt_parts)
         except BaseException as e:
             err = abort_failed_step(self, plan, e, cache_ms is not None)
             if isinstance(e, Exception):
@@ -319,15 +233,14 @@ class LLMEngine:
                 raise err
             except StepFailedError:
                 raise e
-        for rid, _ in plan.preempted:
-            self.scheduler.requests[rid].data.group.num_preemptions += 1
+        self._groups.note_preempted(plan.preempted)
         done = self.scheduler.update(plan, sampled)
         for fn in post:
             fn()
-        self._stamp(plan, sampled, t0 - self._t0, time.perf_counter() - self._t0)
+        self._groups.stamp(plan, sampled, start, self.clock.now())
         self.runner.release_blocks(plan.finished_freed_blocks)
         for req in done:
-            self._groups.record_done(req.data.group, req, FINISH_REASON[req.status])
+            self._groups.record_done(Groups.of(req), req, FINISH_REASON[req.status])
         self.scheduler.take_finished()
         finished, failed = [], []
         for g in self._groups.completed(plan):
@@ -348,7 +261,7 @@ class LLMEngine:
             num_tier_in_blocks=len(plan.tier_in), num_host_evicted_blocks=plan.num_host_evicted_blocks,
             schedule_ms=(t1 - t0) * 1e3, cache_ops_ms=cache_ms, forward_ms=forward_ms,
             prefill_ms=prefill_ms, decode_ms=decode_ms, sample_ms=(t3 - t2) * 1e3,
-            total_ms=(t3 - t0) * 1e3, time_s=t0 - self._t0, events=self.recorder.since(mark),
+            total_ms=(t3 - t0) * 1e3, time_s=start, events=self.recorder.since(mark),
             **plan.pool_counts())
         if failed:
             ids = [rid for rid, _ in failed]
@@ -362,45 +275,12 @@ class LLMEngine:
         # prompt_limits only when asked: callers may wrap runner.forward(chunks)
         return self.runner.forward(chunks, prompt_limits=limits) if limits else self.runner.forward(chunks)
 
-    def _record_logprobs(self, sample_ids: list[str], logits: torch.Tensor, sampled: dict[str, int],
-                         prompt_parts: list) -> None:
-        """Store vLLM-style logprobs of sampled tokens and prompt tokens on their groups
-        (prompt positions are overwritten, not appended, so recompute after preemption is safe)."""
-        for row, rid in enumerate(sample_ids):
-            req = self.scheduler.requests.get(rid)  # a beam may have been dropped while sampling
-            g = req.data.group if req is not None else None
-            if g is not None and g.params.logprobs is not None and rid in sampled:
-                g.sample_logprobs += logprob_dicts(logits[row:row + 1], [sampled[rid]], g.params.logprobs)
-        for part in prompt_parts:
-            for rid, (start, rows) in (part or {}).items():
-                req = self.scheduler.requests.get(rid)
-                if req is None:
-                    continue
-                g = req.data.group
-                toks = g.prompt_token_ids[start + 1:start + 1 + rows.shape[0]]
-                lps = logprob_dicts(rows[:len(toks)], toks, g.params.prompt_logprobs)
-                g.prompt_logprobs[start + 1:start + 1 + len(toks)] = lps
-
-    def _stamp(self, plan: SchedulerOutput, sampled: dict[str, int], start_s: float, end_s: float) -> None:
-        """Time stamps of the groups this step served (first scheduled, token steps)."""
-        seen: set[int] = set()
-        for c in plan.scheduled:
-            g = c.request.data.group
-            if g.first_scheduled_s is None:
-                g.first_scheduled_s = start_s
-            if c.samples and c.request_id in sampled and id(g) not in seen:
-                seen.add(id(g))
-                if g.first_token_s is None:
-                    g.first_token_s = end_s
-                g.last_token_s = end_s
-                g.num_token_steps += 1
-
     def _finish(self, g: Group) -> RequestOutput:
         out = self._groups.finish(g)
         self._request_rows.append(telemetry.request_row(
             g.request_id, g.arrival_s, len(g.prompt_token_ids),
             max((len(o.token_ids) for o in out.outputs), default=0), g.first_scheduled_s, g.first_token_s,
-            g.last_token_s, time.perf_counter() - self._t0, g.num_token_steps, g.num_preemptions,
+            g.last_token_s, self.clock.now(), g.num_token_steps, g.num_preemptions,
             g.num_cached_tokens))
         return out
 
@@ -414,11 +294,11 @@ class LLMEngine:
         its last token, e.g. one of n identical greedy samples): such a chunk joins the
         prefill pass, so every block is written before it is read.
         """
-        bs, table = self.kv.block_size, self.kv.block_table
+        bs = self.kv.block_size
         written: set[int] = set()
-        for c in prefills:
-            written.update(table(c.request_id)[c.start // bs:(c.start + c.num_tokens - 1) // bs + 1])
-        late = [c for c in decodes if not written.isdisjoint(table(c.request_id)[:c.start // bs + 1])]
+        for c in prefills:  # block ids from the plan: each chunk carries its request's table
+            written.update(b.block_id for b in c.blocks[c.start // bs:(c.start + c.num_tokens - 1) // bs + 1])
+        late = [c for c in decodes if not written.isdisjoint(b.block_id for b in c.blocks[:c.start // bs + 1])]
         if not late:
             return decodes, prefills
         return [c for c in decodes if c not in late], late + prefills

@@ -41,9 +41,9 @@ def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
         kv.drop_host_blocks(cpu for _, cpu in plan.tier_out)
     groups: list[str] = []
     for sid in seqs:
-        req = engine.scheduler.requests.get(sid)
-        if req is not None and req.data.group.request_id not in groups:
-            groups.append(req.data.group.request_id)
+        g = engine.groups.of_seq(sid)
+        if g is not None and g.request_id not in groups:
+            groups.append(g.request_id)
     for gid in groups:
         try:
             engine.abort(gid)

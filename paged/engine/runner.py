@@ -3,7 +3,8 @@ operations, builds batch metadata and runs the model through our kernels.
 
 Per step (order fixed by the scheduler's contract): swap_out (device -> host pool), block
 copies (copy-on-write), swap_in (host -> device), then one forward pass over all scheduled
-chunks. Every attention layer first writes the new tokens' K/V through ``slot_mapping``
+chunks. The runner reads the plan only: block ids come with the chunks (``ScheduledChunk.blocks``),
+never from the KV manager. Every attention layer first writes the new tokens' K/V through ``slot_mapping``
 (``kernels.write_kv``) and then reads the whole context through block tables
 (``paged_prefill_attention``; ``paged_decode_attention`` when every chunk is one decode
 token). Only the rows that sample a token pay for the LM head.
@@ -22,8 +23,8 @@ from . import torch_attention
 from .swap import SwapExecutor
 from .kv_sharing import cache_index, check_share_map, owner_layers
 from paged.core.kv_manager import KVCacheManager
+from paged.core.plan import ScheduledChunk, SchedulerOutput
 from paged.models.llama import LlamaForCausalLM
-from paged.core.scheduler import ScheduledChunk, SchedulerOutput
 
 
 class PagedAttention:
@@ -66,7 +67,9 @@ def default_backend(device: torch.device) -> str | None:
 class ModelRunner:
     """Holds one device cache layer per owner layer (every layer without ``kv_share_with``;
     see :mod:`paged.engine.kv_sharing`) and (for swap) as many host layers. ``layers`` are the
-    owners' caches (what cache ops move); ``layer_caches[i]`` is the cache model layer i reads."""
+    owners' caches (what cache ops move); ``layer_caches[i]`` is the cache model layer i reads.
+    ``kv`` gives the cache's shape (``num_blocks``, ``block_size``); of it only its pool's read-only
+    ``ref_count`` is kept (a window format keeps a shared block's exact rows)."""
 
     def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, *, kv_cache_dtype: str = "auto",
                  num_cpu_blocks: int = 0, attention_backend: str | None = None, max_num_seqs: int = 256,
@@ -74,7 +77,7 @@ class ModelRunner:
                  swap_mode: str = "sync", swap_compression: str | None = None,
                  kv_share_with: dict[int, int] | None = None) -> None:
         self.model = model
-        self.kv = kv
+        self.block_size = kv.block_size
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.backend = attention_backend if attention_backend is not None else default_backend(self.device)
@@ -100,6 +103,7 @@ class ModelRunner:
             n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
             **staging(n, dev), **({"tables": tables[i]} if tables else {}))
             for i in owners]  # int4 group: kernels.int4_group's default, as the engine's byte budget assumes
+        self._ref_count = kv.pool.ref_count  # read-only: a window's shared blocks keep their staging
         self.layers = mk(kv.num_blocks, self.device)
         self.layer_caches = [self.layers[k] for k in cache_index(share, cfg.num_layers)]
         self.shared = frozenset(share or ())
@@ -140,8 +144,8 @@ class ModelRunner:
         if not (fmt.split and fmt.window):
             return
         from kernels.split import window_out_blocks
-        ids = [b for b in window_out_blocks(meta.block_tables, meta.seq_lens, fmt, self.kv.block_size)
-               if self.kv.pool.ref_count(b) == 1]
+        ids = [b for b in window_out_blocks(meta.block_tables, meta.seq_lens, fmt, self.block_size)
+               if self._ref_count(b) == 1]
         if ids:
             for layer in self.layers:
                 kernels.release_window(layer, ids)
@@ -189,7 +193,7 @@ class ModelRunner:
         t1 = time.perf_counter()
         if not chunks:
             return ForwardResult([], torch.zeros(0, self.model.config.vocab_size), 0.0, 0)
-        host_meta = build_batch(chunks, self.kv)
+        host_meta = build_batch(chunks, self.block_size)
         meta = host_meta.to(self.device)
         attn = (torch_attention.TorchAttentionPlan(self.layer_caches, meta, self.shared) if self.planned
                 else PagedAttention(self.layer_caches, meta, self.backend, self.shared))

@@ -45,12 +45,12 @@ import torch
 
 from paged._kernels import kernels
 from kernels.blocks import normalize_block_mapping
+from paged.core.config import SWAP_COMPRESSIONS, SWAP_MODES
 from paged.errors import ConfigError
 from .swap_codec import CODECS, Codec, CompressedHostLayer
 from .swap_streams import CudaStreams, NullStreams
 
-MODES = ("sync", "overlap")
-COMPRESSIONS = (None, "fp8", "int4")
+MODES, COMPRESSIONS = SWAP_MODES, SWAP_COMPRESSIONS  # one definition: CacheConfig's swap_mode / swap_compression
 
 
 def check_swap_settings(mode: str, compression: str | None) -> None:
@@ -334,8 +334,7 @@ class _Fenced:
         self.attn, self.swap, self.layer_of = attn, swap, layer_of
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.swap._ready:
-            self.swap.wait_layer(self.layer_of[layer_idx])
+        self.swap.wait_layer(self.layer_of[layer_idx])  # a no-op unless a swap-in of that layer is pending
         return self.attn(layer_idx, q, k, v)
 
     def __getattr__(self, name: str) -> Any:

@@ -52,6 +52,13 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def save(self, path: str) -> None:
+        """Write the tokenizer as ``tokenizer.json`` (the ``tokenizers`` library's format; an HF export)."""
+        self._tok.save(path)
+
     def apply_chat_template(self, messages: list[dict[str, str]],
                             add_generation_prompt: bool = True) -> str:
         """Render ``messages`` with the checkpoint's Jinja chat template (needs jinja2)."""

@@ -2,7 +2,7 @@
 roofline cost model of a model/GPU preset, so a 70B deployment runs without a GPU.
 
 ``Simulator`` (steppable: ``iter_steps``/``result``, or ``run``), its ``SimConfig`` and
-``SimResult``; paper studies in ``paged.sim.studies``."""
+``SimResult``; the studies run on it live in ``paged.studies``."""
 from .simulator import SimConfig, SimResult, SimStep, Simulator, simulate
 
 __all__ = ["SimConfig", "SimResult", "SimStep", "Simulator", "simulate"]

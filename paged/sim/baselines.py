@@ -25,11 +25,14 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
+import numpy as np
+
 from paged.core import events as ev
-from paged.core.block import Block
-from paged.errors import BlockStateError, ConfigError, InvalidRequestError, UnknownRequestError
-from paged.core.kv_manager import BlockMapping, KVCacheManager
+from paged.core.block import Block, BlockMapping
+from paged.core.kv_manager import KVCacheManager
 from paged.core.request import Request
+from paged.core.snapshot import ContiguousSnapshot
+from paged.errors import BlockStateError, ConfigError, InvalidRequestError, UnknownRequestError
 
 RESERVATIONS = ("max", "pow2", "oracle")
 
@@ -108,6 +111,11 @@ class ContiguousKVCacheManager(KVCacheManager):
     def block_table(self, request_id: str) -> list[int]:
         start, length = self._reservation(request_id)
         return list(range(start, start + length))
+
+    def blocks_of(self, request_id: str) -> Sequence[Block]:
+        """No paged table to put in a plan: a reservation is one run of slots (``block_table``)."""
+        self._reservation(request_id)
+        return ()
 
     def num_blocks_of(self, request_id: str) -> int:
         return self._reservation(request_id)[1]
@@ -225,10 +233,13 @@ class ContiguousKVCacheManager(KVCacheManager):
     def reset_prefix_cache(self) -> int:
         return 0
 
-    def snapshot(self, requests=None, **kw):
-        """Reserved vs filled slots per request: a `paged.core.snapshot.ContiguousSnapshot`."""
-        from paged.core.snapshot import take_contiguous_snapshot
-        return take_contiguous_snapshot(self, kw.get("step"))
+    def snapshot(self, requests=None, *, step: int | None = None, **kw) -> ContiguousSnapshot:
+        """Reserved vs filled slots per request (``requests`` and other view options are ignored)."""
+        ids = list(self._res)
+        start = np.fromiter((self._res[r][0] for r in ids), np.int64, len(ids))
+        res = np.fromiter((self._res[r][1] for r in ids), np.int64, len(ids))
+        fil = np.fromiter((self._filled[r] for r in ids), np.int64, len(ids))
+        return ContiguousSnapshot(self.recorder.step if step is None else step, self.num_blocks, ids, start, res, fil)
 
     def _reservation(self, request_id: str) -> tuple[int, int]:
         try:

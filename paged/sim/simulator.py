@@ -7,9 +7,9 @@ dummy token (no stop tokens, so a request ends at its trace output length); ``Sc
 moves requests on. Memory decisions (admission, preemption, prefix hits, swaps) are therefore
 exactly those the real engine makes; only time is modelled.
 
-Prompts are synthesized token ids (seeded): requests with the same ``prefix_id`` share their
-first ``prefix_tokens`` ids, everything else is random over the vocabulary, so prefix-cache hits
-happen only where the trace says prompts share text.
+Prompts are synthesized token ids (seeded; ``paged.sim.arrivals``): requests with the same
+``prefix_id`` share their first ``prefix_tokens`` ids, everything else is random over the
+vocabulary, so prefix-cache hits happen only where the trace says prompts share text.
 
 Invariant at the end of every run: every request finished or was rejected at admission, and
 no KV block is in use; the summary reports the latter as ``num_blocks_in_use_at_end`` (tests
@@ -20,90 +20,33 @@ from __future__ import annotations
 
 import time
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from paged import telemetry
-from paged.checks import is_int
+from paged.core.config import build_kv_manager, check_share_map, cpu_pool_blocks
 from paged.core.events import Event, NullRecorder, Recorder
 from paged.core.kv_manager import KVCacheManager
 from paged.core.plan import DecodeRun
 from paged.core.request import Request
-from paged.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from paged.core.scheduler import Scheduler, SchedulerOutput
 from paged.errors import ConfigError, InvalidRequestError, PagedError
+from paged.sim.arrivals import Arrivals, SyntheticPrompts
 from paged.sim.baselines import ContiguousKVCacheManager
+from paged.sim.config import ALLOCATORS, DEFAULT_SWAP_SPACE_GIB, SimConfig, build_cost_model
 from paged.sim.cost_model import CostModel, plan_shape, swap_bytes_ratio
-from paged.sim.specs import GiB, ModelSpec, get_gpu, get_model, kv_cache_sizing
+from paged.sim.specs import get_kv_format, get_model, kv_cache_sizing
 from paged.sim.summary import summarize
 from paged.sim.workload import normalize_trace
 
-ALLOCATORS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 DUMMY_TOKEN = 17  # first non-control id of SmolLM2's vocabulary; never a stop token here
 
 
 class SimulationStuck(PagedError, RuntimeError):
     """No request can make progress and no arrival is pending (e.g. the watermark blocks admission)."""
-
-
-@dataclass
-class SimConfig:
-    """Everything a simulated deployment needs besides its trace."""
-
-    model: str = "llama-2-13b"
-    gpu: str = "a100-80gb"
-    tensor_parallel: int = 1
-    block_size: int = 16
-    num_blocks: int | None = None  # None: what fits at gpu_memory_utilization
-    gpu_memory_utilization: float = 0.9
-    kv_format: str = "fp16"
-    allocator: str = "paged"
-    enable_chunked_prefill: bool = True
-    max_num_batched_tokens: int | None = None  # None: the engine's rule (SchedulerConfig.of)
-    max_num_seqs: int = 256
-    preemption_mode: str = "recompute"
-    policy: str = "fcfs"
-    watermark: float = 0.01
-    enable_prefix_caching: bool = True
-    # block compaction (see EngineConfig; paged.core.compaction): its copies are charged like CoW copies (HBM)
-    enable_block_compaction: bool = False
-    compaction_threshold: float = 0.25
-    compaction_interval: int = 16
-    compaction_max_copies: int | None = None
-    compaction_drop_cached: bool = False
-    swap_space_gib: float = 4.0  # CPU pool per GPU for preemption_mode="swap" and the host tier (shared)
-    # host tier (paged.core.host_tier): see EngineConfig; its copies are charged like swaps (over PCIe)
-    eviction: str = "lru"
-    enable_host_tier: bool = False
-    host_eviction: str = "lru"
-    host_tier_threshold: float = 1.0
-    max_model_len: int | None = None  # None: the model's
-    hash_fn: str = "builtin"  # prefix hits are verified on tokens, so a fast hash is safe
-    paged_kernel_penalty: bool = True  # slow KV reads for small blocks (see cost_model)
-    swap_overlap: bool = False  # swaps beside the forward (EngineConfig.swap_mode='overlap'; see cost_model)
-    swap_compression: str | None = None  # None | 'fp8' | 'int4' host blocks (fewer link bytes)
-    mfu: float | None = None
-    mbu: float | None = None
-    step_overhead_s: float | None = None
-    calibration: str | None = None  # CSV from cost_model.calibration_frame: fit the cost model to it
-    seed: int = 0
-    record_events: bool = False
-
-    def __post_init__(self) -> None:
-        if self.allocator not in ALLOCATORS:
-            raise ConfigError(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
-        if self.max_model_len is not None and (not is_int(self.max_model_len) or self.max_model_len < 1):
-            raise ConfigError(f"max_model_len must be a positive integer (None: the model's), "
-                              f"got {self.max_model_len!r}")
-        for name in ("swap_space_gib", "step_overhead_s"):
-            v = getattr(self, name)
-            if v is not None and not (v >= 0 and v < float("inf")):
-                raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -152,36 +95,6 @@ class _ReqStat:
         self.num_cached_tokens = 0
 
 
-class _Tokens:
-    """Seeded synthetic prompt token ids; shared prefixes are identical across requests."""
-
-    def __init__(self, vocab_size: int, seed: int) -> None:
-        self.lo, self.hi = 17, max(vocab_size, 18)
-        self.rng = np.random.default_rng(seed)
-        self.seed = seed
-        self.prefixes: dict[int, np.ndarray] = {}
-
-    def prompt(self, n: int, prefix_id: int, prefix_tokens: int) -> list[int]:
-        if prefix_id < 0 or prefix_tokens <= 0:
-            return self.rng.integers(self.lo, self.hi, n).tolist()
-        pre = self.prefixes.get(prefix_id)
-        if pre is None or len(pre) < prefix_tokens:
-            pre = np.random.default_rng([self.seed, 1 + prefix_id]).integers(self.lo, self.hi, max(prefix_tokens, 1))
-            self.prefixes[prefix_id] = pre
-        own = self.rng.integers(self.lo, self.hi, n - prefix_tokens)
-        return np.concatenate([pre[:prefix_tokens], own]).tolist()
-
-
-def build_cost_model(cfg: SimConfig, model: ModelSpec) -> CostModel:
-    kw: dict[str, Any] = {}
-    for k in ("mfu", "mbu", "step_overhead_s"):
-        if getattr(cfg, k) is not None:
-            kw[k] = getattr(cfg, k)
-    bs = cfg.block_size if (cfg.allocator == "paged" and cfg.paged_kernel_penalty) else None
-    return CostModel(model, get_gpu(cfg.gpu), tensor_parallel=cfg.tensor_parallel, kv_format=cfg.kv_format,
-                     kv_block_size=bs, swap_overlap=cfg.swap_overlap, swap_compression=cfg.swap_compression, **kw)
-
-
 class Simulator:
     """One simulated deployment (build a new one per run: the scheduler keeps state).
 
@@ -192,36 +105,38 @@ class Simulator:
 
     def __init__(self, config: SimConfig | None = None, cost_model: CostModel | None = None) -> None:
         cfg = self.config = config or SimConfig()
-        self.model = get_model(cfg.model)
-        if cfg.max_model_len is not None and cfg.max_model_len > self.model.max_model_len:
-            raise ConfigError(f"max_model_len={cfg.max_model_len} exceeds {self.model.name}'s context of "
-                              f"{self.model.max_model_len} tokens; lower max_model_len (or leave it unset)")
-        self.max_model_len = cfg.max_model_len or self.model.max_model_len
-        sched_cfg = SchedulerConfig.of(cfg, self.max_model_len)
-        self.sizing = kv_cache_sizing(self.model, cfg.gpu, cfg.block_size, kv_format=cfg.kv_format,
+        model = get_model(cfg.model)
+        if cfg.kv_share_with is not None:  # cross-layer sharing: only the owner layers hold (and cost) K/V
+            share = check_share_map(cfg.kv_share_with, model.num_layers)
+            model = replace(model, kv_layers=model.num_layers - len(share))
+        self.model = model
+        if cfg.max_model_len is not None and cfg.max_model_len > model.max_model_len:
+            raise ConfigError(f"max_model_len={cfg.max_model_len} exceeds {model.name}'s context of "
+                              f"{model.max_model_len} tokens; lower max_model_len (or leave it unset)")
+        self.max_model_len = cfg.max_model_len or model.max_model_len
+        sched_cfg = cfg.scheduler.resolved(self.max_model_len)
+        self.kv_format = get_kv_format(cfg.kv_cache_dtype, model.dtype_bytes)  # 'auto': the model's dtype
+        self.sizing = kv_cache_sizing(model, cfg.gpu, cfg.block_size, kv_format=self.kv_format.name,
                                       tensor_parallel=cfg.tensor_parallel,
                                       gpu_memory_utilization=cfg.gpu_memory_utilization,
                                       max_num_batched_tokens=sched_cfg.max_num_batched_tokens,
                                       max_num_seqs=cfg.max_num_seqs)
-        self.num_blocks = cfg.num_blocks if cfg.num_blocks is not None else self.sizing.num_blocks
         self.block_bytes = self.sizing.bytes_per_block  # kv_bytes_per_token(fmt, tp, block_size) x block_size
+        self.num_blocks = self._num_blocks()
         self.recorder: Recorder = Recorder() if cfg.record_events else NullRecorder()
         if cfg.allocator == "paged":
-            host_block = self.block_bytes * swap_bytes_ratio(cfg.swap_compression, self.model.head_dim, cfg.kv_format,
-                                                             cfg.block_size)  # compressed host blocks are smaller
-            num_cpu = (int(cfg.swap_space_gib * GiB // host_block)
-                       if cfg.preemption_mode == "swap" or cfg.enable_host_tier else 0)
-            self.kv: KVCacheManager = KVCacheManager(
-                self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
-                hash_fn=cfg.hash_fn, num_cpu_blocks=num_cpu, max_model_len=self.max_model_len,
-                recorder=self.recorder, eviction=cfg.eviction, host_tier=cfg.enable_host_tier,
-                host_eviction=cfg.host_eviction, host_tier_threshold=cfg.host_tier_threshold)
+            host_block = self.block_bytes * swap_bytes_ratio(cfg.swap_compression, model.head_dim,
+                                                             self.kv_format.name, cfg.block_size)  # compressed: smaller
+            num_cpu = cpu_pool_blocks(cfg.cache, cfg.preemption_mode, self.num_blocks, host_block,
+                                      default_swap_space=DEFAULT_SWAP_SPACE_GIB)
+            self.kv: KVCacheManager = build_kv_manager(cfg.cache, self.num_blocks, num_cpu_blocks=num_cpu,
+                                                       max_model_len=self.max_model_len, recorder=self.recorder)
         else:
             # same memory, counted in token slots
             self.kv = ContiguousKVCacheManager(self.num_blocks * cfg.block_size, cfg.allocator.split("-")[1],
                                                max_model_len=self.max_model_len, recorder=self.recorder)
         self.scheduler = Scheduler(self.kv, sched_cfg)
-        self.cost = cost_model or build_cost_model(cfg, self.model)
+        self.cost = cost_model or build_cost_model(cfg, model, self.kv_format.name)
         self.calibration_report = None
         if cfg.calibration and cost_model is None:
             from paged.sim.cost_model import read_calibration, shapes_from_frame
@@ -235,8 +150,24 @@ class Simulator:
         self._rejected: list[tuple[int, str]] = []
         self._tbt = array("d")
         self._rows: list[dict[str, Any]] = []
+        self._sampled: dict[str, int] = {}  # the executor's tokens: DUMMY_TOKEN for every request ever added
+        self._done = 0
         self._wall = 0.0
         self._bar = None
+        self._callback: Callable[[int], None] | None = None
+
+    def _num_blocks(self) -> int:
+        """GPU blocks: ``num_blocks``, else ``kv_cache_memory`` bytes of blocks, else what fits."""
+        cfg = self.config
+        if cfg.num_blocks is not None:
+            return cfg.num_blocks
+        if cfg.kv_cache_memory is not None:
+            n = int(cfg.kv_cache_memory // self.block_bytes)
+            if n < 1:
+                raise ConfigError(f"kv_cache_memory={cfg.kv_cache_memory} bytes hold no block of "
+                                  f"{self.block_bytes:,} bytes; raise it or give num_blocks")
+            return n
+        return self.sizing.num_blocks
 
     @property
     def capacity_tokens(self) -> int:
@@ -254,121 +185,137 @@ class Simulator:
         """Simulate ``trace`` one step at a time, yielding each executed step (see class doc).
 
         Time spent by the consumer between steps is not counted in ``wall_s``."""
-        if self._ran:
-            raise ConfigError("a Simulator runs once; build a new one for another run")
-        self._ran = True
-        tr = self._trace = normalize_trace(trace)
-        n = len(tr)
-        arr = tr["arrival_time"].to_numpy(dtype=np.float64)
-        P = tr["prompt_tokens"].to_numpy()
-        O = tr["output_tokens"].to_numpy()
-        pid = tr["prefix_id"].to_numpy()
-        ptok = tr["prefix_tokens"].to_numpy()
-        priority = tr["priority"].to_numpy() if "priority" in tr.columns else None
-        toks = _Tokens(self.model.vocab_size, self.config.seed)
-        sched, cost, recorder = self.scheduler, self.cost, self.recorder
-        block_bytes = self.block_bytes
-        stats, rejected, rows = self._stats, self._rejected, self._rows
-        stats.extend(_ReqStat(i) for i in range(n))
-        if progress is True:
-            from tqdm.auto import tqdm
-            self._bar = tqdm(total=n, unit="req", desc=f"simulate {self.config.allocator}", leave=False)
-        bar = self._bar
-        callback = progress if callable(progress) else None
-        step_time = cost.step_time
-        tbt_append = self._tbt.append
-        step_row = telemetry.step_row
-        sampled: dict[str, int] = {}  # the executor's tokens: DUMMY_TOKEN for every request ever added
-
+        arrivals = self._start(trace, progress)
+        toks = SyntheticPrompts(self.model.vocab_size, self.config.seed)
+        sched, recorder, rejected = self.scheduler, self.recorder, self._rejected
         wall0 = time.perf_counter()
-        clock, nxt, done, n_steps = 0.0, 0, 0, 0
-        while done + len(rejected) < n:
-            while nxt < n and arr[nxt] <= clock:
-                p, o = int(P[nxt]), int(O[nxt])
-                if p + o > self.max_model_len:  # checked before synthesising: a 1e11-token row must not allocate
-                    rejected.append((nxt, f"request {nxt}: prompt ({p}) + output ({o}) = {p + o} tokens exceeds "
-                                          f"max_model_len={self.max_model_len}; shorten the row or raise "
-                                          "max_model_len"))
-                    nxt += 1
-                    continue
-                req = Request(str(nxt), toks.prompt(p, int(pid[nxt]), int(ptok[nxt])), o,
-                              arrival_time=float(arr[nxt]), priority=int(priority[nxt]) if priority is not None else 0,
-                              data=stats[nxt])
-                try:
-                    sched.add_request(req)
-                    sampled[req.request_id] = DUMMY_TOKEN
-                except InvalidRequestError as exc:
-                    rejected.append((nxt, str(exc)))
-                nxt += 1
+        clock, n_steps = 0.0, 0
+        while self._done + len(rejected) < arrivals.n:
+            self._admit(arrivals, toks, clock)
             if not sched.has_unfinished_requests():
-                if nxt < n:
-                    clock = max(clock, float(arr[nxt]))
+                if arrivals.next < arrivals.n:
+                    clock = arrivals.clock_after_idle(clock)
                 continue
             mark = len(recorder)
             plan = sched.schedule()
-            work = plan.work
-            if not work:
-                if plan.preempted or plan.swap_out:
-                    continue
-                if nxt < n:
-                    clock = max(clock, float(arr[nxt]))
-                    continue
-                raise SimulationStuck(
-                    f"step {plan.step}: {plan.num_waiting} waiting, {plan.num_swapped} swapped requests cannot be "
-                    f"scheduled and no arrival is pending; lower the watermark or give the cache more blocks")
-            moved = len(plan.swap_out) + len(plan.swap_in) + len(plan.tier_out) + len(plan.tier_in)  # over PCIe
-            shape = plan_shape(work, moved, len(plan.block_copies) + len(plan.compaction_copies), block_bytes)
-            dt = step_time(shape)
-            t_end = clock + dt
-            num_decode = 0
-            for w in work:  # time stamps of every request the step samples for, in batch order
-                if w.__class__ is DecodeRun:  # admitted in an earlier step: first_scheduled is set
-                    reqs, starts = w.requests, w.starts
-                else:
-                    d = w.request.data
-                    if d.first_scheduled is None:
-                        d.first_scheduled = clock
-                    if not w.samples:
-                        continue
-                    reqs, starts = (w.request,), (w.start if w.is_decode else -1,)  # -1: not counted as decode
-                for r, start in zip(reqs, starts):
-                    d = r.data
-                    last = d.last_token
-                    if last is None:
-                        d.first_token = t_end
-                    else:
-                        tbt_append(t_end - last)
-                    d.last_token = t_end
-                    if start >= r.num_prompt_tokens:  # a decode, not the last token of a prompt
-                        num_decode += 1
-            finished = sched.update(plan, sampled)
-            num_tokens = shape.num_tokens
-            row = step_row(plan, time_s=clock, step_time_s=dt, num_batched_tokens=num_tokens,
-                           num_prefill_tokens=num_tokens - num_decode, num_decode_tokens=num_decode,
-                           num_finished=len(finished))
-            rows.append(row)
-            clock = t_end
+            if not plan.work:
+                clock = self._idle(plan, arrivals, clock)
+                continue
+            row, clock = self._execute(plan, clock)
             n_steps += 1
-            if finished:
-                for r in finished:
-                    d = r.data
-                    d.finish = t_end
-                    d.num_preemptions = r.num_preemptions
-                    d.num_cached_tokens = max(r.num_cached_tokens, 0)
-                sched.take_finished()
-                done += len(finished)
-                if bar is not None:
-                    bar.update(len(finished))
-                if callback is not None:
-                    callback(done)
-            now = time.perf_counter()
-            self._wall += now - wall0
+            self._wall += time.perf_counter() - wall0
             yield SimStep(row, recorder.since(mark), plan)
             wall0 = time.perf_counter()
             if max_steps is not None and n_steps >= max_steps:
                 break
         self._wall += time.perf_counter() - wall0
         self._close_bar()
+
+    # ---- the steps of iter_steps ------------------------------------------------------
+    def _start(self, trace: pd.DataFrame, progress: bool | Callable[[int], None]) -> Arrivals:
+        """Take the trace (once per simulator) and set up per-request stamps and progress."""
+        if self._ran:
+            raise ConfigError("a Simulator runs once; build a new one for another run")
+        self._ran = True
+        tr = self._trace = normalize_trace(trace)
+        self._stats.extend(_ReqStat(i) for i in range(len(tr)))
+        if progress is True:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=len(tr), unit="req", desc=f"simulate {self.config.allocator}", leave=False)
+        self._callback = progress if callable(progress) else None
+        return Arrivals(tr)
+
+    def _admit(self, arrivals: Arrivals, toks: SyntheticPrompts, clock: float) -> None:
+        """Add every request that has arrived by ``clock`` (a request that can never be served
+        is rejected, with the reason, before its prompt is synthesised)."""
+        a, stats, rejected, max_len = arrivals, self._stats, self._rejected, self.max_model_len
+        while a.next < a.n and a.time[a.next] <= clock:
+            i = a.next
+            a.next += 1
+            p, o = int(a.prompt[i]), int(a.output[i])
+            if p + o > max_len:  # checked before synthesising: a 1e11-token row must not allocate
+                rejected.append((i, f"request {i}: prompt ({p}) + output ({o}) = {p + o} tokens exceeds "
+                                    f"max_model_len={max_len}; shorten the row or raise max_model_len"))
+                continue
+            req = Request(str(i), toks.prompt(p, int(a.prefix_id[i]), int(a.prefix_tokens[i])), o,
+                          arrival_time=float(a.time[i]),
+                          priority=int(a.priority[i]) if a.priority is not None else 0, data=stats[i])
+            try:
+                self.scheduler.add_request(req)
+                self._sampled[req.request_id] = DUMMY_TOKEN
+            except InvalidRequestError as exc:
+                rejected.append((i, str(exc)))
+
+    def _idle(self, plan: SchedulerOutput, arrivals: Arrivals, clock: float) -> float:
+        """The clock after a plan with no work: unchanged after a preemption or swap (the next plan
+        has room), the next arrival otherwise; SimulationStuck when nothing can ever run."""
+        if plan.preempted or plan.swap_out:
+            return clock
+        later = arrivals.clock_after_idle(clock)
+        if later is None:
+            raise SimulationStuck(
+                f"step {plan.step}: {plan.num_waiting} waiting, {plan.num_swapped} swapped requests cannot be "
+                f"scheduled and no arrival is pending; lower the watermark or give the cache more blocks")
+        return later
+
+    def _execute(self, plan: SchedulerOutput, clock: float) -> tuple[dict[str, Any], float]:
+        """Run ``plan`` on the cost model from ``clock``: stamp its tokens, move the requests on,
+        record the step row and the finished requests. Returns the row and the new clock."""
+        moved = len(plan.swap_out) + len(plan.swap_in) + len(plan.tier_out) + len(plan.tier_in)  # over PCIe
+        shape = plan_shape(plan.work, moved, len(plan.block_copies) + len(plan.compaction_copies), self.block_bytes)
+        dt = self.cost.step_time(shape)
+        t_end = clock + dt
+        num_decode = self._stamp_tokens(plan, clock, t_end)
+        finished = self.scheduler.update(plan, self._sampled)
+        num_tokens = shape.num_tokens
+        row = telemetry.step_row(plan, time_s=clock, step_time_s=dt, num_batched_tokens=num_tokens,
+                                 num_prefill_tokens=num_tokens - num_decode, num_decode_tokens=num_decode,
+                                 num_finished=len(finished))
+        self._rows.append(row)
+        if finished:
+            self._finish(finished, t_end)
+        return row, t_end
+
+    def _stamp_tokens(self, plan: SchedulerOutput, clock: float, t_end: float) -> int:
+        """Time stamps of every request the step samples for, in batch order (first scheduled at
+        ``clock``, tokens at ``t_end``, gaps into the TBT samples); returns the decode tokens."""
+        tbt_append = self._tbt.append
+        num_decode = 0
+        for w in plan.work:
+            if w.__class__ is DecodeRun:  # admitted in an earlier step: first_scheduled is set
+                reqs, starts = w.requests, w.starts
+            else:
+                d = w.request.data
+                if d.first_scheduled is None:
+                    d.first_scheduled = clock
+                if not w.samples:
+                    continue
+                reqs, starts = (w.request,), (w.start if w.is_decode else -1,)  # -1: not counted as decode
+            for r, start in zip(reqs, starts):
+                d = r.data
+                last = d.last_token
+                if last is None:
+                    d.first_token = t_end
+                else:
+                    tbt_append(t_end - last)
+                d.last_token = t_end
+                if start >= r.num_prompt_tokens:  # a decode, not the last token of a prompt
+                    num_decode += 1
+        return num_decode
+
+    def _finish(self, finished: list[Request], t_end: float) -> None:
+        """Stamp the requests that finished at ``t_end`` and report progress."""
+        for r in finished:
+            d = r.data
+            d.finish = t_end
+            d.num_preemptions = r.num_preemptions
+            d.num_cached_tokens = max(r.num_cached_tokens, 0)
+        self.scheduler.take_finished()
+        self._done += len(finished)
+        if self._bar is not None:
+            self._bar.update(len(finished))
+        if self._callback is not None:
+            self._callback(self._done)
 
     def _close_bar(self) -> None:
         if self._bar is not None:
@@ -411,7 +358,7 @@ def simulate(trace: pd.DataFrame, config: SimConfig | None = None, progress: boo
     """Run ``trace`` on a fresh ``Simulator(config with overrides)``."""
     cfg = config or SimConfig()
     if overrides:
-        cfg = SimConfig(**{**cfg.as_dict(), **overrides})
+        cfg = replace(cfg, **overrides)  # flat names, old spellings too
     return Simulator(cfg, cost_model).run(trace, progress=progress)
 
 

@@ -44,7 +44,7 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
     tok_use, blk_use = wmean("token_usage"), wmean("kv_cache_usage_perc")
     summary: dict[str, Any] = {
         "model": sim.model.name, "gpu": cfg.gpu, "tensor_parallel": cfg.tensor_parallel,
-        "allocator": cfg.allocator, "block_size": cfg.block_size, "kv_format": cfg.kv_format,
+        "allocator": cfg.allocator, "block_size": cfg.block_size, "kv_cache_dtype": sim.kv_format.name,
         "num_kv_blocks": sim.num_blocks, "kv_capacity_tokens": sim.capacity_tokens,
         "requests": len(tr), "requests_finished": int(ok.sum()), "requests_rejected": len(rejected),
         "duration_s": span,

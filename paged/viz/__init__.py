@@ -44,7 +44,17 @@ Three layers (each usable alone):
 
 Study figures beside the three layers: `paged.viz.quant` (the KV-quantization study: pareto,
 error_vs_context, survival_curves, layer_heatmap, key_outlier_heatmap, live_side_by_side) and one
-module per ablation (budget, compaction, fragmentation, preemption, prefix, tiers).
+module per study of `paged.studies` (budget, compaction, fragmentation, preemption, prefix, tiers):
+each takes the frames a study returns and draws them; nothing here runs an executor (the studies
+do; `tests/test_imports.py` checks it).
+
+Readable by construction: `paged.viz.sizing` (px per heatmap row, integer ticks on counts,
+label placement), `paged.viz.check` (`figure_problems(fig)`, `table_problems(df)`,
+`output_problems(text)`: what tests and notebooks verify), `paged.viz.tables.fit_table(df)` (a
+table that wraps instead of running off a laptop screen). Sentences from numbers:
+`paged.viz.prose` (each notebook's run-dependent sentences, generated from its results as
+Markdown). Controls beside the dashboards: `paged.viz.quant_panel.study_panel` (05: formats,
+contexts, texts, run) and `paged.viz.scenarios.scenario_panel` (00: pick a scenario, watch it).
 
 Replay (`paged.replay`): `save(run, path)`, `load(path)` -> `Recording` (same `rows`, `events`,
 `snapshot(i)` as a run, deterministic), `to_chrome_trace(run_or_recording, path)` for ui.perfetto.dev.

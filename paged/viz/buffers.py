@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-import plotly.graph_objects as go
 
 from paged.core.snapshot import STATE_NAMES
 
@@ -14,11 +13,13 @@ SERIES = ("step", "step_time_s", "num_prefill_tokens", "num_decode_tokens", "num
 
 
 def widgets_available() -> str | None:
-    """None if FigureWidget and ipywidgets work here, else the reason they do not."""
+    """None if the live views' widgets (ipywidgets, anywidget) work here, else the reason they do not.
+
+    Creates no widget: a throw-away plotly FigureWidget made here once opened a comm whose 5 MB
+    front-end module held up every widget after it on a Voilà page (the dashboard never showed)."""
     try:
-        import anywidget  # noqa: F401  plotly >= 6 builds FigureWidget on it
+        import anywidget  # noqa: F401  the live plots (paged.viz.liveplot) are anywidgets
         import ipywidgets  # noqa: F401
-        go.FigureWidget()
     except Exception as e:  # noqa: BLE001 - any failure means: fall back to static figures
         return f"{type(e).__name__}: {e}"
     return None

@@ -25,13 +25,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from paged.runs import STEP_COLUMNS
+from paged.telemetry import STEP_COLUMNS
 from . import figures as F
 from .buffers import CachedDecoder, RingBuffer, counts_text as _counts, widgets_available
+from .dashboard_views import VIEWS, build_views, table_rows, update_series
+from .replay_view import ReplayView
+
+SNAPSHOT_BUDGET_BYTES = 64 << 20
+STORY_EVERY_S = 1.0
+"""How often a live frame also redraws the key-moments strip (it reads all the run's rows)."""
+"""What a dashboard lets its run keep in snapshots (for the story of the finished run)."""
 
 __all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "widgets_available"]
 
-VIEWS = ("grid", "tables", "usage", "timeline", "latency", "prefix")
 
 
 class Dashboard:
@@ -42,7 +48,7 @@ class Dashboard:
     rebuilt on reset as `builder(run.tokenizer, **kwargs)`."""
 
     def __init__(self, run, views: Sequence[str] = ("grid", "tables", "usage", "timeline"), *, fps: float = 15.0,
-                 steps_per_second: float | None = None, history: int = 512, cols: int | None = None,
+                 steps_per_second: float | None = None, history: int = 4096, cols: int | None = None,
                  max_requests: int = 12, settings: dict[str, Any] | None = None,
                  workload: tuple[Callable, dict] | None = None, title: str | None = None,
                  draw_share: float = 0.1) -> None:
@@ -58,6 +64,7 @@ class Dashboard:
         self.selected: str | None = None
         self.page = 0
         self._last_draw = 0.0
+        self._story_at = 0.0
         self._draw_cost = 0.0
         self.draw_seconds = 0.0  # total time spent drawing frames
         self.draw_share = draw_share
@@ -68,34 +75,33 @@ class Dashboard:
         self.no_widgets = widgets_available()
         self._decoder = CachedDecoder(run.tokenizer) if run.tokenizer is not None else None
         self.panel = None
+        self.story = None
+        self.anchor = None
+        self.viewing: int | None = None  # a past step shown from its snapshot (None: the live state)
+        self._keep_snapshots(run)
         if self.no_widgets is None:
-            from .panels import ControlPanel
+            from .panels import ControlPanel, ScrollAnchor
+            from .story import StoryView
             self.panel = ControlPanel(self, settings, workload[1] if workload else None)
+            self.anchor = ScrollAnchor()
+            self.story = StoryView(run, self.show_step)
         self.figures: dict[str, go.Figure] = {}
         self._build()
+        if run.done:
+            self._finished()
+
+    @staticmethod
+    def _keep_snapshots(run) -> None:
+        """Let the run keep snapshots for the story (if it does not already), within a memory budget."""
+        if getattr(run, "snapshot_stride", 1) or not hasattr(run, "keep_snapshots"):
+            return
+        per = max(1, run.kv.num_blocks) * 40 + 4096  # ~bytes of one snapshot (arrays per block + tables)
+        run.keep_snapshots(1, max_snapshots=int(max(16, min(4000, SNAPSHOT_BUDGET_BYTES // per))))
 
     # ---- figures ---------------------------------------------------------------------
     def _static(self) -> dict[str, go.Figure]:
-        run, snap = self.run, self.run.snapshot()
-        steps = self._steps_frame()
-        out: dict[str, go.Figure] = {}
-        for v in self.views:
-            if v == "grid":
-                out[v] = F.block_grid(snap, self.cols, self.page, self._decoder, self.selected)
-            elif v == "tables":
-                out[v] = F.block_tables(snap, self.max_requests, self.selected)
-                # a fixed frame: rows keep their height as requests come and go
-                out[v].update_layout(height=26 * self.max_requests + 100)
-                out[v].update_yaxes(autorange=False, range=[self.max_requests - 0.5, -0.5])
-            elif v == "usage":
-                out[v] = F.usage_over_time(steps)
-            elif v == "timeline":
-                out[v] = F.step_timeline(steps)
-            elif v == "latency":
-                out[v] = F.latency_distributions({run.label: (run.requests_frame(), run.tbt_samples())})
-            elif v == "prefix":
-                out[v] = F.prefix_cache(steps)
-        return out
+        return build_views(self.views, self.run, self.run.snapshot(), self._steps_frame(), cols=self.cols,
+                           page=self.page, decoder=self._decoder, selected=self.selected, max_requests=self.max_requests)
 
     def _steps_frame(self):
         import pandas as pd
@@ -118,10 +124,11 @@ class Dashboard:
         r = self.run
         last = r.rows[-1] if r.rows else None
         t = f"{last['time_s'] + last['step_time_s']:.2f} s" if last else "-"
+        state = 'done' if r.done else 'running' if self._playing or self._stepping else 'paused'
+        shown = f" · showing step {self.viewing}" if self.viewing is not None else ""
         self.panel.show_status(
             f"<b>{html.escape(self.title or r.label)}</b> · {html.escape(r.backend)}<br>"
-            f"step {len(r.rows)} · clock {t} · "
-            f"{'done' if r.done else 'running' if self._playing or self._stepping else 'paused'}"
+            f"step {len(r.rows)} · {r.label} clock {t} · {state}{shown}"
             f" · frames drawn {self.frames} (≤ {self.fps:g}/s)")
 
     def draw(self) -> None:
@@ -142,50 +149,50 @@ class Dashboard:
     def _draw(self) -> None:
         if self.no_widgets is not None:
             return
+        self.viewing = None
+        run, figs = self.run, self.figures
+        self._draw_pool(run.snapshot if "tables" in figs else None)
+        update_series(figs, self.buffer.frame(), run)
+        if self.story is not None and (run.done or time.perf_counter() - self._story_at >= STORY_EVERY_S):
+            self.story.refresh(current=len(run.rows) or None)  # reads every row: at most once a second live
+            self._story_at = time.perf_counter()
+        self._status()
+
+    def _draw_pool(self, take=None, step: int | None = None) -> None:
+        """Grid and tables from `take()` (a snapshot of the whole pool), or of the page drawn only."""
         run, figs = self.run, self.figures
         snap = None
-        if "tables" in figs:
-            snap = run.snapshot()
+        if take is not None:
+            snap = take()
         elif "grid" in figs:  # only the page drawn is read (cheap frames for pools of 100k+ blocks)
             rows, cols = F.grid_shape(run.kv.num_blocks, self.cols)
             snap = run.snapshot(block_range=(self.page * rows * cols, (self.page + 1) * rows * cols))
-        d = self.buffer.frame()
+        if snap is None:
+            return
+        when = f"step {snap.step}" if step is None else f"step {snap.step} (replayed)"  # the snapshot's own step
         if "grid" in figs:
             g = F.grid_data(snap, self.cols, self.page, self._decoder, self.selected)
             with figs["grid"].batch_update():
                 figs["grid"].data[0].z, figs["grid"].data[0].text = g["z"], g["text"]
                 figs["grid"].data[1].x, figs["grid"].data[1].y = g["hl_x"], g["hl_y"]
-                figs["grid"].layout.title.text = (f"pool at step {snap.step} ({snap.num_blocks}×{snap.block_size}"
+                figs["grid"].layout.title.text = (f"pool at {when} ({snap.num_blocks}×{snap.block_size}"
                                                   f" tokens): {_counts(snap)}")
         if "tables" in figs:
-            t = F.tables_data(snap, self.max_requests, self.selected)
+            t = F.tables_data(snap, table_rows(run, self.max_requests), self.selected)
             with figs["tables"].batch_update():
                 tr = figs["tables"].data[0]
                 tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
-                figs["tables"].layout.title.text = f"block tables at step {snap.step} (cell = physical block id)"
-        if "usage" in figs:
-            s = F.usage_series(d)
-            with figs["usage"].batch_update():
-                figs["usage"].data[0].x, figs["usage"].data[0].y = s["x"], s["blocks"]
-                figs["usage"].data[1].x, figs["usage"].data[1].y = s["x"], s["tokens"]
-        if "timeline" in figs:
-            s = F.timeline_series(d)
-            with figs["timeline"].batch_update():
-                tr = figs["timeline"].data
-                tr[0].x, tr[0].y, tr[1].x, tr[1].y = s["x"], s["prefill"], s["x"], s["decode"]
-                tr[2].x, tr[2].y = s["x"], s["ms"]
-                tr[3].x, tr[3].y, tr[4].x, tr[4].y = s["pre_x"], s["pre_y"], s["swap_x"], s["swap_y"]
-        if "prefix" in figs:
-            q, h = d["prefix_cache_queries"], d["prefix_cache_hits"]
-            with figs["prefix"].batch_update():
-                figs["prefix"].data[0].x = d["step"]
-                figs["prefix"].data[0].y = np.divide(100 * h, q, out=np.zeros_like(h), where=q > 0)
-                figs["prefix"].data[1].x, figs["prefix"].data[1].y = d["step"], d["num_cached_free_blocks"]
-        if "latency" in figs:
-            req, tbt = run.requests_frame(), run.tbt_samples()
-            with figs["latency"].batch_update():
-                figs["latency"].data[0].x = 1e3 * req["ttft_s"].to_numpy(float) if len(req) else []
-                figs["latency"].data[1].x = 1e3 * np.asarray(tbt, float)
+                figs["tables"].layout.title.text = f"block tables at {when} (cell = physical block id)"
+
+    def show_step(self, step: int) -> None:
+        """Show the pool as it was after `step` (its kept snapshot; the nearest earlier one if it
+        kept none): what a click on a key moment or the replay player does. Pauses a playing run."""
+        if self.no_widgets is not None or not self.run.snapshots:
+            return
+        if self._playing:
+            self.pause()
+        self.viewing = step
+        self._draw_pool(lambda: self.run.snapshot_at(step), step)
         self._status()
 
     def _on_grid_click(self, x, y, trace: int = 0) -> None:
@@ -195,8 +202,9 @@ class Dashboard:
         self.select_block(self.page * g[0] * g[1] + int(y) * g[1] + int(x))
 
     def select_block(self, block: int) -> str:
-        """Highlight the table of the request owning `block`; show its tokens. Returns the text shown."""
-        snap = self.run.snapshot()
+        """Highlight the table of the request owning `block` (in the step shown); show its tokens.
+        Returns the text shown."""
+        snap = self.run.snapshot() if self.viewing is None else self.run.snapshot_at(self.viewing)
         if not 0 <= block < snap.num_blocks:
             return ""
         o = int(snap.owner[block])
@@ -209,7 +217,10 @@ class Dashboard:
                 f"held by: {html.escape(holders)}<br><code>{body or '(no tokens)'}</code>")
         if self.panel is not None:
             self.panel.tokens.value = text
-        self.draw()
+        if self.viewing is None:
+            self.draw()
+        else:
+            self.show_step(self.viewing)
         return text
 
     # ---- stepping --------------------------------------------------------------------
@@ -222,7 +233,20 @@ class Dashboard:
             self.buffer.push(row)
         if draw or self.run.done or self._due():
             self.draw()
+        if self.run.done:
+            self._finished()
         return row
+
+    def _finished(self) -> None:
+        """The run is over: keep its story on screen (summary, key moments, replay), showing the
+        pool at its peak usage rather than the empty pool of the end."""
+        if self.story is None:
+            return
+        self.story.refresh()
+        self.story.player.layout.display = None
+        peak = self.story.moments[self.story.moments["kind"] == "peak"]
+        if len(peak) and self.run.snapshots:
+            self.story.jump(int(peak["step"].iloc[0]))
 
     def set_speed(self, steps_per_second: float | None) -> None:
         self.steps_per_second = None if not steps_per_second or steps_per_second >= 1000 else steps_per_second
@@ -241,6 +265,8 @@ class Dashboard:
         finally:
             self._playing = False
             self.draw()
+            if self.run.done:
+                self._finished()
             if self.panel is not None:
                 self.panel.stopped()
 
@@ -260,6 +286,7 @@ class Dashboard:
         if loop is None or not loop.is_running():
             self.run_to_completion()  # no event loop to run in (a script): finish here
             return None
+        self._bring_into_view()
         self._playing = True
         self._task = loop.create_task(self._loop())
         return self._task
@@ -277,6 +304,7 @@ class Dashboard:
         this shows the motion live; returns None so the dashboard is not displayed twice)."""
         self._playing = False
         self._stepping = True
+        self._bring_into_view()
         try:
             for _ in range(max_steps):
                 if self.run.done:
@@ -288,6 +316,13 @@ class Dashboard:
         finally:
             self._stepping = False
         self.draw()
+        if self.run.done:
+            self._finished()
+
+    def _bring_into_view(self) -> None:
+        """Scroll the page to this dashboard as its run starts (Run All lands on the show)."""
+        if self.anchor is not None:
+            self.anchor.scroll += 1
 
     def reset(self, workload: dict | None = None, **settings) -> None:
         """A fresh run with changed settings (and workload kwargs), drawn from step 0."""
@@ -298,9 +333,17 @@ class Dashboard:
             self._workload = (builder, {**base, **workload})
             kw["workload" if hasattr(self.run, "engine") else "trace"] = builder(self.run.tokenizer, **self._workload[1])
         self.run = self.run.fresh(**kw, **settings)
+        self._keep_snapshots(self.run)
         self._decoder = CachedDecoder(self.run.tokenizer) if self.run.tokenizer is not None else None
         self.buffer.clear()
         self.selected = None
+        self.viewing = None
+        if self.panel is not None:
+            self.panel.clear_tokens()
+        if self.story is not None:
+            self.story.source = self.run
+            self.story.clear()
+            self.story.player.layout.display = "none"
         self.draw()
 
     # ---- display ---------------------------------------------------------------------
@@ -313,62 +356,14 @@ class Dashboard:
             for f in self._static().values():
                 display(f)
             return
+        display(self.anchor)
         display(self.panel.widget)
-        for f in self.figures.values():  # one by one (a FigureWidget inside a Box rendered broken: plotly #4998)
+        figs = list(self.figures.values())
+        # one by one (a FigureWidget inside a Box rendered broken: plotly #4998); the story strip
+        # (replay player, summary, key moments) right below the first figure (the pool)
+        for f in figs[:1]:
             display(f)
-
-
-class ReplayView:
-    """Scrub through the snapshots a run kept (`run.keep_snapshots`) or a `paged.replay.Recording`:
-    a slider and an `ipywidgets.Play` (it ticks in the browser, so it animates after the notebook
-    has finished running, e.g. in Voila). Deterministic: step k always shows snapshot k."""
-
-    def __init__(self, run, views: Sequence[str] = ("grid", "tables"), *, interval_ms: int = 250,
-                 autoplay: bool = True, cols: int | None = None, max_requests: int = 12) -> None:
-        from paged.errors import ConfigError
-        if not run.snapshots:
-            raise ConfigError("no snapshots to replay; call run.keep_snapshots(1) before stepping the run")
-        self.run, self.views, self.cols, self.max_requests = run, tuple(views), cols, max_requests
-        self.steps = sorted(run.snapshots)
-        first = run.snapshots[self.steps[0]]
-        self.figures = {"grid": F.block_grid(first, cols), "tables": F.block_tables(first, max_requests)}
-        self.figures = {k: v for k, v in self.figures.items() if k in self.views}
-        self.no_widgets = widgets_available()
-        if self.no_widgets is None:
-            import ipywidgets as W
-            if "tables" in self.figures:
-                self.figures["tables"].update_layout(height=26 * max_requests + 100)
-                self.figures["tables"].update_yaxes(autorange=False, range=[max_requests - 0.5, -0.5])
-            from .liveplot import LivePlot
-            self.figures = {k: LivePlot(v) for k, v in self.figures.items()}
-            self.slider = W.SelectionSlider(options=self.steps, value=self.steps[0], description="step",
-                                            continuous_update=True, layout=W.Layout(width="600px"))
-            self.play = W.Play(min=0, max=len(self.steps) - 1, interval=interval_ms, repeat=True,
-                               description="replay")
-            self.play.observe(lambda ch: setattr(self.slider, "value", self.steps[ch["new"]]), "value")
-            self.slider.observe(lambda ch: self.show_step(ch["new"]), "value")
-            if autoplay:
-                self.play.playing = True
-        self.show_step(self.steps[-1] if not autoplay else self.steps[0])
-
-    def show_step(self, step: int) -> None:
-        snap = self.run.snapshots[step]
-        if "grid" in self.figures:
-            g = F.grid_data(snap, self.cols, 0, None, None)
-            with self.figures["grid"].batch_update():
-                self.figures["grid"].data[0].z, self.figures["grid"].data[0].text = g["z"], g["text"]
-                self.figures["grid"].layout.title.text = f"replay: block pool at step {snap.step} · {_counts(snap)}"
-        if "tables" in self.figures:
-            t = F.tables_data(snap, self.max_requests)
-            with self.figures["tables"].batch_update():
-                tr = self.figures["tables"].data[0]
-                tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
-                self.figures["tables"].layout.title.text = f"replay: block tables at step {snap.step}"
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-        if self.no_widgets is None:
-            import ipywidgets as W
-            display(W.HBox([self.play, self.slider]))
-        for f in self.figures.values():
+        for w in self.story.widgets:
+            display(w)
+        for f in figs[1:]:
             display(f)

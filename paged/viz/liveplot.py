@@ -8,9 +8,10 @@ of that model -- including the figure's data, which plotly sends as an update ri
 comm opens. The plot stays an empty pair of axes for good (seen in JupyterLab on the 2-core CI
 machine; reproduced deterministically with Chromium's CPU throttling x12).
 
-LivePlot's ESM is a few hundred bytes (ready in milliseconds); plotly.js (the copy plotly.py
-ships) travels as a trait and is evaluated once per page, in the first view's render, outside
-the 2-s window. The figure is in the state the comm opens with, and every frame sends the whole
+LivePlot's ESM is a few hundred bytes (ready in milliseconds). plotly.js (the copy plotly.py
+ships, ~4.8 MB) lives in ONE hidden ``PlotlyLibrary`` widget per kernel that every LivePlot
+references, so it crosses the websocket once per page (not once per plot) and is evaluated once,
+in the first view's render, outside the 2-s window. The figure is in the state the comm opens with, and every frame sends the whole
 figure as one JSON string (``batch_update`` -> one message); the view redraws with
 ``Plotly.react`` at most once per animation frame. A view created later (a re-render, a second
 display, Voila) draws the current figure. Clicks come back as messages (``on_click``).
@@ -29,21 +30,21 @@ import plotly
 import plotly.graph_objects as go
 import plotly.io as pio
 import traitlets
+from ipywidgets import widget_serialization
 
-__all__ = ["LivePlot"]
+__all__ = ["LivePlot", "PlotlyLibrary", "plotly_library"]
 
 _ESM = r"""
 function loadPlotly(model) {
   if (!globalThis.__pagedPlotly) {
-    globalThis.__pagedPlotly = new Promise((resolve, reject) => {
-      setTimeout(() => {  // after the widget set-up tasks already queued
-        try {
-          const m = { exports: {} };
-          new Function("module", "exports", model.get("_plotly"))(m, m.exports);
-          resolve(m.exports);
-        } catch (e) { globalThis.__pagedPlotly = null; reject(e); }
-      }, 0);
-    });
+    globalThis.__pagedPlotly = (async () => {
+      await new Promise((r) => setTimeout(r, 0));  // after the widget set-up tasks already queued
+      const ref = String(model.get("_library") || "").replace(/^IPY_MODEL_/, "");
+      const lib = await model.widget_manager.get_model(ref);
+      const m = { exports: {} };
+      new Function("module", "exports", lib.get("source"))(m, m.exports);
+      return m.exports;
+    })().catch((e) => { globalThis.__pagedPlotly = null; throw e; });
   }
   return globalThis.__pagedPlotly;
 }
@@ -55,7 +56,7 @@ async function render({ model, el }) {
   const draw = () => {
     queued = false;
     const fig = JSON.parse(model.get("_figure") || "{}");
-    Plotly.react(div, fig.data || [], fig.layout || {}, { displaylogo: false });
+    Plotly.react(div, fig.data || [], fig.layout || {}, { displaylogo: false, responsive: true });
   };
   const onChange = () => { if (!queued) { queued = true; requestAnimationFrame(draw); } };
   draw();
@@ -76,18 +77,40 @@ def _plotly_js() -> str:
     return (pathlib.Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
 
 
+class PlotlyLibrary(anywidget.AnyWidget):
+    """plotly.js as the state of one widget that is never displayed; LivePlots reference it."""
+
+    _esm = "export default {};"
+    source = traitlets.Unicode("").tag(sync=True)
+
+
+_shared: PlotlyLibrary | None = None
+SHARE_PLOTLY = True
+"""False: every LivePlot gets a library of its own, as before sharing (benchmarks/viz.py's page-bytes baseline)."""
+
+
+def plotly_library() -> PlotlyLibrary:
+    """The kernel's one PlotlyLibrary (made again if it was closed, e.g. by ``Widget.close_all``)."""
+    global _shared
+    if not SHARE_PLOTLY:
+        return PlotlyLibrary(source=_plotly_js())
+    if _shared is None or _shared.comm is None:
+        _shared = PlotlyLibrary(source=_plotly_js())
+    return _shared
+
+
 class LivePlot(anywidget.AnyWidget):
     """``LivePlot(fig)``: ``.data`` / ``.layout`` / ``.update_layout`` edit the figure; the
     browser redraws when a ``batch_update()`` block ends (or on ``send()``)."""
 
     _esm = _ESM
     _figure = traitlets.Unicode("{}").tag(sync=True)
-    _plotly = traitlets.Unicode("").tag(sync=True)
+    _library = traitlets.Instance(PlotlyLibrary).tag(sync=True, **widget_serialization)
 
     def __init__(self, fig: go.Figure | dict | None = None) -> None:
         figure = go.Figure(fig)
         # the figure goes in the state the comm opens with (no first update to lose)
-        super().__init__(_figure=pio.to_json(figure, validate=False), _plotly=_plotly_js())
+        super().__init__(_figure=pio.to_json(figure, validate=False), _library=plotly_library())
         self.figure = figure
         self._depth = 0
         self._click: list[Callable[[float, float, int], None]] = []

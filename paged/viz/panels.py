@@ -8,7 +8,58 @@ from __future__ import annotations
 
 from typing import Any
 
+import anywidget
 import ipywidgets as W
+import traitlets
+
+TOKENS_HINT = "<i>click a block to see its request and tokens</i>"
+
+
+class ScrollAnchor(anywidget.AnyWidget):
+    """An invisible mark at the top of a dashboard: each increment of ``scroll`` scrolls the page
+    so the mark is at the top of the view (a run starting under Run All brings its dashboard in),
+    and keeps it there for a few seconds while the dashboard renders (until the person scrolls).
+    The page records the requests it carried out (``scrolled``), so a view that renders only after
+    the run began (a busy page, a Voilà page still arriving) still scrolls, once."""
+
+    _esm = """
+    const HOLD_MS = 30000;  // keep the mark at the top while the dashboard below it renders
+    function hold(el) {
+      // The browser's scroll anchoring keeps whatever node it picked in place as content above it grows:
+      // a dashboard rendering under the mark would push itself out of view. Re-align on every frame for a
+      // while, and stop at once when the person scrolls or types.
+      const until = performance.now() + HOLD_MS;
+      let stopped = false;
+      const stop = () => { stopped = true; };
+      const events = ["wheel", "touchstart", "keydown", "mousedown"];
+      events.forEach((e) => window.addEventListener(e, stop, { once: true, passive: true, capture: true }));
+      const tick = () => {
+        if (stopped || performance.now() > until || !el.isConnected) {
+          events.forEach((e) => window.removeEventListener(e, stop, { capture: true }));
+          return;
+        }
+        if (Math.abs(el.getBoundingClientRect().top) > 2) el.scrollIntoView({ block: "start" });
+        requestAnimationFrame(tick);
+      };
+      el.scrollIntoView({ block: "start" });
+      requestAnimationFrame(tick);
+    }
+    function render({ model, el }) {
+      el.style.cssText = "height:0;margin:0;padding:0";
+      const go = () => {
+        if (model.get("scroll") > model.get("scrolled")) {
+          model.set("scrolled", model.get("scroll")); model.save_changes();
+          setTimeout(() => hold(el), 0);
+        }
+      };
+      model.on("change:scroll", go);
+      go();
+      return () => model.off("change:scroll", go);
+    }
+    export default { render };
+    """
+    scroll = traitlets.Int(0).tag(sync=True)
+    scrolled = traitlets.Int(0).tag(sync=True)
 
 # name -> (widget kind, options); the dashboard shows those its run has
 CACHE_SETTINGS: dict[str, tuple[str, Any]] = {
@@ -57,7 +108,7 @@ class ControlPanel:
                                       description="steps/s", continuous_update=False,
                                       tooltip="1000 = as fast as the executor goes")
         self.status = W.HTML()
-        self.tokens = W.HTML(value="<i>click a block to see its request and tokens</i>")
+        self.tokens = W.HTML(value=TOKENS_HINT)
         self.settings = {k: _widget(k, v) for k, v in (settings or {}).items()}
         self.workload = {k: _widget(k, v) for k, v in (workload or {}).items() if isinstance(v, int)}
         self.play.observe(self._on_play, "value")
@@ -97,3 +148,7 @@ class ControlPanel:
 
     def show_status(self, html: str) -> None:
         self.status.value = html
+
+    def clear_tokens(self) -> None:
+        """Forget the block shown under the panel (a reset starts a new run)."""
+        self.tokens.value = TOKENS_HINT

@@ -1,4 +1,5 @@
-"""Plotly figures of the KV quantization study, and the engine generating under two formats.
+"""Plotly figures of the KV quantization study, and a live view of the engine generating under two
+formats (``paged.studies.kv_formats.side_by_side``, redrawn after every step).
 
 Every figure function takes the DataFrames of :func:`paged.quant.study` /
 :mod:`paged.quant.diagnostics` and returns a ``plotly.graph_objects.Figure``; nothing is computed here.
@@ -14,8 +15,10 @@ import plotly.graph_objects as go
 
 from paged.quant.metrics import survival
 
-__all__ = ["pareto", "front_vs_llamacpp", "error_vs_context", "survival_curves", "layer_heatmap", "key_outlier_heatmap",
-           "side_by_side", "render", "live_side_by_side"]
+from .sizing import ROW_PX, count_axis, heatmap_height, label_positions
+
+__all__ = ["pareto", "front_vs_llamacpp", "error_vs_context", "survival_curves", "layer_heatmap",
+           "key_outlier_heatmap", "render", "live_side_by_side"]
 
 
 def _all(df: pd.DataFrame) -> pd.DataFrame:
@@ -33,7 +36,7 @@ def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "k
             front.append(r)
             best = r[metric]
     fig = go.Figure(go.Scatter(x=d.bits_per_value, y=d[metric], mode="markers+text", text=d.format,
-                               textposition="top center", name="formats",
+                               textposition=label_positions(d.bits_per_value, d[metric], d.format, log_y=True), name="formats",
                                customdata=np.stack([d.tokens_per_gib, d.same_top1_pct], -1),
                                hovertemplate="%{text}<br>%{x:.3g} bits/value<br>KLD %{y:.3g}<br>"
                                              "%{customdata[0]:,.0f} tokens/GiB<br>same top-1 %{customdata[1]:.1f}%"))
@@ -119,49 +122,29 @@ def survival_curves(df: pd.DataFrame, context_length: int | None = None) -> go.F
 
 def layer_heatmap(errors: pd.DataFrame, metric: str = "out_rel_err_kv") -> go.Figure:
     """Formats x layers heatmap of a :func:`~paged.quant.diagnostics.layer_errors` (or
-    sensitivity) column."""
+    sensitivity) column. Sized from its content: ``ROW_PX`` per format row (a one-row heatmap
+    still has room for its colour bar), one categorical column per layer measured."""
     z = errors.pivot(index="format", columns="layer", values=metric)
-    fig = go.Figure(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="Viridis", colorbar_title=metric))
-    fig.update_layout(title=f"{metric} per layer", xaxis_title="layer", height=120 + 28 * len(z))
+    fig = go.Figure(go.Heatmap(z=z.values, x=[str(c) for c in z.columns], y=list(z.index), colorscale="Viridis",
+                               colorbar=dict(title=dict(text=metric, side="right"), thickness=14),
+                               hovertemplate="%{y}, layer %{x}: %{z:.3g}<extra></extra>"))
+    fig.update_layout(title=f"{metric} per layer", xaxis_title="layer", margin=dict(l=90, r=20, t=50, b=50),
+                      height=heatmap_height(len(z), row_px=max(ROW_PX, 28), top=50, bottom=50, colorbar=True))
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
     return fig
 
 
 def key_outlier_heatmap(channels: pd.DataFrame) -> go.Figure:
-    """Per-channel key absmax (max over KV heads), layers x head_dim channels."""
+    """Per-channel key absmax (max over KV heads), layers x head_dim channels (``ROW_PX`` per layer)."""
     z = channels.groupby(["layer", "channel"]).absmax.max().unstack()
     fig = go.Figure(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="Magma", colorbar_title="|K| max"))
     fig.update_layout(title="Key outlier channels (absmax per channel)", xaxis_title="channel",
-                      yaxis_title="layer", height=520)
+                      yaxis_title="layer", margin=dict(l=60, r=20, t=50, b=50),
+                      height=heatmap_height(len(z), row_px=16, top=50, bottom=50, colorbar=True))
+    fig.update_yaxes(autorange="reversed", **count_axis(float(len(z))))
+    fig.update_xaxes(**count_axis(float(len(z.columns))))
     return fig
-
-
-def side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), max_tokens: int = 40, *,
-                 model=None, on_token=None) -> pd.DataFrame:
-    """Generate ``prompt`` greedily with the real engine under each engine format
-    (``paged.LLM(kv_cache_dtype=...)``, or a served study name such as ``"kivi_g32/int4"``: see
-    :func:`paged.quant.schemes.engine_settings`), stepping the engines in lockstep; ``on_token(texts)``
-    is called after every step with the texts so far (for a live view, see :func:`render`)."""
-    from paged.engine.llm import LLM
-    from paged.engine.sampling import SamplingParams
-    from paged.quant.runs import load
-    lm = load(model)
-    from paged.quant.schemes import engine_settings
-    settings = [{"block_size": 16, **engine_settings(f)} for f in formats]  # study-only names fail here
-    engines = [LLM(lm, num_blocks=64, **kw).engine for kw in settings]
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    for e in engines:
-        e.add_request("same-prompt", prompt, sp)
-    toks: list[list[int]] = [[] for _ in engines]
-    while any(e.has_unfinished_requests() for e in engines):
-        for i, e in enumerate(engines):
-            if e.has_unfinished_requests():
-                out = e.step()
-                toks[i] += [t for sid, t in out.new_tokens.items() if sid == "same-prompt"]
-        if on_token is not None:
-            on_token(formats, [lm.tokenizer.decode(t) for t in toks], toks)
-    first = next((j for j, ab in enumerate(zip(*toks)) if len(set(ab)) > 1), min(map(len, toks)))
-    return pd.DataFrame({"format": list(formats), "text": [lm.tokenizer.decode(t) for t in toks],
-                         "num_tokens": [len(t) for t in toks], "first_divergence": first})
 
 
 def render(formats: Sequence[str], texts: Sequence[str], toks: Sequence[Sequence[int]], tokenizer=None) -> str:
@@ -182,9 +165,11 @@ def render(formats: Sequence[str], texts: Sequence[str], toks: Sequence[Sequence
 
 def live_side_by_side(prompt: str, formats: Sequence[str] = ("fp32", "int4"), max_tokens: int = 40, *,
                       model=None) -> pd.DataFrame:
-    """:func:`side_by_side` with a notebook view updated after every engine step."""
+    """:func:`paged.studies.kv_formats.side_by_side` with a notebook view updated after every engine step."""
     from IPython.display import HTML, display
+
     from paged.quant.runs import load
+    from paged.studies.kv_formats import side_by_side
     lm = load(model)
     handle = display(HTML("<i>starting the engines...</i>"), display_id=True)
 

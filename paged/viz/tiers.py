@@ -1,8 +1,8 @@
 """Figures for notebook 08 (tiers, swap, sharing): pure functions, study DataFrame -> go.Figure.
 
-    tier_figure(paged.sim.tiers.tier_study(...))            blocks moved and hit rates per variant
-    streaming_figure(paged.sim.offload.streaming_study(...)) throughput vs TBT of each streaming variant
-    sharing_figure(paged.quant.sharing.sharing_study(...))  cost vs memory saved (k pairs) and vs JS distance (pairs)
+    tier_figure(paged.studies.host_tier.tier_study(...))        blocks moved and hit rates per variant
+    streaming_figure(paged.studies.offload.streaming_study(...)) throughput vs TBT of each streaming variant
+    sharing_figure(paged.studies.sharing.sharing_study(...))    cost vs memory saved (k pairs) and vs JS distance
 
 Each reads only the study's documented columns and draws what it finds (a study run at toy size
 still gives a figure); SVG traces only.
@@ -13,7 +13,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .sizing import label_positions
+
 __all__ = ["sharing_figure", "streaming_figure", "tier_figure"]
+
+MAX_LABELS = 12
 
 
 def tier_figure(df: pd.DataFrame) -> go.Figure:
@@ -67,8 +71,12 @@ def sharing_figure(df: pd.DataFrame) -> go.Figure:
                                  hovertemplate="%{x:.1f}% saved, KLD %{y:.3f}<extra></extra>"), 1, 1)
     pairs = df[df["kind"] == "pair"]
     if len(pairs):
-        fig.add_trace(go.Scatter(x=pairs["js_head"], y=pairs["kld_mean"], mode="markers+text", name="one pair",
-                                 text=[str(s) for s in pairs["share_with"]], textposition="top center",
+        # labels only while they can stay apart (MAX_LABELS points); more pairs name themselves on hover
+        labelled = len(pairs) <= MAX_LABELS
+        fig.add_trace(go.Scatter(x=pairs["js_head"], y=pairs["kld_mean"], mode="markers+text" if labelled else "markers",
+                                 name="one pair", text=[str(s) for s in pairs["share_with"]],
+                                 textposition=label_positions(pairs["js_head"], pairs["kld_mean"], pairs["share_with"],
+                                                              log_y=True, width=380) if labelled else None,
                                  marker=dict(size=9, color="#E45756"),
                                  hovertemplate="%{text}<br>JS %{x:.3f}, KLD %{y:.3f}<extra></extra>"), 1, 2)
     fig.update_xaxes(title_text="KV memory saved (%)", rangemode="tozero", row=1, col=1)

@@ -1,0 +1,213 @@
+"""Our engine speaking vLLM's protocols: its prefix cache as vLLM KV events, its counters as vLLM metrics.
+
+    llm = paged.LLM(block_size=32, kv_events_endpoint="tcp://*:5557", metrics_port=8001)
+    llm.engine.vllm.publisher.seq, llm.engine.vllm.metrics.url
+
+``kv_events_endpoint`` is a ZMQ endpoint string, or a dict with vLLM's ``KVEventsConfig`` keys
+(``endpoint``, ``replay_endpoint``, ``topic``, ``buffer_steps``, ``hwm``). The engine calls
+``connect_engine(engine)`` once it is built; without either setting it returns None and the
+engine is untouched.
+
+What is published (the events vLLM's block pool emits, for the same situations):
+- ``BlockStored`` when full blocks enter the prefix cache (our ``cache_block``): consecutive
+  blocks of one request chained in one event, parent hash and token ids included;
+- ``BlockRemoved`` when a cached block loses its hash to be reused (our ``evict``), not when a
+  request frees it; with a host tier, a demotion is ``BlockRemoved`` (GPU) + ``BlockStored``
+  (medium ``CPU``), and a host entry dropped or brought back is ``BlockRemoved`` (CPU);
+- ``AllBlocksCleared`` on ``reset_prefix_cache``;
+- ``BlockRemoved`` for entries that left the index without an event (a failed step's never-written
+  blocks), found when the next step is planned.
+One batch per engine step, sent when the scheduler has planned it (every cache change of a step
+happens while planning); a reset is sent at once. Hashes go out as ints (the low 64 bits, vLLM's
+default) unless ``int_hashes=False`` in the dict. With ``hash_fn=paged.connect.vllm_sha256`` the
+hashes equal a vLLM server's for the same tokens (``paged.connect.vllm_hash``).
+"""
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from typing import Any
+
+from paged.core import events as ev
+
+from . import tap as _tap
+from .exporter import MetricsExporter
+from .publisher import KVEventPublisher
+from .settings import events_settings
+from .wire import MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, to_int_hash
+
+class EngineSpeaker:
+    """Publishes an engine's cache events and metrics (see the module docstring)."""
+
+    def __init__(self, engine: Any, events: Any = None, metrics_port: int | None = None,
+                 metrics_host: str = "127.0.0.1") -> None:
+        settings = events_settings(events)
+        self.engine = engine
+        self.int_hashes = True
+        self.publisher: KVEventPublisher | None = None
+        self.metrics: MetricsExporter | None = None
+        kv = engine.kv
+        try:
+            if settings is not None:
+                self.int_hashes = bool(settings.pop("int_hashes", True))
+                self.publisher = KVEventPublisher(**settings)
+            if metrics_port is not None:
+                cfg = getattr(engine, "config", None)
+                loaded = getattr(engine, "loaded", None)
+                name = (getattr(getattr(loaded, "config", None), "name", "") or
+                        os.path.basename(str(getattr(loaded, "source", "model")))) or "model"
+                self.metrics = MetricsExporter(name, block_size=kv.block_size, num_gpu_blocks=kv.num_blocks,
+                                               cache_dtype=getattr(cfg, "kv_cache_dtype", "auto"),
+                                               enable_prefix_caching=kv.enable_prefix_caching, port=metrics_port,
+                                               host=metrics_host)
+        except BaseException:
+            self.close()
+            raise
+        self._pending: list[KVEvent] = []
+        self._chain_rid: Any = None                      # request of the BlockStored being built
+        self._host: dict[int, Any] = {}                  # CPU block -> hash published as CPU-stored
+        self._gpu: set = set()                           # hashes published as GPU-stored (as the pool keys them)
+        self._preemptions = 0
+        self._rows_seen = 0
+        self.num_batches = 0
+        _tap.install(engine, self._on_event)
+        weakref.finalize(self, _close_quietly, self.publisher, self.metrics)
+
+    # ---- event translation (called synchronously by the tap) ---------------------------------------------
+    def _h(self, h: Any) -> Any:
+        return to_int_hash(h) if self.int_hashes else h
+
+    def _on_event(self, step: int, kind: str, rid: Any, bid: Any, value: Any) -> None:
+        if kind == ev.CACHE_BLOCK:
+            if self.publisher is not None:
+                self._stored(rid, bid)
+        elif kind == ev.EVICT:
+            if self.publisher is not None:
+                self._removed(bid, MEDIUM_GPU)
+        elif kind == ev.TIER_OUT:
+            if self.publisher is not None:
+                self._tier_out(bid, value)
+        elif kind in (ev.TIER_IN, ev.HOST_EVICT):
+            h = self._host.pop(value, None)
+            if h is not None and self.publisher is not None:
+                self._chain_rid = None
+                self._pending.append(BlockRemoved((h,), MEDIUM_CPU))
+        elif kind == ev.RESET:
+            self._host.clear()
+            self._gpu.clear()
+            if self.publisher is not None:
+                self._chain_rid = None
+                self._pending.append(AllBlocksCleared())
+                self.flush()
+            self._update_metrics()
+        elif kind == ev.PREEMPT:
+            self._preemptions += 1
+        elif kind == ev.STEP:
+            self._end_of_plan()
+
+    def _parent_hash(self, rid: Any, block: Any) -> Any:
+        """vLLM's parent_block_hash: the hash before ``block`` in its request's chain (None: a first block)."""
+        if not block.depth:
+            return None
+        hashes = self.engine.kv.prefix.hashes.get(rid)
+        return hashes[block.depth - 1] if hashes and len(hashes) >= block.depth else None
+
+    def _stored(self, rid: Any, bid: int) -> None:
+        block = self.engine.kv.pool.blocks[bid]
+        self._gpu.add(block.block_hash)
+        h, parent = self._h(block.block_hash), self._parent_hash(rid, block)
+        parent = None if parent is None else self._h(parent)
+        last = self._pending[-1] if self._pending else None
+        if (isinstance(last, BlockStored) and self._chain_rid == rid and last.medium == MEDIUM_GPU
+                and last.block_hashes[-1] == parent):
+            self._pending[-1] = BlockStored(last.block_hashes + (h,), last.parent_block_hash,
+                                            last.token_ids + tuple(block.token_ids), last.block_size, MEDIUM_GPU)
+        else:
+            self._pending.append(BlockStored((h,), parent, tuple(block.token_ids), len(block.token_ids), MEDIUM_GPU))
+            self._chain_rid = rid
+
+    def _removed(self, bid: int, medium: str) -> None:
+        block = self.engine.kv.pool.blocks[bid]
+        if block.block_hash is not None:
+            self._gpu.discard(block.block_hash)
+            self._chain_rid = None
+            self._pending.append(BlockRemoved((self._h(block.block_hash),), medium))
+
+    def _tier_out(self, bid: int, cpu: int) -> None:
+        block = self.engine.kv.pool.blocks[bid]
+        if block.block_hash is None:
+            return
+        self._gpu.discard(block.block_hash)
+        h = self._h(block.block_hash)
+        parent = self._parent_hash(None, block)
+        self._chain_rid = None
+        self._pending.append(BlockRemoved((h,), MEDIUM_GPU))
+        self._pending.append(BlockStored((h,), None if parent is None else self._h(parent), tuple(block.token_ids),
+                                         len(block.token_ids), MEDIUM_CPU))
+        self._host[cpu] = h
+
+    def _end_of_plan(self) -> None:
+        index = self.engine.kv.pool.index
+        if self.publisher is not None and len(index) != len(self._gpu):
+            # entries dropped without an event (a failed step's never-written blocks): removed for consumers
+            gone = [h for h in self._gpu if h not in index]
+            self._gpu.difference_update(gone)
+            self._pending.extend(BlockRemoved((self._h(h),), MEDIUM_GPU) for h in gone)
+        host = getattr(self.engine.kv, "host", None)
+        if host is not None and self._host and self.publisher is not None:
+            # entries the host tier dropped without an event (deduplicated against the GPU tier)
+            live = {e.block_id for e in host.entries.values()}
+            for cpu in [c for c in self._host if c not in live]:
+                self._pending.append(BlockRemoved((self._host.pop(cpu),), MEDIUM_CPU))
+        self.flush()
+        self._update_metrics()
+
+    # ---- output ------------------------------------------------------------------------------------------
+    def flush(self) -> int | None:
+        """Publish what is pending as one batch (nothing when empty); returns its sequence number."""
+        if self.publisher is None or not self._pending:
+            return None
+        events, self._pending, self._chain_rid = self._pending, [], None
+        self.num_batches += 1
+        return self.publisher.publish(events, ts=time.time())
+
+    def _update_metrics(self) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        kv, sched = self.engine.kv, self.engine.scheduler
+        m.update(running=len(sched.running), waiting=len(sched.waiting), usage=kv.kv_cache_usage_perc,
+                 queries=kv.prefix_cache_queries, hits=kv.prefix_cache_hits, preemptions=self._preemptions)
+        rows = self.engine.request_rows() if hasattr(self.engine, "request_rows") else []
+        if len(rows) > self._rows_seen:
+            m.finished(rows[self._rows_seen:])
+            self._rows_seen = len(rows)
+
+    def update_metrics(self) -> None:
+        """Bring the metrics up to date now (they also update after every planned step)."""
+        self._update_metrics()
+
+    def close(self) -> None:
+        """Stop publishing and serving (idempotent); the engine keeps running without them."""
+        _tap.remove(self.engine, self._on_event) if hasattr(self, "_pending") else None
+        _close_quietly(self.publisher, self.metrics)
+        self.publisher = self.metrics = None
+
+
+def _close_quietly(publisher: KVEventPublisher | None, metrics: MetricsExporter | None) -> None:
+    for x in (publisher, metrics):
+        if x is not None:
+            try:
+                x.close()
+            except Exception:  # noqa: BLE001 - closing at exit must not raise
+                pass
+
+
+def connect_engine(engine: Any) -> EngineSpeaker | None:
+    """The engine's hook: an ``EngineSpeaker`` when its config asks for KV events or metrics, else None."""
+    cfg = engine.config
+    events, port = getattr(cfg, "kv_events_endpoint", None), getattr(cfg, "metrics_port", None)
+    if events is None and port is None:
+        return None
+    return EngineSpeaker(engine, events, port)

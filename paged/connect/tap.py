@@ -1,0 +1,64 @@
+"""Listen to a running engine's (or simulator's) cache events as they are emitted.
+
+``install(engine, listener)`` puts a ``TapRecorder`` in place of the recorder the engine, its
+KV manager, block pool, host tier and scheduler share; every ``emit`` then also calls
+``listener(step, kind, request_id, block_id, value)`` synchronously, while the block pool still
+holds the state the event is about (an ``evict`` is emitted before the block loses its hash).
+Recording is unchanged: the tap appends to the same event list (nothing, for a NullRecorder).
+
+Invariant: after ``install`` every holder of the old recorder holds the tap (checked), so no
+event bypasses the listeners; installing twice adds a listener to the same tap.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from paged.core import events as ev
+
+Listener = Callable[[int, str, Any, Any, Any], None]
+
+
+class TapRecorder(ev.Recorder):
+    """A Recorder that also calls listeners on every emit (see the module docstring)."""
+
+    __slots__ = ("listeners", "keep")
+
+    def __init__(self, base: ev.Recorder) -> None:
+        super().__init__()
+        self.events = base.events  # the same list: earlier references keep seeing new events
+        self.step = base.step
+        self.keep = not isinstance(base, ev.NullRecorder)
+        self.listeners: list[Listener] = []
+
+    def emit(self, kind: str, request_id: str | None = None, block_id: int | None = None,
+             value: int | None = None) -> None:
+        if self.keep:
+            self.events.append((self.step, kind, request_id, block_id, value))
+        for f in self.listeners:
+            f(self.step, kind, request_id, block_id, value)
+
+
+def _holders(engine: Any) -> list[Any]:
+    kv = engine.kv
+    return [h for h in (engine, kv, kv.pool, getattr(kv, "host", None), engine.scheduler) if h is not None]
+
+
+def install(engine: Any, listener: Listener) -> TapRecorder:
+    """Add ``listener`` to ``engine``'s event stream (an ``LLMEngine`` or ``Simulator``: anything
+    with ``recorder``, ``kv`` and ``scheduler``); returns the tap."""
+    old = engine.recorder
+    tap = old if isinstance(old, TapRecorder) else TapRecorder(old)
+    for h in _holders(engine):
+        if getattr(h, "recorder", None) is not old and getattr(h, "recorder", None) is not tap:
+            raise RuntimeError(f"{type(h).__name__} holds another recorder than the engine's; cannot tap it")
+        h.recorder = tap
+    if listener not in tap.listeners:
+        tap.listeners.append(listener)
+    return tap
+
+
+def remove(engine: Any, listener: Listener) -> None:
+    """Stop calling ``listener`` (the tap stays in place)."""
+    tap = engine.recorder
+    if isinstance(tap, TapRecorder) and listener in tap.listeners:
+        tap.listeners.remove(listener)

@@ -1,0 +1,52 @@
+"""The simulator's input side: a trace's rows as arrivals, and the synthetic prompts they get.
+
+Prompts are seeded token ids: requests with the same ``prefix_id`` share their first
+``prefix_tokens`` ids (drawn from a generator of their own, so a shared prefix does not depend on
+arrival order), everything else comes from one generator over the vocabulary, in arrival order.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Arrivals", "SyntheticPrompts"]
+
+
+class SyntheticPrompts:
+    """Seeded synthetic prompt token ids; shared prefixes are identical across requests."""
+
+    def __init__(self, vocab_size: int, seed: int) -> None:
+        self.lo, self.hi = 17, max(vocab_size, 18)
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.prefixes: dict[int, np.ndarray] = {}
+
+    def prompt(self, n: int, prefix_id: int, prefix_tokens: int) -> list[int]:
+        if prefix_id < 0 or prefix_tokens <= 0:
+            return self.rng.integers(self.lo, self.hi, n).tolist()
+        pre = self.prefixes.get(prefix_id)
+        if pre is None or len(pre) < prefix_tokens:
+            pre = np.random.default_rng([self.seed, 1 + prefix_id]).integers(self.lo, self.hi, max(prefix_tokens, 1))
+            self.prefixes[prefix_id] = pre
+        own = self.rng.integers(self.lo, self.hi, n - prefix_tokens)
+        return np.concatenate([pre[:prefix_tokens], own]).tolist()
+
+
+class Arrivals:
+    """The trace's rows in arrival order, as numpy columns, and the next one to add."""
+
+    __slots__ = ("time", "prompt", "output", "prefix_id", "prefix_tokens", "priority", "n", "next")
+
+    def __init__(self, tr: pd.DataFrame) -> None:
+        self.time = tr["arrival_time"].to_numpy(dtype=np.float64)
+        self.prompt = tr["prompt_tokens"].to_numpy()
+        self.output = tr["output_tokens"].to_numpy()
+        self.prefix_id = tr["prefix_id"].to_numpy()
+        self.prefix_tokens = tr["prefix_tokens"].to_numpy()
+        self.priority = tr["priority"].to_numpy() if "priority" in tr.columns else None
+        self.n = len(tr)
+        self.next = 0
+
+    def clock_after_idle(self, clock: float) -> float | None:
+        """The clock moved to the next arrival (None: no arrival is pending)."""
+        return max(clock, float(self.time[self.next])) if self.next < self.n else None

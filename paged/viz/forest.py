@@ -1,0 +1,243 @@
+"""Views of a real server (paged.connect): the prefix forest, usage and hit rate beside our engine,
+the miss map; and ``ServerView``, the live dashboard that redraws them while the server runs.
+
+    fig = prefix_forest(src.forest_frame())              # icicle: roots on top, one cell per block
+    fig = server_vs_engine(src.server_frame(), {"ours": engine_steps_df})
+    fig = miss_map(ledger.frame())                        # requests x blocks, colored by reason
+    view = ServerView(src, engine_run=run); view          # LivePlots, redrawn at <= fps
+
+Pure builders take DataFrames (``PrefixForest.frame``, ``ServerSource.server_frame``, a
+``paged.telemetry`` steps frame, ``paged.connect.misses.MISS_COLUMNS``) and return ``go.Figure``s.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from paged.connect import misses as M
+
+STATE_COLORS = {"live": "#3b6fb6", "evicted": "#e6550d", "cleared": "#bdbdbd"}
+MISS_COLORS = {M.HIT: "#2ca25f", M.HIT_HOST: "#99d8c9", M.CACHED: "#2ca25f", M.PARTIAL: "#d9d9d9",
+               M.LAST_BLOCK: "#c7e9c0", M.NEVER_SEEN: "#9ecae1", M.EVICTED: "#e6550d",
+               M.EVICTED_HOST: "#fd8d3c", M.CLEARED: "#969696", M.SALTED: "#8c6bb1", M.REFUSED: "#e7298a",
+               M.AFTER_MISS: "#fdd0a2", M.CACHING_OFF: "#636363", M.STORED_LATER: "#c6dbef"}
+
+
+def _short(text: Any, n: int = 18) -> str:
+    if not isinstance(text, str):
+        return ""
+    t = text.replace("\n", "⏎")
+    return t if len(t) <= n else t[:n - 1] + "…"
+
+
+def prefix_forest(frame: pd.DataFrame, *, max_nodes: int = 600, title: str = "prefix forest",
+                  show_removed: bool = True) -> go.Figure:
+    """An icicle of the forest (``PrefixForest.frame``): roots on top, each block one cell under
+    its parent, labelled with its decoded tokens; blue live, orange evicted, grey cleared, hover
+    with hash, age, times stored and removed. At most ``max_nodes`` nodes (the newest are kept,
+    with their ancestors)."""
+    df = frame if show_removed else frame[frame["state"] == "live"]
+    if len(df) > max_nodes:
+        keep = set(df["node_id"].iloc[-max_nodes:])
+        parent = dict(zip(frame["node_id"], frame["parent_id"]))
+        for nid in list(keep):
+            p = parent.get(nid)
+            while p is not None and not pd.isna(p) and p not in keep:
+                keep.add(int(p))
+                p = parent.get(int(p))
+        df = df[df["node_id"].isin(keep)]
+    ids = {int(n) for n in df["node_id"]}
+    labels, parents, colors, hover = [], [], [], []
+    for r in df.itertuples(index=False):
+        p = r.parent_id
+        parents.append(str(int(p)) if p is not None and not pd.isna(p) and int(p) in ids else "")
+        labels.append(f"{_short(r.text) or r.hash[-6:]}")
+        colors.append(STATE_COLORS.get(r.state, "#999999"))
+        removed = "" if r.removed_s is None or (isinstance(r.removed_s, float) and math.isnan(r.removed_s)) \
+            else f"<br>removed at {r.removed_s:.2f} s"
+        hover.append(f"node {r.node_id} · {r.state}<br>hash {r.hash}<br>depth {r.depth}, {r.num_tokens} tokens"
+                     f"<br>age {r.age_s:.1f} s, stored {r.times_stored}x, removed {r.times_removed}x{removed}"
+                     f"<br>{(r.text or '')[:80]!r}")
+    fig = go.Figure(go.Icicle(ids=[str(int(n)) for n in df["node_id"]], labels=labels, parents=parents,
+                              marker=dict(colors=colors), hovertext=hover, hoverinfo="text",
+                              tiling=dict(orientation="v"), root=dict(color="#ffffff"), maxdepth=-1))
+    counts = df["state"].value_counts()
+    summary = ", ".join(f"{counts.get(s, 0)} {s}" for s in ("live", "evicted", "cleared"))
+    fig.update_layout(title=f"{title} ({summary})", margin=dict(l=10, r=10, t=40, b=10), height=420)
+    return fig
+
+
+def _engine_series(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = steps["time_s"].to_numpy(float)
+    q, h = steps["prefix_cache_queries"].to_numpy(float), steps["prefix_cache_hits"].to_numpy(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(q > 0, h / np.maximum(q, 1), np.nan)
+    return t, steps["kv_cache_usage_perc"].to_numpy(float), rate
+
+
+def server_vs_engine(server: pd.DataFrame | None, engines: Mapping[str, pd.DataFrame] | None = None, *,
+                     label: str = "vLLM", title: str = "KV usage and prefix hit rate") -> go.Figure:
+    """Two panels over time: KV block usage and cumulative prefix hit rate (tokens), for the server
+    (``ServerSource.server_frame``) and any engines' steps frames (``STEP_COLUMNS``), side by side;
+    the server's live cached blocks on the usage panel's second axis."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("KV cache usage (blocks in use)", "prefix hit rate (tokens)"),
+                        specs=[[{"secondary_y": True}, {}]])
+    if server is not None and len(server):
+        fig.add_trace(go.Scatter(x=server["time_s"], y=server["kv_cache_usage_perc"], name=f"{label} usage",
+                                 line=dict(color="#e6550d")), row=1, col=1)
+        fig.add_trace(go.Scatter(x=server["time_s"], y=server["live_blocks"], name=f"{label} cached blocks",
+                                 line=dict(color="#e6550d", dash="dot")), row=1, col=1, secondary_y=True)
+        fig.add_trace(go.Scatter(x=server["time_s"], y=server["hit_rate"], name=f"{label} hit rate",
+                                 line=dict(color="#e6550d")), row=1, col=2)
+    palette = ("#3b6fb6", "#2ca25f", "#756bb1", "#636363")
+    for i, (name, steps) in enumerate((engines or {}).items()):
+        if steps is None or not len(steps):
+            continue
+        t, usage, rate = _engine_series(steps)
+        c = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=t, y=usage, name=f"{name} usage", line=dict(color=c)), row=1, col=1)
+        fig.add_trace(go.Scatter(x=t, y=rate, name=f"{name} hit rate", line=dict(color=c)), row=1, col=2)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=1, secondary_y=False)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+    fig.update_yaxes(title_text="cached blocks", row=1, col=1, secondary_y=True, rangemode="tozero")
+    fig.update_xaxes(title_text="seconds")
+    fig.update_layout(title=title, height=340, margin=dict(l=40, r=40, t=60, b=40), legend=dict(orientation="h"))
+    return fig
+
+
+def miss_map(misses: pd.DataFrame, *, max_requests: int = 40, title: str = "why each prompt block was (not) a hit"
+             ) -> go.Figure:
+    """Requests (rows, first admissions) by prompt blocks (columns), colored by status
+    (``paged.connect.misses``); hover shows the detail (when, which policy, for whom)."""
+    df = misses[misses["admission"] == 1] if "admission" in misses else misses
+    reqs = list(dict.fromkeys(df["request_id"]))[-max_requests:]
+    df = df[df["request_id"].isin(reqs)]
+    statuses = list(dict.fromkeys(df["status"]))
+    code = {s: i for i, s in enumerate(statuses)}
+    nblk = int(df["block"].max()) + 1 if len(df) else 0
+    z = np.full((len(reqs), nblk), np.nan)
+    text = [["" for _ in range(nblk)] for _ in reqs]
+    row_of = {r: i for i, r in enumerate(reqs)}
+    for r in df.itertuples(index=False):
+        i, j = row_of[r.request_id], int(r.block)
+        z[i, j] = code[r.status]
+        text[i][j] = f"{r.request_id} block {j}: {r.status}" + (f"<br>{r.detail}" if r.detail else "")
+    n = max(len(statuses), 1)
+    scale = []
+    for i, s in enumerate(statuses):
+        c = MISS_COLORS.get(s, "#999999")
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    zl = np.where(np.isnan(z), None, z).tolist()
+    fig = go.Figure(go.Heatmap(z=zl, x=list(range(nblk)), y=reqs, text=text, hoverinfo="text",
+                               colorscale=scale or [[0, "#fff"], [1, "#fff"]], zmin=-0.5, zmax=n - 0.5,
+                               showscale=False, xgap=1, ygap=1))
+    for s in statuses:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=s, showlegend=True,
+                                 marker=dict(size=10, color=MISS_COLORS.get(s, "#999999"), symbol="square")))
+    fig.update_layout(title=title, xaxis_title="prompt block", yaxis=dict(autorange="reversed"),
+                      height=max(220, 24 * len(reqs) + 120), margin=dict(l=80, r=10, t=50, b=40),
+                      plot_bgcolor="#ffffff")
+    return fig
+
+
+def status_panel(source: Any) -> str:
+    """An HTML line of the source's counters and its latest warnings."""
+    import html
+    st = source.status
+    keys = ("connected", "batches", "gaps", "replayed", "lost", "malformed_messages", "disconnects",
+            "forest_live", "forest_removed", "scrapes", "metrics_failures")
+    parts = [f"{k}={st[k]}" for k in keys if k in st]
+    if st.get("unknown_events"):
+        parts.append(f"unknown={st['unknown_events']}")
+    warn = "".join(f"<div style='color:#b35806'>⚠ {html.escape(w)}</div>" for _, w in source.warnings[-3:])
+    return f"<div style='font-family:monospace;font-size:12px'>{html.escape(' · '.join(parts))}{warn}</div>"
+
+
+class ServerView:
+    """Live figures over a ``ServerSource`` (and optionally an engine run on the same workload):
+    the prefix forest, usage/hit rate beside our engine, the status line. ``refresh()`` redraws
+    once; ``play(fps)`` redraws in a background asyncio task; ``run_for(seconds)`` blocks (headless).
+    Without ipywidgets/anywidget, the figures are static (``figures``)."""
+
+    def __init__(self, source: Any, engine_run: Any = None, *, engine_label: str = "ours", fps: float = 2.0,
+                 max_nodes: int = 400) -> None:
+        from .buffers import widgets_available
+        self.source, self.engine_run, self.engine_label = source, engine_run, engine_label
+        self.fps, self.max_nodes, self.frames = fps, max_nodes, 0
+        self.no_widgets = widgets_available()
+        self._task: asyncio.Task | None = None
+        figs = self._figures()
+        if self.no_widgets is None:
+            import ipywidgets as W
+
+            from .liveplot import LivePlot
+            from .panels import ScrollAnchor
+            self.plots = {k: LivePlot(f) for k, f in figs.items()}
+            self.status = W.HTML(status_panel(source))
+            self.anchor: Any = ScrollAnchor()
+        else:
+            self.plots, self.status, self.anchor = {}, None, None
+        self.figures = figs
+
+    def _figures(self) -> dict[str, go.Figure]:
+        src = self.source
+        engines = {}
+        if self.engine_run is not None:
+            engines[self.engine_label] = self.engine_run.steps_frame()
+        return {"forest": prefix_forest(src.forest_frame(), max_nodes=self.max_nodes),
+                "usage": server_vs_engine(src.server_frame(), engines, label=getattr(src, "label", "vLLM"))}
+
+    def refresh(self) -> None:
+        """Redraw every figure from the source now (one message per plot); the first redraw brings
+        the view into the page's window (Run All lands on the show)."""
+        if self.anchor is not None and not self.frames:
+            self.anchor.scroll += 1
+        figs = self._figures()
+        self.figures = figs
+        for k, plot in self.plots.items():
+            with plot.batch_update():
+                plot.figure = figs[k]
+        if self.status is not None:
+            self.status.value = status_panel(self.source)
+        self.frames += 1
+
+    def run_for(self, seconds: float) -> None:
+        """Redraw at ``fps`` for ``seconds`` (blocking; for scripts and headless notebooks)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.refresh()
+            time.sleep(max(0.0, min(1.0 / self.fps, end - time.monotonic())))
+        self.refresh()
+
+    def play(self) -> None:
+        """Redraw at ``fps`` in the notebook's event loop until ``stop()``."""
+        async def loop() -> None:
+            while True:
+                self.refresh()
+                await asyncio.sleep(1.0 / self.fps)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_event_loop().create_task(loop())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+        if self.no_widgets is not None:
+            print(f"static figures ({self.no_widgets})")
+            for f in self.figures.values():
+                display(f)
+            return
+        display(self.anchor)
+        display(self.status)
+        for p in self.plots.values():
+            display(p)

@@ -1,0 +1,116 @@
+"""The control panel of notebook 05: pick KV formats, context lengths and texts, press run.
+
+    panel = StudyPanel(lm, formats=[...], contexts=(512,), sources=("kjv", "python", "licenses"))
+    panel.run()     # what the button does: paged.quant.study with the chosen settings
+    panel           # displays the controls, then the table, two sentences and the Pareto figure
+    panel.df        # the last study's table
+
+The panel holds no study logic: `run` calls :func:`paged.quant.study` and draws its table with
+:func:`paged.viz.tables.fit_table`, :func:`paged.viz.quant.pareto` and the sentences of
+:mod:`paged.viz.prose`. A run blocks the kernel for its duration (seconds per format and context
+on a CPU at 512 tokens); the status line says what runs and how long the last run took.
+"""
+from __future__ import annotations
+
+import html
+import time
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from paged.errors import ConfigError
+
+__all__ = ["CONTEXT_CHOICES", "StudyPanel", "study_panel"]
+
+CONTEXT_CHOICES = (64, 128, 256, 512, 1024, 2048, 4096)
+TABLE_COLUMNS = ["context_length", "format", "bits_per_value", "tokens_per_gib", "kld_mean", "kld_p99", "delta_nll",
+                 "same_top1_pct", "first_div_median"]
+
+
+class StudyPanel:
+    """ipywidgets over :func:`paged.quant.study` (formats, contexts, texts, chunks; a run button)."""
+
+    def __init__(self, lm, formats: Sequence[str], contexts: Sequence[int] = (512,),
+                 sources: Sequence[str] | None = None, max_chunks: int | None = 1, divergence_tokens: int = 32) -> None:
+        import ipywidgets as W
+
+        from paged.quant import DEFAULT_SCHEMES, SOURCES
+        sources = list(SOURCES) if sources is None else list(sources)
+        bad = [s for s in sources if s not in SOURCES]
+        if bad:
+            raise ConfigError(f"unknown text source(s) {bad}; choose from {list(SOURCES)}")
+        self.lm, self.df, self.divergence_tokens = lm, None, divergence_tokens
+        options = list(dict.fromkeys([*DEFAULT_SCHEMES, *formats]))
+        style = {"description_width": "initial"}
+        self.formats = W.SelectMultiple(options=options, value=tuple(formats), rows=8, description="formats",
+                                        style=style, layout=W.Layout(width="260px"))
+        self.contexts = W.SelectMultiple(options=list(dict.fromkeys([*CONTEXT_CHOICES, *contexts])),
+                                         value=tuple(contexts), rows=7, description="context (tokens)", style=style,
+                                         layout=W.Layout(width="220px"))
+        self.sources = W.SelectMultiple(options=list(SOURCES), value=tuple(sources), rows=3, description="texts",
+                                        style=style, layout=W.Layout(width="220px"))
+        self.chunks = W.BoundedIntText(value=max_chunks or 0, min=0, max=16, description="chunks per text (0 = all)",
+                                       style=style, layout=W.Layout(width="220px"))
+        self.button = W.Button(description="run the study", icon="play", button_style="primary")
+        self.status = W.HTML("<i>choose formats, context lengths and texts, then press <b>run the study</b> "
+                             "(Ctrl/Shift-click to pick several)</i>")
+        self.out = W.Output()  # the table and the sentences
+        from .liveplot import LivePlot  # the Pareto figure, redrawn in place (a plotly output inside an
+        self.plot = LivePlot(go.Figure().update_layout(height=450))  # Output widget rendered out of order)
+        self.button.on_click(lambda _: self.run())
+        self.widget = W.VBox([W.HBox([self.formats, self.contexts, W.VBox([self.sources, self.chunks, self.button])]),
+                              self.status, self.out, self.plot])
+
+    def settings(self) -> dict:
+        """The study's keyword arguments from the controls (a clear error when a choice is empty)."""
+        if not self.formats.value or not self.contexts.value or not self.sources.value:
+            raise ConfigError("pick at least one format, one context length and one text")
+        return dict(formats=list(self.formats.value), context_lengths=tuple(sorted(self.contexts.value)),
+                    sources=list(self.sources.value), max_chunks=self.chunks.value or None)
+
+    def run(self):
+        """Run the study with the controls' settings; show and return its table."""
+        from paged import quant
+
+        from . import prose
+        from .quant import pareto
+        from .tables import fit_table
+        try:
+            s = self.settings()
+        except ConfigError as exc:
+            self.status.value = f"<b style='color:#b00'>{html.escape(str(exc))}</b>"
+            return self.df
+        what = (f"{len(s['formats'])} format(s) × {len(s['context_lengths'])} context length(s) on "
+                f"{', '.join(s['sources'])}")
+        self.status.value = f"<i>running {html.escape(what)}...</i>"
+        self.button.disabled = True
+        t0 = time.perf_counter()
+        try:
+            self.df = quant.study(self.lm, formats=s["formats"], texts=quant.load_texts(s["sources"]),
+                                  context_lengths=s["context_lengths"], max_chunks=s["max_chunks"],
+                                  divergence_tokens=self.divergence_tokens, progress=False)
+        finally:
+            self.button.disabled = False
+        took = time.perf_counter() - t0
+        self.status.value = f"{html.escape(what)}: done in {took:.0f} s"
+        d = self.df[self.df["source"] == "all"] if (self.df["source"] == "all").any() else self.df
+        self.out.outputs = ()
+        for shown in (fit_table(d, [c for c in TABLE_COLUMNS if c in d.columns]), prose.format_errors(self.df),
+                      prose.context_trend(self.df)):
+            self.out.append_display_data(shown)
+        self.plot.figure = pareto(self.df)
+        self.plot.send_figure()
+        return self.df
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+        display(self.widget)
+
+
+def study_panel(lm, formats: Sequence[str], contexts: Sequence[int] = (512,), sources: Sequence[str] | None = None,
+                max_chunks: int | None = 1, divergence_tokens: int = 32, run: bool = True) -> StudyPanel:
+    """A `StudyPanel`, already run once with these settings when `run` (so Run All shows results)."""
+    panel = StudyPanel(lm, formats, contexts, sources, max_chunks, divergence_tokens)
+    if run:
+        panel.run()
+    return panel

@@ -1,0 +1,159 @@
+"""The story of a run as a view: block usage over the steps with the key moments marked, a
+player that replays the kept snapshots, and a short summary (``paged.story``).
+
+``story_figure`` is pure (records -> go.Figure). ``StoryView`` is the widget strip a Dashboard
+or a ReplayView shows: a click on the figure (a moment's marker or any step of the line) or a
+move of the player calls ``show_step(step)``, which the owner uses to draw the pool as it was
+after that step. Invariant: the marked current step is the last one shown.
+"""
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import numpy as np
+import plotly.graph_objects as go
+
+from paged import story
+
+__all__ = ["MOMENT_STYLE", "StoryView", "story_data", "story_figure"]
+
+# kind -> (legend name, marker symbol, colour)
+MOMENT_STYLE = {
+    "prefix_hit": ("first prefix hit", "star", "#2ca25f"),
+    "cow": ("copy-on-write", "diamond", "#e6550d"),
+    "preempt": ("preemption (recompute)", "x", "#d62728"),
+    "swap_out": ("preemption (swap out)", "triangle-down", "#9467bd"),
+    "swap_in": ("swap in", "triangle-up", "#9467bd"),
+    "tier_out": ("to host tier", "triangle-down", "#8c564b"),
+    "tier_in": ("from host tier", "triangle-up", "#8c564b"),
+    "compaction": ("compaction", "square", "#17becf"),
+    "peak": ("peak usage", "circle-open", "#111111"),
+}
+
+
+def story_data(steps, moments) -> dict:
+    """The trace arrays of ``story_figure``: ``x``/``y`` of the usage line, then per moment kind
+    (in ``MOMENT_STYLE`` order) its steps, usages and labels."""
+    n = len(steps)
+    usage = 100 * steps["kv_cache_usage_perc"].to_numpy(float) if n else np.zeros(0)
+    out = {"x": np.arange(1, n + 1), "y": usage, "kinds": []}
+    for kind in MOMENT_STYLE:
+        m = moments[moments["kind"] == kind] if len(moments) else moments
+        at = m["step"].to_numpy(int) if len(m) else np.zeros(0, int)
+        out["kinds"].append((at, usage[at - 1] if len(at) else np.zeros(0), list(m["label"]) if len(m) else []))
+    return out
+
+
+def _title(n: int) -> str:
+    return (f"key moments of the run ({n} steps) · click one to see the pool then"
+            if n else "key moments appear here as the run goes")
+
+
+def story_figure(steps, moments=None, current: int | None = None, title: str | None = None) -> go.Figure:
+    """Block usage (%) per step, a marker per key moment (hover for what happened; one legend
+    entry per kind present), and a vertical line at ``current``. x is the 1-based step index."""
+    if moments is None:
+        moments = story.key_moments(steps)
+    n = len(steps)
+    d = story_data(steps, moments)
+    fig = go.Figure(go.Scatter(x=d["x"], y=d["y"], mode="lines", name="blocks in use (%)",
+                               line=dict(color="#3b6fb6"),
+                               hovertemplate="step %{x}: %{y:.0f}% of the blocks in use<extra></extra>"))
+    for (name, symbol, color), (at, y, labels) in zip(MOMENT_STYLE.values(), d["kinds"]):
+        fig.add_trace(go.Scatter(
+            x=at, y=y, mode="markers", name=name, text=labels, hovertemplate="%{text}<extra></extra>",
+            marker=dict(symbol=symbol, size=13, color=color, line=dict(width=1.5, color=color)),
+            showlegend=bool(len(at))))
+    if current is not None and n:
+        fig.add_vline(x=current, line=dict(color="#888", dash="dot"))
+    fig.update_layout(
+        title=title or _title(n), height=280, margin=dict(l=60, r=20, t=50, b=40), hovermode="closest",
+        legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+        xaxis=dict(title="step", range=[0.5, max(n, 1) + 0.5], tickformat="d", dtick=None if n > 10 else 1,
+                   showticklabels=bool(n)),
+        yaxis=dict(title="blocks in use (%)", range=[0, 105]))
+    return fig
+
+
+class StoryView:
+    """The story strip: a Player, the summary and the key-moments figure (widgets only).
+
+    ``source`` has ``rows`` / ``steps_frame()`` / ``requests_frame()`` and ``label`` (a run or a
+    recording); ``refresh()`` re-reads it. The player covers steps 1..len(rows)."""
+
+    def __init__(self, source, show_step: Callable[[int], None], *, autoplay: bool = False,
+                 interval_ms: int = 300) -> None:
+        import ipywidgets as W
+
+        from .liveplot import LivePlot
+        from .player import Player
+        self.source, self._show_step = source, show_step
+        self.player = Player(min=1, max=1, value=1, interval_ms=interval_ms, autoplay=autoplay, repeat=True,
+                             label="step")
+        if not autoplay:
+            self.player.layout.display = "none"  # shown by the owner once there is a run to replay
+        self.summary = W.HTML()
+        self.figure = LivePlot(story_figure(source.steps_frame()))
+        self.figure.on_click(lambda x, y, trace: self.jump(x))
+        self.player.observe(self._on_value, "value")
+        self.current: int | None = None
+        self.moments = story.key_moments(source.steps_frame())
+        self.widgets = (self.player, self.summary, self.figure)
+
+    def refresh(self, current: int | None = None) -> None:
+        """Re-read the records: moments, summary and the player's range (traces updated in place)."""
+        steps = self.source.steps_frame()
+        req = self.source.requests_frame()
+        self.moments = story.key_moments(steps)
+        n = len(steps)
+        self.player.max = max(n, 1)
+        self.current = current if current is not None else self.current
+        d = story_data(steps, self.moments)
+        fig = self.figure.figure
+        with self.figure.batch_update():
+            fig.data[0].x, fig.data[0].y = d["x"], d["y"]
+            for tr, (at, y, labels) in zip(fig.data[1:], d["kinds"]):
+                tr.x, tr.y, tr.text, tr.showlegend = at, y, labels, bool(len(at))
+            fig.layout.title.text = _title(n)
+            fig.layout.xaxis.update(range=[0.5, max(n, 1) + 0.5], dtick=None if n > 10 else 1, showticklabels=bool(n))
+            fig.layout.shapes = ()
+            if self.current is not None and n:
+                fig.add_vline(x=self.current, line=dict(color="#888", dash="dot"))
+        sentences = story.summary(steps, req, getattr(self.source, "label", "run"))
+        items = "".join(f"<li>{html.escape(s)}</li>" for s in sentences)
+        head = "What happened" if getattr(self.source, "done", True) else "So far"
+        self.summary.value = f"<div class='paged-summary'><b>{head}</b><ul>{items}</ul></div>" if n else ""
+
+    def clear(self) -> None:
+        """A fresh run: nothing to tell yet."""
+        self.current = None
+        self.player.playing = False
+        self.player.max = 1
+        self.player.value = 1
+        self.refresh()
+
+    def jump(self, step) -> None:
+        """Show the pool after ``step`` (a click or a moment); pauses the player."""
+        if step is None:
+            return
+        step = int(round(float(step)))
+        self.player.playing = False
+        if self.player.value == step:
+            self._show(step)
+        else:
+            self.player.value = step  # the observer shows it
+
+    def _on_value(self, change) -> None:
+        self._show(int(change["new"]))
+
+    def _show(self, step: int) -> None:
+        n = len(self.source.rows)
+        if not 1 <= step <= n:
+            return
+        self.current = step
+        self._show_step(step)
+        fig = self.figure.figure
+        with self.figure.batch_update():
+            fig.layout.shapes = ()
+            fig.add_vline(x=step, line=dict(color="#888", dash="dot"))
