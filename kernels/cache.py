@@ -23,7 +23,7 @@ from .format_table import int4_group
 from .formats import KVFormat, get_format
 
 if TYPE_CHECKING:
-    from .split import SplitTables
+    from .split_codec import SplitTables
 from .quant import as_head_scale
 from .staging import StagingPool, default_num_staging_blocks
 
@@ -257,7 +257,7 @@ def default_tables(fmt: KVFormat, num_kv_heads: int, head_dim: int, device: torc
     """Per-layer constants of a split layer: ``k_width`` (default uniform), ``v_levels`` (default
     the Lloyd-Max levels of a Gaussian vector over its absmax), ``rope`` = the model's ``(cos,
     signed sin)`` rows (default plain RoPE over ``max_positions``)."""
-    from .split import SplitTables, bit_layout, hadamard, normal_levels, rope_tables, uniform_widths
+    from .split_codec import SplitTables, bit_layout, hadamard, normal_levels, rope_tables, uniform_widths
     t = SplitTables()
     ks, vs = fmt.k_side, fmt.v_side
     if not ks.exact:
@@ -281,7 +281,7 @@ def default_tables(fmt: KVFormat, num_kv_heads: int, head_dim: int, device: torc
 def _allocate_split(fmt: KVFormat, nb: int, bs: int, h: int, d: int, dtype: torch.dtype, device: torch.device,
                     num_staging_blocks: int | None, grow_staging: bool, tables) -> KVCacheLayer:
     from .format_table import check_split
-    from .split import STAGING_DTYPE
+    from .split_codec import STAGING_DTYPE
     for name, val in (("num_blocks", nb), ("block_size", bs), ("num_kv_heads", h), ("head_dim", d)):
         if int(val) < 1:
             raise ShapeError(f"{name} must be >= 1, got {val}")

@@ -38,10 +38,11 @@ import torch
 
 from .errors import ShapeError
 from .format_table import CODE_KIVI, KVFormat
-from .split_codec import (STAGING_DTYPE, SplitTables, bit_layout, cb_dequantize, cb_quantize, decode_k, decode_v,
-                          hadamard, kivi_dequantize, kivi_quantize, kivi_step_zero, lloyd_levels, normal_levels,
-                          pack_bits, rope, rope_tables, unpack_bits, uniform_widths, unrope, v_offset, v_width)
-from .split_read import attend_split, gather_split, split_decode_ref, split_prefill_ref
+from .split_codec import (STAGING_DTYPE, SplitTables, bit_layout, cb_dequantize, cb_quantize, hadamard, kivi_dequantize,
+                          kivi_quantize, kivi_step_zero, lloyd_levels, normal_levels, pack_bits, rope, rope_tables,
+                          unpack_bits, uniform_widths, unrope)
+from .split_read import (attend_split, decode_k, decode_v, gather_split, split_decode_ref, split_prefill_ref, v_offset,
+                         v_width)
 
 if TYPE_CHECKING:
     from .cache import KVCacheLayer

@@ -1,23 +1,18 @@
 """Split KV formats' constants and codecs (:mod:`kernels.split` describes the layout): per-layer
-tables (RoPE rows, KIVI channel widths, value codebooks), bit packing, the KIVI key and codebook
-value quantizers, and the decoders of a layer's stored codes. Pure torch; no state.
+tables (RoPE rows, KIVI channel widths, value codebooks), bit packing, and the KIVI key and
+codebook value quantizers. Pure torch on tensors; no cache layer, no state.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
 from .errors import KVFormatError, ShapeError
 
-if TYPE_CHECKING:
-    from .cache import KVCacheLayer
-
 __all__ = ["SplitTables", "rope", "unrope", "rope_tables", "hadamard", "bit_layout", "pack_bits", "unpack_bits",
            "cb_quantize", "cb_dequantize", "lloyd_levels", "normal_levels", "kivi_quantize", "kivi_dequantize",
-           "kivi_step_zero", "uniform_widths", "decode_k", "decode_v", "v_width", "v_offset", "STAGING_DTYPE"]
+           "kivi_step_zero", "uniform_widths", "STAGING_DTYPE"]
 
 STAGING_DTYPE = torch.float16
 
@@ -224,46 +219,3 @@ def kivi_dequantize(codes: torch.Tensor, width: torch.Tensor, step: torch.Tensor
     s, z = kivi_step_zero(step, zero, sup)
     c = torch.where(width.to(codes.device) == 0, 0.5, codes.float())
     return c * s.unsqueeze(-3) + z.unsqueeze(-3)
-
-
-# ---- decoding a layer's stored codes ---------------------------------------------------------
-
-def decode_k(layer: "KVCacheLayer", blocks: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """Float32 keys of ``blocks`` (long, any shape) from their codes; ``start``: each block's first
-    position (same shape), used to apply RoPE to ``+pre`` keys."""
-    t, side = layer.tables, layer.kv_format.k_side
-    bs = layer.block_size
-    take = lambda x: x.index_select(0, blocks.reshape(-1)).view(*blocks.shape, *x.shape[1:])  # noqa: E731
-    if side.exact:
-        return take(layer.k).float()
-    codes = unpack_bits(take(layer.k), t.k_width, t.k_offset)
-    x = kivi_dequantize(codes, t.k_width, take(layer.k_scale), take(layer.k_zero),
-                        take(layer.k_super) if layer.k_super is not None else None)
-    if side.pre_rope:
-        pos = (start.reshape(*blocks.shape, 1) + torch.arange(bs, device=x.device)).clamp(max=t.cos.shape[0] - 1)
-        x = rope(x, t.cos[pos], t.sin[pos])
-    return x
-
-
-def decode_v(layer: "KVCacheLayer", slots_or_blocks: torch.Tensor, *, blocks: bool) -> torch.Tensor:
-    """Float32 values (rotated frame for ``+rot``) of whole ``blocks`` or of single slots."""
-    side, t = layer.kv_format.v_side, layer.tables
-    if blocks:
-        take = lambda x: x.index_select(0, slots_or_blocks.reshape(-1)).view(  # noqa: E731
-            *slots_or_blocks.shape, *x.shape[1:])
-    else:
-        take = lambda x: x.view(-1, *x.shape[2:]).index_select(0, slots_or_blocks)  # noqa: E731
-    if side.exact:
-        return take(layer.v).float()
-    return cb_dequantize(unpack_bits(take(layer.v), v_width(layer), v_offset(layer)), take(layer.v_scale), t.v_levels)
-
-
-def v_width(layer: "KVCacheLayer") -> torch.Tensor:
-    side = layer.kv_format.v_side
-    return torch.full((layer.num_kv_heads, layer.head_dim), side.bits, dtype=torch.int32, device=layer.device)
-
-
-def v_offset(layer: "KVCacheLayer") -> torch.Tensor:
-    side = layer.kv_format.v_side
-    d = layer.head_dim
-    return (torch.arange(d, dtype=torch.int32, device=layer.device) * side.bits).expand(layer.num_kv_heads, d)

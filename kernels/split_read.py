@@ -11,12 +11,57 @@ import torch
 
 from .errors import KVFormatError
 from .format_table import KVFormat
-from .split_codec import decode_k, decode_v
+from .split_codec import cb_dequantize, kivi_dequantize, rope, unpack_bits
 
 if TYPE_CHECKING:
     from .cache import KVCacheLayer
 
-__all__ = ["gather_split", "attend_split", "split_prefill_ref", "split_decode_ref"]
+__all__ = ["decode_k", "decode_v", "v_width", "v_offset", "gather_split", "attend_split", "split_prefill_ref",
+           "split_decode_ref"]
+
+
+# ---- decoding a layer's stored codes ---------------------------------------------------------
+
+def decode_k(layer: "KVCacheLayer", blocks: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """Float32 keys of ``blocks`` (long, any shape) from their codes; ``start``: each block's first
+    position (same shape), used to apply RoPE to ``+pre`` keys."""
+    t, side = layer.tables, layer.kv_format.k_side
+    bs = layer.block_size
+    take = lambda x: x.index_select(0, blocks.reshape(-1)).view(*blocks.shape, *x.shape[1:])  # noqa: E731
+    if side.exact:
+        return take(layer.k).float()
+    codes = unpack_bits(take(layer.k), t.k_width, t.k_offset)
+    x = kivi_dequantize(codes, t.k_width, take(layer.k_scale), take(layer.k_zero),
+                        take(layer.k_super) if layer.k_super is not None else None)
+    if side.pre_rope:
+        pos = (start.reshape(*blocks.shape, 1) + torch.arange(bs, device=x.device)).clamp(max=t.cos.shape[0] - 1)
+        x = rope(x, t.cos[pos], t.sin[pos])
+    return x
+
+
+def decode_v(layer: "KVCacheLayer", slots_or_blocks: torch.Tensor, *, blocks: bool) -> torch.Tensor:
+    """Float32 values (rotated frame for ``+rot``) of whole ``blocks`` or of single slots."""
+    side, t = layer.kv_format.v_side, layer.tables
+    if blocks:
+        take = lambda x: x.index_select(0, slots_or_blocks.reshape(-1)).view(  # noqa: E731
+            *slots_or_blocks.shape, *x.shape[1:])
+    else:
+        take = lambda x: x.view(-1, *x.shape[2:]).index_select(0, slots_or_blocks)  # noqa: E731
+    if side.exact:
+        return take(layer.v).float()
+    return cb_dequantize(unpack_bits(take(layer.v), v_width(layer), v_offset(layer)), take(layer.v_scale), t.v_levels)
+
+
+def v_width(layer: "KVCacheLayer") -> torch.Tensor:
+    side = layer.kv_format.v_side
+    return torch.full((layer.num_kv_heads, layer.head_dim), side.bits, dtype=torch.int32, device=layer.device)
+
+
+def v_offset(layer: "KVCacheLayer") -> torch.Tensor:
+    side = layer.kv_format.v_side
+    d = layer.head_dim
+    return (torch.arange(d, dtype=torch.int32, device=layer.device) * side.bits).expand(layer.num_kv_heads, d)
+
 
 # ---- reads --------------------------------------------------------------------------------------
 

@@ -52,10 +52,12 @@ def canonical_kv_cache_dtype(name: Any) -> str:
     if isinstance(name, str):
         try:
             return _formats.lookup(name.strip()).name
-        except _formats.KVFormatError:
-            pass
-    raise ConfigError(f"kv_cache_dtype {name!r} is not a KV format; use 'auto' (the model's dtype) or one of "
-                      f"{', '.join(_formats.FORMATS)} (aliases: {', '.join(_formats.ALIASES)})")
+        except _formats.KVFormatError as e:
+            if "/" in name or "@" in name:  # a split format spelled wrong: its parser says what
+                raise ConfigError(f"kv_cache_dtype {name!r}: {e}") from None
+    raise ConfigError(f"kv_cache_dtype {name!r} is not a KV format; use 'auto' (the model's dtype), one of "
+                      f"{', '.join(_formats.FORMATS)} (aliases: {', '.join(_formats.ALIASES)}), or a split "
+                      "format 'K/V[@sinkS][@winW]' (docs/quant.md)")
 
 
 def check_share_map(share: Mapping[int, int] | None, num_layers: int | None = None) -> dict[int, int] | None:
