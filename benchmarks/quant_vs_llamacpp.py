@@ -4,6 +4,7 @@
     python benchmarks/quant_vs_llamacpp.py --part llama --rotation on  --llama-site /tmp/venv-llamacpp/lib/python3.11/site-packages
     python benchmarks/quant_vs_llamacpp.py --part llama --rotation off --llama-site ...
     python benchmarks/quant_vs_llamacpp.py --part table   # the side-by-side table from the CSVs
+    python benchmarks/quant_vs_llamacpp.py --part publish # those CSVs -> data/precomputed/05_front, 05_llamacpp
 
 Our split formats (the front) on the same 19 chunks come from ``benchmarks/quant_ablation.py front
 --protocol lic19`` (``reports/quant_ablation_front_lic19.csv``); ``--part ours`` adds the study's
@@ -165,9 +166,45 @@ def table(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+PROTOCOL_CSVS = {p: f"reports/quant_ablation_front_{p}.csv" for p in ("lic19", "x512", "x2048")}
+PROTOCOL_TEXT = {"lic19": "licences, 19 chunks of 512 (llama.cpp's protocol)", "x512": "kjv + python, 8 + 8 chunks of 512",
+                 "x2048": "kjv + python, 2 + 2 chunks of 2,048"}
+
+
+def publish() -> list[Path]:
+    """Notebook 05's precomputed front: our served formats (front aliases, the study's earlier
+    formats) on the three protocols, and llama.cpp's cache types with its rotation on and off."""
+    from kernels.format_table import FRONT
+    from paged.studies import precomputed
+    alias = {f"{v}|bs32": k for k, v in FRONT.items()}
+    rows = []
+    for protocol, csv in PROTOCOL_CSVS.items():
+        f = pd.read_csv(csv)
+        f = f[(f.source == "all") & (f.part == "both")]
+        rows.append(pd.DataFrame({
+            "format": f.format.map(lambda n: alias.get(n, n.replace("|bs32", ""))),
+            "spelled": f.format.str.replace("|bs32", "", regex=False),
+            "group": f.format.map(lambda n: "served front (kvq*)" if n in alias else
+                                  "other split formats" if "|bs" in n else "earlier formats"),
+            "protocol": protocol, "texts": PROTOCOL_TEXT[protocol], "ctx": f.ctx, "bits_k": f.bits_k,
+            "bits_v": f.bits_v, "bits_per_value": f.bits, "kld_mean": f.kld_mean, "kld_se": f.kld_se,
+            "kld_p99": f.kld_p99, "same_top1_pct": f.same_top1_pct, "n_chunks": f.n_chunks}))
+    front = pd.concat(rows, ignore_index=True)
+    front.attrs = {"made_by": [f"OMP_NUM_THREADS=1 python benchmarks/quant_ablation.py front --protocol {p}"
+                               for p in PROTOCOL_CSVS] + ["python benchmarks/quant_vs_llamacpp.py --part publish"],
+                   "base": "an fp32 cache, same model and tokens",
+                   "calibration": "data/text/calibration.txt, disjoint from every evaluated text"}
+    llama = pd.concat([pd.read_csv(f"reports/quant_vs_llamacpp_llama_{r}.csv") for r in ("on", "off")],
+                      ignore_index=True)
+    llama.attrs = {"made_by": [f"python benchmarks/quant_vs_llamacpp.py --part llama --rotation {r} --llama-site ..."
+                               for r in ("on", "off")], "base": "llama.cpp's own f16 cache",
+                   "protocol": PROTOCOL_TEXT["lic19"]}
+    return precomputed.save("05", {"front": front, "llamacpp": llama})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=["ours", "llama", "table", "llama-worker"], required=True)
+    ap.add_argument("--part", choices=["ours", "llama", "table", "publish", "llama-worker"], required=True)
     ap.add_argument("--gguf", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ctx", type=int, default=512)
@@ -182,6 +219,9 @@ def main() -> None:
     if args.part == "table":
         print(table(["reports/quant_vs_llamacpp_ours.csv", "reports/quant_vs_llamacpp_llama_on.csv",
                      "reports/quant_vs_llamacpp_llama_off.csv"]))
+        return
+    if args.part == "publish":
+        print("\n".join(f"-> {p}" for p in publish()))
         return
     if args.llama_site:
         sys.path.append(args.llama_site)

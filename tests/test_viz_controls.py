@@ -45,7 +45,8 @@ def test_precomputed_round_trip_and_a_clear_error(tmp_path) -> None:
 @pytest.mark.parametrize("nb", ["05", "08"])
 def test_shipped_precomputed_tables_load(nb) -> None:
     from paged.studies import precomputed as P
-    names = {"05": ("study", "layer_errors", "sensitivity", "key_channels", "key_layers", "formats"),
+    names = {"05": ("study", "layer_errors", "sensitivity", "key_channels", "key_layers", "formats", "front",
+                    "llamacpp"),
              "08": ("tiers", "engine_tiers", "offload", "streaming", "engine_swap", "swap_error", "sharing",
                     "compaction_reads", "compaction_copies", "compaction_sim")}[nb]
     for name in names:
@@ -62,6 +63,21 @@ def test_full_05_supports_its_notebook_sentences() -> None:
     assert sorted(full.context_length.unique()) == [512, 2048]
     assert "Only one context" not in prose.context_trend(full).data
     assert "int8 has a mean KL divergence" in prose.format_errors(full).data
+
+
+def test_front_goals_follow_the_shipped_front() -> None:
+    """05's goal sentences come from the shipped front and change with it."""
+    from paged.studies import precomputed as P
+    from paged.viz import prose
+    front, llama = P.load("05", "front"), P.load("05", "llamacpp")
+    assert {"kvq4", "kvq3", "kvq2"} <= set(front.format) and set(llama.rotation) == {"on", "off"}
+    text = prose.front_goals(front, llama).data
+    kvq3 = front[(front.format == "kvq3")]
+    met = "**met**" if kvq3.kld_mean.max() <= 0.01 else "**not met**"
+    assert f"at most 4 bits per value with KLD ≤ 0.01 — {met}" in text and "`kvq3`" in text
+    worse = front.assign(kld_mean=front.kld_mean * 100)  # the same table, 100x the error: no goal is met
+    assert "**met**" not in prose.front_goals(worse, llama).data
+    assert "No served format" in prose.front_goals(front, llama, goals=[(1.0, 0.1)]).data
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +114,15 @@ def test_scenario_panel_builds_a_dashboard() -> None:
     assert "chunked prefill" in panel.about.value
     with pytest.raises(ConfigError):
         ScenarioPanel(base, "nope")
+
+
+def test_chat_panel_serves_the_picked_format_beside_fp32(lm) -> None:
+    from paged.viz.quant_panel import ChatPanel
+    p = ChatPanel(lm, ["kvq3", "nope"], "The three most important ideas in operating systems are", max_tokens=4)
+    df = p.run()
+    assert list(df.format) == ["fp32", "kvq3"] and (df.num_tokens == 4).all()
+    assert "kvq3" in p.view.value and "fp32" in p.view.value and "fp32 vs kvq3" in p.status.value
+    p.format.value = "nope"
+    assert p.run() is df and "unknown KV format" in p.status.value and not p.button.disabled  # nothing changed
+    with pytest.raises(ConfigError, match="at least one format"):
+        ChatPanel(lm, [], "x")

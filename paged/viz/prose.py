@@ -13,6 +13,7 @@ parameters. Nothing here runs an executor.
     paper_gap(token_share_table)                         # 03: allocators vs the vLLM paper
     preemption_modes(compare_modes_table), swap_cost(cost_table)   # 07
     compaction_verdict(verdict_dict)                     # 08
+    front_goals(front, llamacpp)                         # 05: the served front against its goals and llama.cpp
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["bullet", "change", "collision", "compaction_verdict", "engine_shares", "eviction", "context_trend", "copy_on_write", "format_errors", "format_memory",
+__all__ = ["bullet", "change", "collision", "compaction_verdict", "engine_shares", "eviction", "context_trend", "copy_on_write", "format_errors", "format_memory", "front_goals",
            "latency_change", "md", "paper_gap", "pool_usage", "sharing_memory", "swap_error_verdict", "tier_verdict", "preemption_modes", "shared_blocks", "swap_cost", "times"]
 
 SAME = 0.03  # a relative change below 3% reads as "about the same"
@@ -126,6 +127,36 @@ def format_errors(df: pd.DataFrame, context_length: int | None = None, metric: s
         text += (f" {', '.join(closer)} {'sit' if len(closer) > 1 else 'sits'} closer to int8's error than int4 does."
                  if closer else " None of them comes closer to int8's error than int4.")
     return md(text)
+
+
+FRONT_GOALS = ((4.0, 0.0100), (3.0, 0.030))
+"""(bits per value at most, KLD at most): the goals of the served front (issue 23)."""
+
+
+def front_goals(front: pd.DataFrame, llama: pd.DataFrame, goals: Sequence[tuple[float, float]] = FRONT_GOALS,
+                protocol: str = "lic19"):
+    """Per goal (at most ``bits``, KLD at most ``kld``): the best served front format (``group``
+    starting "served") within the bits on ``protocol``, its KLD on every protocol, met or not, and
+    its ratio to llama.cpp's rotated cache types at 4.5 and 6 bits (q4_0, q5_1)."""
+    served = front[front["group"].str.startswith("served")]
+    on = llama[llama["rotation"] == "on"].set_index("format")["kld_mean"]
+    lines = []
+    for bits, kld in goals:
+        d = served[(served["protocol"] == protocol) & (served["bits_per_value"] <= bits)]
+        if d.empty:
+            lines.append(f"No served format stores at most {bits:g} bits per value.")
+            continue
+        best = d.loc[d["kld_mean"].idxmin()]
+        per = served[served["format"] == best["format"]].set_index("protocol")["kld_mean"]
+        worst = float(per.max())
+        verdict = "**met**" if worst <= kld else "**not met**"
+        where = ", ".join(f"{v:.3g} ({p})" for p, v in per.items())
+        vs = "; ".join(f"{times(best['kld_mean'] / on[f])} llama.cpp's {f.split('/')[0]} ({on[f]:.3g})"
+                       for f in ("q4_0/q4_0", "q5_1/q5_1") if f in on)
+        lines.append(f"Goal: at most {bits:g} bits per value with KLD ≤ {kld:g} — {verdict}. The best served format "
+                     f"within {bits:g} bits is `{best['format']}` at {best['bits_per_value']:.3g} bits: KLD {where}"
+                     + (f"; on the licence chunks that is {vs}" if vs else "") + ".")
+    return bullet(lines)
 
 
 def context_trend(df: pd.DataFrame, metric: str = "kld_mean"):
