@@ -66,20 +66,29 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, device: to
     return max(1, min(by_len, by_occupancy, MAX_SPLITS))
 
 
+def decode_geometry(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor,
+                    num_splits: int | None) -> tuple[int, int, int, int, int, int]:
+    """A split-KV decode's launch shape: (query heads per KV head, its power-of-two padding,
+    head_dim padding, keys per inner step, splits, keys per split). The split size comes from
+    the block-table width (no host sync)."""
+    s, hq, d = q.shape
+    h = layer.num_kv_heads
+    group = hq // h
+    block_n = 16 if INTERPRETED else 64
+    max_len = block_tables.shape[1] * layer.block_size
+    if num_splits is not None and int(num_splits) < 1:
+        raise ShapeError(f"num_splits must be >= 1 (or None to choose), got {num_splits}")
+    nsplit = int(num_splits) if num_splits is not None else choose_num_splits(s, h, max_len, q.device)
+    per_split = max(block_n, math.ceil(max(1, max_len) / nsplit / block_n) * block_n)
+    return group, max(16, pow2(group)), max(16, pow2(d)), block_n, nsplit, per_split
+
+
 def decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   scale: float | None, num_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Two-stage split-KV decode. The split size comes from the block-table width (no host sync)."""
     s, hq, d = q.shape
     h, bs = layer.num_kv_heads, layer.block_size
-    group = hq // h
-    gp = max(16, pow2(group))
-    block_d = max(16, pow2(d))
-    block_n = 16 if INTERPRETED else 64
-    max_len = block_tables.shape[1] * bs
-    if num_splits is not None and int(num_splits) < 1:
-        raise ShapeError(f"num_splits must be >= 1 (or None to choose), got {num_splits}")
-    nsplit = int(num_splits) if num_splits is not None else choose_num_splits(s, h, max_len, q.device)
-    per_split = max(block_n, math.ceil(max(1, max_len) / nsplit / block_n) * block_n)
+    group, gp, block_d, block_n, nsplit, per_split = decode_geometry(q, layer, block_tables, num_splits)
     mid_o = torch.empty(s, hq, nsplit, block_d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(s, hq, nsplit, dtype=torch.float32, device=q.device)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous even when q is a view

@@ -1,17 +1,14 @@
 """Host-side launchers of the split-format attention kernels (:mod:`.split_attention`)."""
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 
 from ..cache import KVCacheLayer
-from ..errors import ShapeError
 from ..format_table import CODE_PLAIN
 from .attention import decode_merge_kernel
 from .common import INTERPRETED
-from .launch import dot_code, pow2, choose_num_splits
+from .launch import decode_geometry, dot_code, pow2
 from .split_attention import split_decode_kernel, split_prefill_kernel
 
 
@@ -43,15 +40,7 @@ def split_decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torc
     """Two-stage split-KV decode over a split layer (the merge is the common kernel)."""
     s, hq, d = q.shape
     h, bs = layer.num_kv_heads, layer.block_size
-    group = hq // h
-    gp = max(16, pow2(group))
-    block_d = max(16, pow2(d))
-    block_n = 16 if INTERPRETED else 64
-    max_len = block_tables.shape[1] * bs
-    if num_splits is not None and int(num_splits) < 1:
-        raise ShapeError(f"num_splits must be >= 1 (or None to choose), got {num_splits}")
-    nsplit = int(num_splits) if num_splits is not None else choose_num_splits(s, h, max_len, q.device)
-    per_split = max(block_n, math.ceil(max(1, max_len) / nsplit / block_n) * block_n)
+    group, gp, block_d, block_n, nsplit, per_split = decode_geometry(q, layer, block_tables, num_splits)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if s == 0:
         return out

@@ -10,9 +10,9 @@ channel once a 16-token block is full.
 """
 from __future__ import annotations
 
-import math
-
 import torch
+
+from kernels.split_codec import hadamard  # the engine's rotation (re-exported for the study)
 
 from .schemes import KIVI_BLOCK, Side
 
@@ -74,16 +74,6 @@ def kiviq_roundtrip(k: torch.Tensor) -> torch.Tensor:
     s = torch.ceil(step / torch.where(sup == 0, torch.ones_like(sup), sup)).clamp(1, 255) * sup
     safe = torch.where(s == 0, torch.ones_like(s), s)
     return torch.round((x - z) / safe).clamp(0, 15) * s + z
-
-
-def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Orthonormal Sylvester-Hadamard matrix ``[n, n]`` (``H @ H.T = I``); n a power of two."""
-    if n < 1 or n & (n - 1):
-        raise ValueError(f"a Hadamard rotation needs a power-of-two head_dim, got {n}")
-    h = torch.ones(1, 1)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h / math.sqrt(n)).to(device)
 
 
 class KiviKeyStore:
