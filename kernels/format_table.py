@@ -41,7 +41,7 @@ kernels switch on each side's code). A name is ``K/V`` with optional ``@sinkS`` 
 rows per first block); ``@winW``: each query reads the keys and values of the W positions ending
 at it exactly (rows in a staging pool of fp16 blocks). Both are a fixed cost per sequence, not
 per token (:func:`staging_tokens_per_seq`).
-``FORMATS`` names the formats of the study's Pareto front (``kvq*``).
+``FRONT`` names the formats of the study's Pareto front (aliases ``kvq*``, measured at block size 32).
 """
 
 from __future__ import annotations
