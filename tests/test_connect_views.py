@@ -80,3 +80,17 @@ def test_server_view_redraws_from_a_live_source(tmp_path):
         if view.plots:  # widgets present: the LivePlot holds the new figure
             assert list(view.plots["forest"].figure.data[0].ids) == ["0", "1"]
             assert "forest_live=2" in view.status.value
+
+
+def test_block_axes_have_whole_number_ticks():
+    """Few cached blocks (the stand-in's 5) or few prompt blocks: no tick at 2.5 blocks (paged.viz.check)."""
+    from paged.viz.check import figure_problems
+    server = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "kv_cache_usage_perc": [0.1, 0.5, 0.3], "live_blocks": [2, 5, 4],
+                           "hit_rate": [float("nan"), 0.4, 0.5]})
+    fig = V.server_vs_engine(server)
+    assert figure_problems(fig) == [] and fig.layout.yaxis2.dtick == 1
+    assert figure_problems(V.server_vs_engine(None)) == []
+    df = pd.DataFrame([{"request_id": r, "admission": 1, "step": 1, "block": b, "num_tokens": 4, "status": M.HIT,
+                        "detail": "", "event_step": None, "by_request": None} for r in "ab" for b in range(3)])
+    fig = V.miss_map(df)
+    assert figure_problems(fig, count_axes=["xaxis"]) == [] and fig.layout.xaxis.dtick == 1

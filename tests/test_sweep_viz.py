@@ -89,3 +89,12 @@ def test_live_sweep_runs_a_sweep_through_the_view(tmp_path):
     df = V.live_sweep(H.square, {"x": [1, 2, 3], "note": ["a", "b"]}, "y", x="x", y="note", display=False,
                       store=tmp_path, progress=False, on_result=seen.append)
     assert len(df) == 6 and sorted(df["y"]) == [1, 1, 4, 4, 9, 9] and len(seen) == 6
+
+
+def test_pareto_counts_get_whole_number_ticks():
+    """A count on an axis (num_preemptions; float once a failed point left a NaN) ticks at whole numbers."""
+    from paged.viz.check import figure_problems
+    df = table().assign(num_preemptions=[0, 1, 2, 3] * 3 + [None])
+    fig = V.pareto(df, "num_preemptions", "tp", maximize=["tp"], minimize=["num_preemptions"])
+    assert figure_problems(fig) == [] and fig.layout.xaxis.dtick == 1
+    assert fig.layout.yaxis.dtick is None  # throughput is not a count

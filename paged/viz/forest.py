@@ -23,6 +23,8 @@ from plotly.subplots import make_subplots
 
 from paged.connect import misses as M
 
+from .sizing import count_axis
+
 STATE_COLORS = {"live": "#3b6fb6", "evicted": "#e6550d", "cleared": "#bdbdbd"}
 MISS_COLORS = {M.HIT: "#2ca25f", M.HIT_HOST: "#99d8c9", M.CACHED: "#2ca25f", M.PARTIAL: "#d9d9d9",
                M.LAST_BLOCK: "#c7e9c0", M.NEVER_SEEN: "#9ecae1", M.EVICTED: "#e6550d",
@@ -106,7 +108,9 @@ def server_vs_engine(server: pd.DataFrame | None, engines: Mapping[str, pd.DataF
         fig.add_trace(go.Scatter(x=t, y=rate, name=f"{name} hit rate", line=dict(color=c)), row=1, col=2)
     fig.update_yaxes(range=[0, 1.02], row=1, col=1, secondary_y=False)
     fig.update_yaxes(range=[0, 1.02], row=1, col=2)
-    fig.update_yaxes(title_text="cached blocks", row=1, col=1, secondary_y=True, rangemode="tozero")
+    # whole blocks: integer ticks from 0 (a live view rebuilds this figure, so the known maximum is current)
+    blocks = float(server["live_blocks"].max()) if server is not None and len(server) else None
+    fig.update_yaxes(title_text="cached blocks", row=1, col=1, secondary_y=True, **count_axis(blocks))
     fig.update_xaxes(title_text="seconds")
     fig.update_layout(title=title, height=340, margin=dict(l=40, r=40, t=60, b=40), legend=dict(orientation="h"))
     return fig
@@ -144,6 +148,7 @@ def miss_map(misses: pd.DataFrame, *, max_requests: int = 40, title: str = "why 
     fig.update_layout(title=title, xaxis_title="prompt block", yaxis=dict(autorange="reversed"),
                       height=max(220, 24 * len(reqs) + 120), margin=dict(l=80, r=10, t=50, b=40),
                       plot_bgcolor="#ffffff")
+    fig.update_xaxes(**count_axis(float(nblk - 1) if nblk else None))  # block indices: no tick at 0.5
     return fig
 
 

@@ -30,6 +30,7 @@ import plotly.graph_objects as go
 from paged.errors import ConfigError
 
 from .buffers import widgets_available
+from .sizing import count_axis
 
 __all__ = ["heatmap", "heatmap_data", "parallel_coordinates", "pareto", "SweepView", "live_sweep", "KINDS"]
 
@@ -118,6 +119,13 @@ def parallel_coordinates(df: pd.DataFrame, dims: Sequence[str], color: str, titl
     return fig
 
 
+def _is_count(s: pd.Series) -> bool:
+    """A column of counts: integers, or a ``num_...`` column (float once a failed point left a NaN in it)."""
+    if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
+        return False
+    return pd.api.types.is_integer_dtype(s) or str(s.name).startswith("num_")
+
+
 def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), minimize: Sequence[str] = (),
            color: str | None = None, hover: Sequence[str] = (), title: str | None = None) -> go.Figure:
     """Every ok point (``y`` against ``x``), the Pareto-optimal ones over ``maximize``/``minimize``
@@ -147,6 +155,9 @@ def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), mi
     objectives = ", ".join([f"max {m}" for m in maximize] + [f"min {m}" for m in minimize])
     fig.update_layout(title=title or f"Pareto front ({objectives})", xaxis_title=x, yaxis_title=y, height=450,
                       legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"))  # clear of the colour bar
+    for col, update in ((x, fig.update_xaxes), (y, fig.update_yaxes)):
+        if _is_count(d[col]):  # num_preemptions and the like: whole-number ticks
+            update(**count_axis(float(d[col].max()) if len(d) else None))
     return fig
 
 
