@@ -188,7 +188,7 @@ def test_tour_names_the_real_cli_commands() -> None:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     commands = set(sub.choices)
-    mentioned = set(re.findall(r"`(\w+)` \(", _cells("00", "markdown")[-1]))
+    mentioned = set(re.findall(r"`([\w-]+)` \(", _cells("00", "markdown")[-1]))
     assert mentioned and mentioned == commands, (mentioned, commands)
 
 
