@@ -80,14 +80,16 @@ def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, 
         for rot, sym, label in (("on", "diamond", "llama.cpp (rotation on, its default)"),
                                 ("off", "x", "llama.cpp (rotation off)")):
             g = llama[(llama.rotation == rot) & (llama[metric] > 0)].sort_values("bits_per_value")
-            if len(g):
-                fig.add_scatter(x=g.bits_per_value, y=g[metric], mode="markers+text+lines", text=g.format,
-                                name=label, marker=dict(symbol=sym, size=10), textposition="bottom center",
-                                line=dict(width=1),
-                                hovertemplate="%{text}<br>%{x:.3g} bits/value<br>" + metric
+            if len(g):  # 'q8_0/q8_0' reads 'q8_0'; only the default (rotation on) is labelled on the plot
+                names = [k if k == v else f"{k}/{v}" for k, _, v in g.format.str.partition("/").values]
+                fig.add_scatter(x=g.bits_per_value, y=g[metric], mode="markers+text+lines" if rot == "on"
+                                else "markers+lines", text=names, name=label, marker=dict(symbol=sym, size=10),
+                                textposition="bottom center", line=dict(width=1),
+                                hovertemplate="llama.cpp %{text}<br>%{x:.3g} bits/value<br>" + metric
                                 + " %{y:.3g}<extra></extra>")
     fig.update_layout(title=title, xaxis_title="bits per value (K and V mean; scales, zeros, staging at 2k context)",
-                      yaxis_title=metric, yaxis_type="log", height=500)
+                      yaxis_title="mean KL divergence vs fp32 (log)" if metric == "kld_mean" else metric,
+                      yaxis=dict(type="log", dtick=1), height=500)
     return fig
 
 
