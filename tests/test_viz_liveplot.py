@@ -27,6 +27,20 @@ def test_state_holds_the_figure_and_one_shared_plotly_js() -> None:
     assert len(p._esm) < 4000  # small: loads well inside anywidget's 2 s start-up window
 
 
+def test_frames_travel_on_a_plain_ipywidgets_model() -> None:
+    """anywidget 0.11 drops every message to a model whose start-up missed its 2-s window (a page whose main
+    thread is busy evaluating plotly.js): the frames go to a base WidgetModel, which nothing gates."""
+    import anywidget
+    p = LivePlot(go.Figure(go.Scatter(x=[0], y=[1])))
+    st = p._figure_state
+    assert not isinstance(st, anywidget.AnyWidget)
+    assert (st._model_module, st._model_name, st._view_name) == ("@jupyter-widgets/base", "WidgetModel", None)
+    assert p.get_state()["_figure_state"] == f"IPY_MODEL_{st.model_id}" and "_figure" not in p.get_state()
+    assert 'model.get("_figure_state")' in p._esm and 'state.on("change:figure"' in p._esm
+    p.close()
+    assert st.comm is None  # closed with its plot
+
+
 def test_a_closed_library_is_made_again() -> None:
     from paged.viz.liveplot import plotly_library
     lib = plotly_library()
@@ -38,7 +52,7 @@ def test_a_closed_library_is_made_again() -> None:
 def test_batch_update_sends_the_whole_figure_once() -> None:
     p = LivePlot(go.Figure(go.Scatter(x=[0], y=[0])))
     sent = []
-    p.observe(lambda ch: sent.append(json.loads(ch["new"])), "_figure")
+    p._figure_state.observe(lambda ch: sent.append(json.loads(ch["new"])), "figure")
     with p.batch_update():
         p.data[0].x, p.data[0].y = [0, 1, 2], [3, 4, 5]
         p.layout.title.text = "step 3"

@@ -175,8 +175,9 @@ class Dashboard:
             with figs["grid"].batch_update():
                 figs["grid"].data[0].z, figs["grid"].data[0].text = g["z"], g["text"]
                 figs["grid"].data[1].x, figs["grid"].data[1].y = g["hl_x"], g["hl_y"]
-                figs["grid"].layout.title.text = (f"pool at {when} ({snap.num_blocks}×{snap.block_size}"
-                                                  f" tokens): {_counts(snap)}")
+                # the counts as a subtitle: on one line they ran past the figure's edge and under the modebar
+                figs["grid"].layout.title.text = f"pool at {when} ({snap.num_blocks}×{snap.block_size} tokens)"
+                figs["grid"].layout.title.subtitle.text = _counts(snap)
         if "tables" in figs:
             t = F.tables_data(snap, table_rows(run, self.max_requests), self.selected)
             with figs["tables"].batch_update():

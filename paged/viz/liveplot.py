@@ -8,13 +8,20 @@ of that model -- including the figure's data, which plotly sends as an update ri
 comm opens. The plot stays an empty pair of axes for good (seen in JupyterLab on the 2-core CI
 machine; reproduced deterministically with Chromium's CPU throttling x12).
 
-LivePlot's ESM is a few hundred bytes (ready in milliseconds). plotly.js (the copy plotly.py
-ships, ~4.8 MB) lives in ONE hidden ``PlotlyLibrary`` widget per kernel that every LivePlot
-references, so it crosses the websocket once per page (not once per plot) and is evaluated once,
-in the first view's render, outside the 2-s window. The figure is in the state the comm opens with, and every frame sends the whole
-figure as one JSON string (``batch_update`` -> one message); the view redraws with
-``Plotly.react`` at most once per animation frame. A view created later (a re-render, a second
-display, Voila) draws the current figure. Clicks come back as messages (``on_click``).
+LivePlot's ESM is a few hundred bytes. plotly.js (the copy plotly.py ships, ~4.8 MB) lives in
+ONE hidden ``PlotlyLibrary`` widget per kernel that every LivePlot references, so it crosses the
+websocket once per page (not once per plot) and is evaluated once, in the first view's render.
+
+A small ESM is not enough on its own: evaluating plotly.js blocks the page's main thread for
+seconds when its CPU is throttled 12-20x, and a LivePlot model that was still starting then
+misses the same 2-s window ("[anywidget] Failed to initialize model."): its view draws the
+opening figure and never another frame. So the frames do not travel as an anywidget trait: the
+figure (one JSON string) is the state of a ``FigureState``, a plain ipywidgets model (the base
+``WidgetModel``, no view, no ESM) that anywidget's start-up cannot gate; the LivePlot references
+it, and its view listens to it. Every frame sends the whole figure as one message
+(``batch_update``); the view redraws with ``Plotly.react`` at most once per animation frame. A
+view created later (a re-render, a second display, Voila) draws the current figure. Clicks come
+back as messages from the view (``on_click``; front-end-to-kernel messages are not gated).
 
 Invariant: ``self.figure`` (a ``go.Figure``) is the truth; the browser shows the last figure sent.
 """
@@ -30,9 +37,9 @@ import plotly
 import plotly.graph_objects as go
 import plotly.io as pio
 import traitlets
-from ipywidgets import widget_serialization
+from ipywidgets import Widget, widget_serialization
 
-__all__ = ["LivePlot", "PlotlyLibrary", "plotly_library"]
+__all__ = ["FigureState", "LivePlot", "PlotlyLibrary", "plotly_library"]
 
 _ESM = r"""
 function loadPlotly(model) {
@@ -49,23 +56,26 @@ function loadPlotly(model) {
   return globalThis.__pagedPlotly;
 }
 async function render({ model, el }) {
+  // the frames arrive on a plain ipywidgets model (FigureState), not on this anywidget's own
+  const ref = String(model.get("_figure_state") || "").replace(/^IPY_MODEL_/, "");
+  const state = await model.widget_manager.get_model(ref);
   const Plotly = await loadPlotly(model);
   const div = document.createElement("div");
   el.appendChild(div);
   let queued = false;
   const draw = () => {
     queued = false;
-    const fig = JSON.parse(model.get("_figure") || "{}");
+    const fig = JSON.parse(state.get("figure") || "{}");
     Plotly.react(div, fig.data || [], fig.layout || {}, { displaylogo: false, responsive: true });
   };
   const onChange = () => { if (!queued) { queued = true; requestAnimationFrame(draw); } };
   draw();
-  model.on("change:_figure", onChange);
+  state.on("change:figure", onChange);
   div.on("plotly_click", (ev) => {
     const p = ev && ev.points && ev.points[0];
     if (p) model.send({ event: "click", x: p.x, y: p.y, curve: p.curveNumber });
   });
-  return () => { model.off("change:_figure", onChange); Plotly.purge(div); };
+  return () => { state.off("change:figure", onChange); Plotly.purge(div); };
 }
 export default { render };
 """
@@ -99,18 +109,27 @@ def plotly_library() -> PlotlyLibrary:
     return _shared
 
 
+class FigureState(Widget):
+    """A figure's JSON as the state of a plain ipywidgets model (``@jupyter-widgets/base``'s
+    ``WidgetModel``: no view, no ESM), so its updates reach the page even when anywidget's 2-s
+    start-up window rejected the LivePlot's own model."""
+
+    figure = traitlets.Unicode("{}").tag(sync=True)
+
+
 class LivePlot(anywidget.AnyWidget):
     """``LivePlot(fig)``: ``.data`` / ``.layout`` / ``.update_layout`` edit the figure; the
     browser redraws when a ``batch_update()`` block ends (or on ``send()``)."""
 
     _esm = _ESM
-    _figure = traitlets.Unicode("{}").tag(sync=True)
+    _figure_state = traitlets.Instance(FigureState).tag(sync=True, **widget_serialization)
     _library = traitlets.Instance(PlotlyLibrary).tag(sync=True, **widget_serialization)
 
     def __init__(self, fig: go.Figure | dict | None = None) -> None:
         figure = go.Figure(fig)
-        # the figure goes in the state the comm opens with (no first update to lose)
-        super().__init__(_figure=pio.to_json(figure, validate=False), _library=plotly_library())
+        # the figure goes in the state its model opens with (no first update to lose)
+        state = FigureState(figure=pio.to_json(figure, validate=False))
+        super().__init__(_figure_state=state, _library=plotly_library())
         self.figure = figure
         self._depth = 0
         self._click: list[Callable[[float, float, int], None]] = []
@@ -145,9 +164,18 @@ class LivePlot(anywidget.AnyWidget):
             if self._depth == 0:
                 self.send_figure()
 
+    @property
+    def _figure(self) -> str:
+        """The JSON the browser has been sent last."""
+        return self._figure_state.figure
+
     def send_figure(self) -> None:
         if self._depth == 0:
-            self._figure = pio.to_json(self.figure, validate=False)
+            self._figure_state.figure = pio.to_json(self.figure, validate=False)
+
+    def close(self) -> None:
+        self._figure_state.close()
+        super().close()
 
     def on_click(self, callback: Callable[[float, float, int], None]) -> None:
         """``callback(x, y, trace_index)`` for each click on a point of the plot."""

@@ -173,8 +173,8 @@ def block_grid(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokeniz
     per = f" · {k} blocks per cell" if k > 1 else ""
     fig.update_layout(title=title or f"block pool at step {snap.step}: {snap.num_blocks:,} blocks of "
                                      f"{snap.block_size} tokens{per}{pages}",
-                      height=heatmap_height(d["rows"], row_px=row_px, top=50, bottom=30 if d["dense"] else 60),
-                      margin=dict(l=30, r=10, t=50, b=30 if d["dense"] else 60),
+                      height=heatmap_height(d["rows"], row_px=row_px, top=62, bottom=30 if d["dense"] else 60),
+                      margin=dict(l=30, r=10, t=62, b=30 if d["dense"] else 60),  # room for a subtitle (counts)
                       legend=dict(orientation="h", y=0, yanchor="top", x=0), plot_bgcolor="white")
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False,
                      range=[-0.5 if k == 1 else -k / 2, d["cols"] * k - (0.5 if k == 1 else k / 2)])

@@ -52,7 +52,8 @@ class ReplayView:
             g = F.grid_data(snap, self.cols, 0, None, None)
             with self.figures["grid"].batch_update():
                 self.figures["grid"].data[0].z, self.figures["grid"].data[0].text = g["z"], g["text"]
-                self.figures["grid"].layout.title.text = f"replay: block pool at step {step} · {_counts(snap)}"
+                self.figures["grid"].layout.title.text = f"replay: block pool at step {step}"
+                self.figures["grid"].layout.title.subtitle.text = _counts(snap)
         if "tables" in self.figures:
             t = F.tables_data(snap, self.max_requests)
             with self.figures["tables"].batch_update():
