@@ -30,15 +30,17 @@ def test_prefix_forest_icicle_has_one_cell_per_node_with_parents_and_states():
     df = small_forest().frame(now=3.0, tokenizer=Tok())
     fig = V.prefix_forest(df)
     ic = fig.data[0]
-    assert list(ic.ids) == ["0", "1", "2", "3"] and list(ic.parents) == ["", "0", "0", ""]
+    root = V.ROOT_ID  # the cache's own row: a forest's implicit root would be an empty band
+    assert list(ic.ids) == ["0", "1", "2", "3", root] and list(ic.parents) == [root, "0", "0", root, ""]
     assert list(ic.marker.colors) == [V.STATE_COLORS["live"], V.STATE_COLORS["evicted"], V.STATE_COLORS["live"],
-                                      V.STATE_COLORS["live"]]
+                                      V.STATE_COLORS["live"], V.ROOT_COLOR]
+    assert ic.labels[-1] == V.ROOT_LABEL
     assert ic.labels[0] == "t1 t2" and "stored 1x, removed 1x" in ic.hovertext[1]
     assert "3 live, 1 evicted" in fig.layout.title.text
     live_only = V.prefix_forest(df, show_removed=False)
-    assert list(live_only.data[0].ids) == ["0", "2", "3"]
+    assert list(live_only.data[0].ids) == ["0", "2", "3", root]
     capped = V.prefix_forest(df, max_nodes=1)  # the newest node and its ancestors
-    assert list(capped.data[0].ids) == ["3"]
+    assert list(capped.data[0].ids) == ["3", root]
 
 
 def test_server_vs_engine_draws_both_sides():
@@ -76,9 +78,9 @@ def test_server_view_redraws_from_a_live_source(tmp_path):
         pub.publish([BlockStored((1, 2), None, (1, 2, 3, 4), 2)])
         assert src.wait_until(lambda s: s.forest.live, 5)
         view.refresh()
-        assert list(view.figures["forest"].data[0].ids) == ["0", "1"] and view.frames == 1
+        assert list(view.figures["forest"].data[0].ids) == ["0", "1", V.ROOT_ID] and view.frames == 1
         if view.plots:  # widgets present: the LivePlot holds the new figure
-            assert list(view.plots["forest"].figure.data[0].ids) == ["0", "1"]
+            assert list(view.plots["forest"].figure.data[0].ids) == ["0", "1", V.ROOT_ID]
             assert "forest_live=2" in view.status.value
 
 

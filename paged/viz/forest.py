@@ -1,7 +1,7 @@
 """Views of a real server (paged.connect): the prefix forest, usage and hit rate beside our engine,
 the miss map; and ``ServerView``, the live dashboard that redraws them while the server runs.
 
-    fig = prefix_forest(src.forest_frame())              # icicle: roots on top, one cell per block
+    fig = prefix_forest(src.forest_frame())              # icicle: the cache on top, one cell per block
     fig = server_vs_engine(src.server_frame(), {"ours": engine_steps_df})
     fig = miss_map(ledger.frame())                        # requests x blocks, colored by reason
     view = ServerView(src, engine_run=run); view          # LivePlots, redrawn at <= fps
@@ -39,12 +39,18 @@ def _short(text: Any, n: int = 18) -> str:
     return t if len(t) <= n else t[:n - 1] + "…"
 
 
+ROOT_ID = "cache"
+"""The icicle's root cell: the prefix cache itself, parent of every chain's first block."""
+ROOT_COLOR = "#e8e8e8"
+ROOT_LABEL = "prefix cache: below it, each chain of cached blocks, its first block on top"
+
+
 def prefix_forest(frame: pd.DataFrame, *, max_nodes: int = 600, title: str = "prefix forest",
                   show_removed: bool = True) -> go.Figure:
-    """An icicle of the forest (``PrefixForest.frame``): roots on top, each block one cell under
-    its parent, labelled with its decoded tokens; blue live, orange evicted, grey cleared, hover
-    with hash, age, times stored and removed. At most ``max_nodes`` nodes (the newest are kept,
-    with their ancestors)."""
+    """An icicle of the forest (``PrefixForest.frame``): a row for the cache on top, then each
+    chain's first block, each block one cell under its parent, labelled with its decoded tokens;
+    blue live, orange evicted, grey cleared, hover with hash, age, times stored and removed. At
+    most ``max_nodes`` nodes (the newest are kept, with their ancestors)."""
     df = frame if show_removed else frame[frame["state"] == "live"]
     if len(df) > max_nodes:
         keep = set(df["node_id"].iloc[-max_nodes:])
@@ -59,7 +65,7 @@ def prefix_forest(frame: pd.DataFrame, *, max_nodes: int = 600, title: str = "pr
     labels, parents, colors, hover = [], [], [], []
     for r in df.itertuples(index=False):
         p = r.parent_id
-        parents.append(str(int(p)) if p is not None and not pd.isna(p) and int(p) in ids else "")
+        parents.append(str(int(p)) if p is not None and not pd.isna(p) and int(p) in ids else ROOT_ID)
         labels.append(f"{_short(r.text) or r.hash[-6:]}")
         colors.append(STATE_COLORS.get(r.state, "#999999"))
         removed = "" if r.removed_s is None or (isinstance(r.removed_s, float) and math.isnan(r.removed_s)) \
@@ -67,11 +73,16 @@ def prefix_forest(frame: pd.DataFrame, *, max_nodes: int = 600, title: str = "pr
         hover.append(f"node {r.node_id} · {r.state}<br>hash {r.hash}<br>depth {r.depth}, {r.num_tokens} tokens"
                      f"<br>age {r.age_s:.1f} s, stored {r.times_stored}x, removed {r.times_removed}x{removed}"
                      f"<br>{(r.text or '')[:80]!r}")
-    fig = go.Figure(go.Icicle(ids=[str(int(n)) for n in df["node_id"]], labels=labels, parents=parents,
-                              marker=dict(colors=colors), hovertext=hover, hoverinfo="text",
-                              tiling=dict(orientation="v"), root=dict(color="#ffffff"), maxdepth=-1))
     counts = df["state"].value_counts()
     summary = ", ".join(f"{counts.get(s, 0)} {s}" for s in ("live", "evicted", "cleared"))
+    # an explicit root row over the chains' first blocks (a forest's implicit root is an empty band)
+    root = [ROOT_ID] if len(df) else []
+    fig = go.Figure(go.Icicle(ids=[str(int(n)) for n in df["node_id"]] + root,
+                              labels=labels + [ROOT_LABEL] * len(root),
+                              parents=parents + [""] * len(root),
+                              marker=dict(colors=colors + [ROOT_COLOR] * len(root)),
+                              hovertext=hover + ["the prefix cache; below it, each chain's first block"] * len(root),
+                              hoverinfo="text", tiling=dict(orientation="v"), maxdepth=-1))
     fig.update_layout(title=f"{title} ({summary})", margin=dict(l=10, r=10, t=40, b=10), height=420)
     return fig
 
