@@ -82,6 +82,19 @@ def test_snapshots_stay_within_the_cap_and_keep_the_moments() -> None:
         run.keep_snapshots(1, max_snapshots=1)
 
 
+def test_a_step_without_its_own_snapshot_is_shown_and_named_as_the_kept_one() -> None:
+    """The status line and the grid name the same step: the snapshot's, not the one asked for."""
+    pytest.importorskip("anywidget")
+    from paged.viz import live
+    run = _sim_run().keep_snapshots(5)  # every 5th step (and the key moments)
+    dash = live.Dashboard(run, views=("grid",))
+    dash.run_to_completion()
+    gap = next(s for s in range(2, len(run.rows)) if s not in run.snapshots)
+    dash.show_step(gap)
+    kept = run.snapshot_at(gap).step
+    assert kept < gap and dash.viewing == kept and f"step {kept} (replayed)" in dash.figures["grid"].layout.title.text
+
+
 def test_finished_dashboard_tells_its_story_and_reset_clears_it() -> None:
     pytest.importorskip("anywidget")
     from paged.viz import live

@@ -187,13 +187,15 @@ class Dashboard:
 
     def show_step(self, step: int) -> None:
         """Show the pool as it was after `step` (its kept snapshot; the nearest earlier one if it
-        kept none): what a click on a key moment or the replay player does. Pauses a playing run."""
+        kept none, and then `viewing` is that one's step): what a click on a key moment or the
+        replay player does. Pauses a playing run."""
         if self.no_widgets is not None or not self.run.snapshots:
             return
         if self._playing:
             self.pause()
-        self.viewing = step
-        self._draw_pool(lambda: self.run.snapshot_at(step), step)
+        snap = self.run.snapshot_at(step)
+        self.viewing = snap.step  # the status line names the step the grid shows
+        self._draw_pool(lambda: snap, step)
         self._status()
 
     def _on_grid_click(self, x, y, trace: int = 0) -> None:
