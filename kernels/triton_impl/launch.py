@@ -105,6 +105,19 @@ def decode_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tens
     return out, lse
 
 
+def prefill_geometry(hq: int, h: int, query_start_loc: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """A prefill's launch shape: (query heads per KV head, its power-of-two padding, queries per
+    program (at least 16 rows with the padding), keys per inner step, query blocks of the longest
+    query). Reading the longest query is the launch's one host sync."""
+    group = hq // h
+    gp = pow2(group)
+    block_q = max(1, (16 if INTERPRETED else 64) // gp)
+    if block_q * gp < 16:
+        block_q = 16 // gp
+    max_q = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    return group, gp, block_q, 16 if INTERPRETED else 64, triton.cdiv(max_q, block_q)
+
+
 def prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                    query_start_loc: torch.Tensor, scale: float | None) -> torch.Tensor:
     """Prefill/extend over a variable-length batch (one host sync for the longest query)."""
@@ -114,15 +127,9 @@ def prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Ten
     if t == 0 or n == 0:
         return out
     h, bs = layer.num_kv_heads, layer.block_size
-    group = hq // h
-    gp = pow2(group)
-    block_q = max(1, (16 if INTERPRETED else 64) // gp)
-    if block_q * gp < 16:
-        block_q = 16 // gp
-    max_q = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    block_n = 16 if INTERPRETED else 64
+    group, gp, block_q, block_n, q_blocks = prefill_geometry(hq, h, query_start_loc)
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    prefill_kernel[(n, h, triton.cdiv(max_q, block_q))](
+    prefill_kernel[(n, h, q_blocks)](
         q.contiguous(), *_side(layer), block_tables, seq_lens, query_start_loc, out, sm_scale,
         block_tables.stride(0), HQ=hq, H=h, D=d, NG=_num_groups(layer), BS=bs, GROUP=group, GP=gp,
         BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=max(16, pow2(d)), FMT=layer.kv_format.code,

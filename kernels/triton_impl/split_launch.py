@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..cache import KVCacheLayer
 from ..format_table import CODE_PLAIN
 from .attention import decode_merge_kernel
-from .common import INTERPRETED
-from .launch import decode_geometry, dot_code, pow2
+from .launch import decode_geometry, dot_code, pow2, prefill_geometry
 from .split_attention import split_decode_kernel, split_prefill_kernel
 
 
@@ -66,16 +64,10 @@ def split_prefill_triton(q: torch.Tensor, layer: KVCacheLayer, block_tables: tor
     if t == 0 or n == 0:
         return out
     h, bs = layer.num_kv_heads, layer.block_size
-    group = hq // h
-    gp = pow2(group)
-    block_q = max(1, (16 if INTERPRETED else 64) // gp)
-    if block_q * gp < 16:
-        block_q = 16 // gp
-    max_q = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    block_n = 16 if INTERPRETED else 64
+    group, gp, block_q, block_n, q_blocks = prefill_geometry(hq, h, query_start_loc)
     ptrs, const = _args(layer)
     fmt = layer.kv_format
-    split_prefill_kernel[(n, h, triton.cdiv(max_q, block_q))](
+    split_prefill_kernel[(n, h, q_blocks)](
         q.contiguous(), *ptrs, block_tables, seq_lens, query_start_loc, out, scale, block_tables.stride(0),
         fmt.sink, fmt.window, HQ=hq, H=h, D=d, BS=bs, GROUP=group, GP=gp, BLOCK_Q=block_q, BLOCK_N=block_n,
         BLOCK_D=max(16, pow2(d)), DOT=dot_code(q.dtype, q.device), **const)
