@@ -10,6 +10,7 @@ environment variable ``PAGED_KERNEL_CHECKS=1`` is set (one sync per call; for de
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 
@@ -164,9 +165,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLaye
     return prefill_triton(q, layer, bt, sl, qsl, scale)
 
 
+def _softmax_scale(q: torch.Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
 def _split_decode(q, layer, bt, sl, scale, be, num_splits):
-    import math
-    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    sc = _softmax_scale(q, scale)
     if be == "torch":
         from .split import split_decode_ref
         return split_decode_ref(q, layer, bt, sl, sc)[0]
@@ -175,8 +179,7 @@ def _split_decode(q, layer, bt, sl, scale, be, num_splits):
 
 
 def _split_prefill(q, layer, bt, sl, qsl, scale, be):
-    import math
-    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    sc = _softmax_scale(q, scale)
     if be == "torch":
         from .split import split_prefill_ref
         return split_prefill_ref(q, layer, bt, sl, qsl, sc)
@@ -228,7 +231,6 @@ def release_blocks(layer: KVCacheLayer, block_ids) -> None:
     if layer.staging is not None or layer.sink is not None:
         from .kivi_cache import release
         release(layer, block_ids)
-
 
 
 def release_window(layer: KVCacheLayer, block_ids) -> None:

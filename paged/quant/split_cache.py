@@ -18,12 +18,10 @@ import math
 import torch
 
 from kernels import get_format
-from kernels.format_table import CODE_KIVI
+from kernels.format_table import CODE_KIVI, FRONT  # FRONT: alias -> split format, the served front
 from kernels.split import attend_split, cb_dequantize, cb_quantize, kivi_dequantize, kivi_quantize, rope, unrope
 
 __all__ = ["SplitCache", "Served", "tables_for", "served_bits", "FRONT"]
-
-from kernels.format_table import FRONT  # noqa: E402  (alias -> split format: the served front)
 
 
 class Served:
