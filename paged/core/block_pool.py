@@ -176,11 +176,6 @@ class BlockPool:
             self.num_filled_slots += num_filled - block.num_filled
             block.num_filled = num_filled
 
-    def add_filled_slots(self, n: int) -> None:
-        """Count ``n`` more slots holding tokens in used blocks whose ``num_filled`` the caller
-        raised itself (the manager's decode lane: ``fill`` inlined, reported once per run)."""
-        self.num_filled_slots += n
-
     def fill_span(self, blocks: list[Block], first: int, end: int, block_size: int) -> None:
         """``fill(blocks[i], min(block_size, end - i * block_size))`` for every block holding a
         position below ``end`` from index ``first`` on (one call for a chunk's blocks)."""

@@ -22,7 +22,26 @@ from .request import Request
 from .swap_space import SwapSpace
 from paged.errors import ConfigError, InvalidRequestError
 
-__all__ = ["KVCacheParts"]
+__all__ = ["KVCacheParts", "check_request_fits"]
+
+
+def check_request_fits(request: Request, max_model_len: int, block_size: int, num_blocks: int) -> None:
+    """Raise InvalidRequestError if `request` can never fit a cache of ``num_blocks`` blocks of
+    ``block_size`` tokens with context ``max_model_len`` (every KV cache's admission rule)."""
+    total = request.max_total_tokens
+    if request.num_prompt_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"prompt of {request.num_prompt_tokens} tokens exceeds max_model_len={max_model_len}; "
+            "raise max_model_len or truncate the prompt")
+    if total > max_model_len:
+        raise InvalidRequestError(
+            f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.max_tokens}) = {total} exceeds "
+            f"max_model_len={max_model_len}; lower max_tokens or raise max_model_len")
+    need = -(-total // block_size)
+    if need > num_blocks:
+        raise InvalidRequestError(
+            f"request needs up to {need} blocks of {block_size} tokens but the pool has only "
+            f"{num_blocks}; give the cache more blocks or lower max_tokens")
 
 
 class KVCacheParts:
@@ -58,20 +77,7 @@ class KVCacheParts:
     # ---- checks on input ---------------------------------------------------------
     def check_request(self, request: Request) -> None:
         """Raise InvalidRequestError if `request` can never be served by this cache."""
-        total = request.max_total_tokens
-        if request.num_prompt_tokens > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt of {request.num_prompt_tokens} tokens exceeds max_model_len={self.max_model_len}; "
-                "raise max_model_len or truncate the prompt")
-        if total > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.max_tokens}) = {total} exceeds "
-                f"max_model_len={self.max_model_len}; lower max_tokens or raise max_model_len")
-        need = -(-total // self.block_size)
-        if need > self.num_blocks:
-            raise InvalidRequestError(
-                f"request needs up to {need} blocks of {self.block_size} tokens but the pool has only "
-                f"{self.num_blocks}; give the cache more blocks or lower max_tokens")
+        check_request_fits(request, self.max_model_len, self.block_size, self.num_blocks)
 
     # ---- counts ------------------------------------------------------------------
     @property
@@ -89,6 +95,10 @@ class KVCacheParts:
     @property
     def num_free_cpu_blocks(self) -> int:
         return self.swap_space.num_free
+
+    @property
+    def has_host_tier(self) -> bool:
+        return self.host is not None
 
     @property
     def num_host_cached_blocks(self) -> int:
