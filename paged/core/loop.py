@@ -29,7 +29,7 @@ from .record import StepRecord
 from .request import Request
 from .scheduler import Scheduler
 
-__all__ = ["Clock", "Executed", "Executor", "Step", "StepLoop", "StepObserver"]
+__all__ = ["Clock", "Executed", "Executor", "MemoryOnlyExecutor", "Step", "StepLoop", "StepObserver"]
 
 
 @dataclass(slots=True)
@@ -51,6 +51,20 @@ class Executor(Protocol):
     executes_empty_plans: bool
 
     def execute(self, plan: SchedulerOutput) -> Executed: ...
+
+
+class MemoryOnlyExecutor:
+    """An executor for studies that watch memory only: each sampling chunk's token is
+    ``token(request_id)``, and no time passes."""
+
+    executes_empty_plans = False
+
+    def __init__(self, token: Callable[[str], int]) -> None:
+        self.token = token
+
+    def execute(self, plan: SchedulerOutput) -> Executed:
+        b = plan.batch
+        return Executed({r.request_id: self.token(r.request_id) for r, x in zip(b.requests, b.samples) if x}, 0.0)
 
 
 class Clock(Protocol):
