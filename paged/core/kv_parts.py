@@ -58,21 +58,20 @@ class KVCacheParts:
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 1):
             raise ConfigError(f"max_model_len must be a positive integer or None, got {max_model_len!r}")
         self.recorder = recorder if recorder is not None else ev.NullRecorder()
-        self.pool = BlockPool(num_blocks, eviction=eviction, recorder=self.recorder)
+        self.host: HostTier | None = None  # with a host tier, the pool offers it each block it evicts
+        if host_tier or host_tier_threshold != 1.0:
+            check_host_tier_config(host_tier, host_tier_threshold, num_cpu_blocks, enable_prefix_caching)
+            self.host = HostTier(self.swap_space.free, eviction=host_eviction, recorder=self.recorder)
+        self.host_tier_threshold = host_tier_threshold
+        self.pool = BlockPool(num_blocks, eviction=eviction, recorder=self.recorder,
+                              on_evict=self.host.demote if self.host is not None else None)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len if max_model_len is not None else num_blocks * block_size
-        self.prefix = PrefixIndex(self.pool, block_size, hash_fn)
+        self.prefix = PrefixIndex(self.pool, block_size, hash_fn, host=self.host)
         self.hasher = self.prefix.hasher
-        self.host: HostTier | None = None
-        self.host_tier_threshold = host_tier_threshold
-        if host_tier or host_tier_threshold != 1.0:
-            check_host_tier_config(host_tier, host_tier_threshold, num_cpu_blocks, enable_prefix_caching)
-            self.host = HostTier(self.swap_space.free, eviction=host_eviction, recorder=self.recorder)
-            self.pool.on_evict = self.host.demote
-            self.prefix.host = self.host
 
     # ---- checks on input ---------------------------------------------------------
     def check_request(self, request: Request) -> None:
