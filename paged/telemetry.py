@@ -48,26 +48,12 @@ REQUEST_COLUMNS = ("request_id", "arrival_time_s", "num_prompt_tokens", "num_out
 EVENT_COLUMNS = ["step", "kind", "request_id", "block_id", "value"]
 
 
-def step_row(source: Any, **values: Any) -> dict[str, Any]:
-    """The ``STEP_COLUMNS`` row of one step: ``values`` given here, the rest read as attributes
-    of ``source`` (a ``SchedulerOutput`` plus ``time_s``, ``step_time_s``, ``num_finished``; or
-    an engine ``StepOutput``, which has them all)."""
-    return {c: values[c] if c in values else getattr(source, c) for c in STEP_COLUMNS}
-
-
-def _row(x: Any) -> dict[str, Any]:
-    if isinstance(x, dict):
-        return x
-    if hasattr(x, "to_row"):
-        return x.to_row()
-    return x.row
-
-
 def steps_frame(steps: Iterable[Any]) -> "pd.DataFrame":
-    """One row per step, columns ``STEP_COLUMNS`` in order: from step rows (dicts), engine
-    ``StepOutput``s (``.to_row()``) or simulator steps (``.row``)."""
+    """One row per step, columns ``STEP_COLUMNS`` in order: from step rows (dicts), ``StepRecord``s
+    (an engine ``StepOutput`` is one) or the loop's ``Step``s."""
     import pandas as pd
-    return pd.DataFrame([_row(s) for s in steps], columns=list(STEP_COLUMNS))
+    rows = [s if isinstance(s, dict) else s.to_row() if hasattr(s, "to_row") else s.row for s in steps]
+    return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
 
 
 def requests_frame(rows: Iterable[dict[str, Any]]) -> "pd.DataFrame":

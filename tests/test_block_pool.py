@@ -7,7 +7,6 @@ from paged import (BlockPool, BlockStateError, CacheInUseError, ConfigError, Dup
                    InvalidRequestError, KVCacheManager, Recorder, Request, UnknownRequestError)
 from paged.core.plan import Batch
 from paged.engine.batch import build_batch
-from paged.core.scheduler import ScheduledChunk
 from paged import telemetry
 
 

@@ -88,6 +88,11 @@ class Step:
     end_s: float
     schedule_s: float
 
+    @property
+    def row(self) -> dict:
+        """The record as a dict of exactly ``paged.telemetry.STEP_COLUMNS``."""
+        return self.record.to_row()
+
 
 class StepObserver(Protocol):
     """A front's bookkeeping for a step (request stamps, outputs), once the scheduler moved the

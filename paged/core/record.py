@@ -60,7 +60,7 @@ class StepRecord:
                    len(plan.tier_out), len(plan.tier_in), plan.num_host_evicted_blocks, plan.num_host_cached_blocks,
                    plan.host_cache_hits)
 
-    def as_row(self) -> dict[str, Any]:
+    def to_row(self) -> dict[str, Any]:
         """This record as a dict keyed by ``STEP_FIELDS``, in order."""
         return {name: getattr(self, name) for name in STEP_FIELDS}
 

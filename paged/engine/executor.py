@@ -8,7 +8,6 @@ aborts exactly that step's requests (``paged.engine.recovery``) and raises ``Ste
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -16,7 +15,6 @@ import torch
 from paged.core.loop import Executed
 from paged.core.plan import Batch, SchedulerOutput
 from paged.errors import StepFailedError
-from .groups import Groups
 from .recovery import abort_failed_step
 
 __all__ = ["ModelExecutor"]

@@ -16,8 +16,6 @@ import operator
 import time
 from typing import Sequence
 
-import torch
-
 from paged import telemetry
 from paged.checks import is_int
 from paged.core import events as ev
@@ -180,7 +178,7 @@ class LLMEngine:
         r, ph = step.record, step.executed.phases
         schedule_ms, total_ms = step.schedule_s * 1e3, r.step_time_s * 1e3
         finished, failed = self._step_outputs, self._step_failures
-        out = StepOutput(**{**r.as_row(), "num_finished": len(finished)}, plan=step.plan,
+        out = StepOutput(**{**r.to_row(), "num_finished": len(finished)}, plan=step.plan,
                          new_tokens=dict(step.executed.sampled), finished=finished, schedule_ms=schedule_ms,
                          cache_ops_ms=ph["cache_ops_ms"], forward_ms=ph["forward_ms"], prefill_ms=ph["prefill_ms"],
                          decode_ms=ph["decode_ms"],

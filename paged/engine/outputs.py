@@ -1,7 +1,7 @@
 """What the engine hands back: per-request outputs and per-step records.
 
 ``StepOutput`` is the step loop's ``StepRecord`` (the shared record schema, seconds, the same
-fields the simulator's steps have; ``to_row()`` is it as a dict) plus what only a real engine
+fields the simulator's steps have; ``to_row()`` is it as a dict of exactly ``STEP_COLUMNS``) plus what only a real engine
 has: the plan, the sampled tokens, the finished requests' outputs, the events and the measured
 millisecond breakdown.
 """
@@ -81,7 +81,3 @@ class StepOutput(StepRecord):
     @property
     def total_ms(self) -> float:
         return self.step_time_s * 1e3
-
-    def to_row(self) -> dict:
-        """This step as one record: exactly ``paged.telemetry.STEP_COLUMNS``."""
-        return StepRecord.as_row(self)

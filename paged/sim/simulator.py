@@ -30,9 +30,10 @@ import pandas as pd
 from paged import telemetry
 from paged.core.clock import SimulatedClock
 from paged.core.config import build_kv_manager, check_share_map, cpu_pool_blocks
-from paged.core.events import Event, NullRecorder, Recorder
+from paged.core.events import NullRecorder, Recorder
 from paged.core.kv_cache import KVCache
 from paged.core.loop import Step, StepLoop
+from paged.core.record import StepRecord
 from paged.core.request import Request
 from paged.core.scheduler import Scheduler, SchedulerOutput
 from paged.errors import ConfigError, InvalidRequestError, PagedError
@@ -70,16 +71,6 @@ class SimResult:
     recorder: Recorder | None = field(default=None, repr=False)
 
 
-class SimStep:
-    """One simulated step: ``row`` (``paged.telemetry.STEP_COLUMNS``), the step's ``events``
-    (empty unless ``record_events``) and the scheduler's ``plan``."""
-
-    __slots__ = ("row", "events", "plan")
-
-    def __init__(self, row: dict[str, Any], events: list[Event], plan: SchedulerOutput) -> None:
-        self.row, self.events, self.plan = row, events, plan
-
-
 class _ReqStat:
     """Simulated-clock stamps of one trace request (None: not yet)."""
 
@@ -99,7 +90,8 @@ class _ReqStat:
 class Simulator:
     """One simulated deployment (build a new one per run: the scheduler keeps state).
 
-    Steppable: ``for s in sim.iter_steps(trace): ...`` yields a ``SimStep`` per executed step;
+    Steppable: ``for s in sim.iter_steps(trace): ...`` yields the loop's ``Step`` per executed step
+    (``s.record``, ``s.row``, ``s.events``: empty unless ``record_events``, ``s.plan``);
     ``sim.kv``, ``sim.scheduler`` and ``sim.recorder`` may be inspected between steps (not
     changed); ``sim.result()`` summarises what ran so far. ``run(trace)`` does both.
     """
@@ -150,7 +142,7 @@ class Simulator:
         self._stats: list[_ReqStat] = []
         self._rejected: list[tuple[int, str]] = []
         self._tbt = array("d")
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[StepRecord] = []
         self.clock = SimulatedClock()
         self.loop = StepLoop(self.scheduler, RooflineExecutor(self.cost, self.block_bytes), self.clock, observer=self)
         self._done = 0
@@ -183,7 +175,7 @@ class Simulator:
         return self.result()
 
     def iter_steps(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False,
-                   max_steps: int | None = None) -> Iterator[SimStep]:
+                   max_steps: int | None = None) -> Iterator[Step]:
         """Simulate ``trace`` one step at a time, yielding each executed step (see class doc).
 
         Time spent by the consumer between steps is not counted in ``wall_s``."""
@@ -202,11 +194,10 @@ class Simulator:
             if step.record is None:
                 clock.advance_to(self._idle(step.plan, arrivals, clock.now()))
                 continue
-            row = step.record.as_row()
-            self._rows.append(row)
+            self._rows.append(step.record)
             n_steps += 1
             self._wall += time.perf_counter() - wall0
-            yield SimStep(row, step.events, step.plan)
+            yield step
             wall0 = time.perf_counter()
             if max_steps is not None and n_steps >= max_steps:
                 break
@@ -338,5 +329,5 @@ def simulate(trace: pd.DataFrame, config: SimConfig | None = None, progress: boo
     return Simulator(cfg, cost_model).run(trace, progress=progress)
 
 
-__all__ = ["ALLOCATORS", "SimConfig", "SimResult", "SimStep", "Simulator", "SimulationStuck", "simulate",
+__all__ = ["ALLOCATORS", "SimConfig", "SimResult", "Simulator", "SimulationStuck", "simulate",
            "build_cost_model"]
