@@ -19,6 +19,7 @@ one token long.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
@@ -26,6 +27,9 @@ from .block import Block, BlockMapping
 from .request import Request
 
 __all__ = ["Batch", "PoolCounts", "ScheduledChunk", "SchedulerOutput", "is_decode"]
+
+
+_prompt_len = operator.attrgetter("num_prompt_tokens")
 
 
 def is_decode(request: Request, start: int, num_tokens: int, samples: bool) -> bool:
@@ -78,7 +82,7 @@ class Batch:
     """The chunks of one forward pass as columns (see the module docstring). Invariant: the five
     columns have one entry per chunk, in batch order."""
 
-    __slots__ = ("requests", "starts", "num_tokens", "samples", "tables")
+    __slots__ = ("requests", "starts", "num_tokens", "samples", "tables", "_chunk_entries")
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
@@ -86,8 +90,10 @@ class Batch:
         self.num_tokens: list[int] = []
         self.samples: list[bool] = []
         self.tables: list[Sequence[Block]] = []
+        self._chunk_entries: list[int] = []  # entries added by `add` (the others are the lane's decodes)
 
     def add(self, request: Request, start: int, num_tokens: int, samples: bool, table: Sequence[Block]) -> None:
+        self._chunk_entries.append(len(self.requests))
         self.requests.append(request)
         self.starts.append(start)
         self.num_tokens.append(num_tokens)
@@ -109,7 +115,7 @@ class Batch:
 
     def select(self, indices: Sequence[int]) -> "Batch":
         """The entries at ``indices``, in that order (e.g. one of the engine's two passes)."""
-        out = Batch()
+        out = Batch()  # every entry as a chunk (`add`): exact for any mix
         for i in indices:
             out.add(self.requests[i], self.starts[i], self.num_tokens[i], self.samples[i], self.tables[i])
         return out
@@ -132,8 +138,12 @@ class Batch:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(n == 1 and x and s >= r.num_prompt_tokens
-                   for r, s, n, x in zip(self.requests, self.starts, self.num_tokens, self.samples))
+        # every lane entry is one sampling token, a decode iff past its prompt: count "past the prompt"
+        # over all entries at C speed (once per step), then correct the few entries `add` made
+        count = sum(map(operator.ge, self.starts, map(_prompt_len, self.requests)))
+        for i in self._chunk_entries:
+            count += self.is_decode(i) - (self.starts[i] >= self.requests[i].num_prompt_tokens)
+        return count
 
     @property
     def num_sampled(self) -> int:

@@ -290,9 +290,9 @@ class Scheduler:
         stopped_status = RequestStatus.FINISHED_STOPPED
         done: list[tuple[Request, RequestStatus]] = []
         batch = out.batch
-        k = 0
+        req = None
         try:
-            for k, (req, n, samples) in enumerate(zip(batch.requests, batch.num_tokens, batch.samples)):
+            for req, n, samples in zip(batch.requests, batch.num_tokens, batch.samples):
                 if req.status is not running_status:  # aborted or preempted since scheduling
                     continue
                 if samples:
@@ -309,8 +309,8 @@ class Scheduler:
                 else:
                     req.num_computed_tokens += n
         except KeyError:
-            self._undo_update(batch, k)
-            raise PagedError(f"executor returned no token for request {batch.requests[k].request_id!r}; "
+            self._undo_update(batch, req)
+            raise PagedError(f"executor returned no token for request {req.request_id!r}; "
                              "every chunk with samples=True needs one") from None
         if done:
             finished_ids = {id(r) for r, _ in done}
@@ -321,9 +321,11 @@ class Scheduler:
         return [r for r, _ in done]
 
     @staticmethod
-    def _undo_update(batch: Batch, failed: int) -> None:
-        """Take back what ``update`` did to the entries before ``failed`` (nothing finished yet)."""
-        for req, n, samples in zip(batch.requests[:failed], batch.num_tokens, batch.samples):
+    def _undo_update(batch: Batch, failed: Request) -> None:
+        """Take back what ``update`` did to the entries before the one of ``failed`` (nothing finished yet)."""
+        for req, n, samples in zip(batch.requests, batch.num_tokens, batch.samples):
+            if req is failed:
+                return
             if req.status is RequestStatus.RUNNING:
                 req.num_computed_tokens -= n
                 if samples:
