@@ -196,3 +196,22 @@ def test_host_tier_keeps_greedy_outputs_for_a_split_format_without_window(tmp_pa
     tier, st = run(enable_host_tier=True, num_cpu_blocks=16)
     assert tier == base
     assert st["num_tier_out_blocks"].sum() > 0 and st["num_tier_in_blocks"].sum() > 0
+
+
+@pytest.mark.parametrize("fmt", ["fp32/cb4", "bf16/cb4", "fp16/cb3+rot"])
+def test_an_exact_key_side_reads_its_keys_as_stored_and_matches_the_engine(smollm2, ids, fmt):
+    """An fp32/bf16/fp16 K side keeps each key rounded to its storage dtype, nothing else (over two
+    appends, bit for bit), and the study's cache reproduces the engine's prompt NLL for it."""
+    f = kernels.get_format(fmt)
+    cache = SplitCache(fmt, smollm2.model, tables_for(fmt, smollm2.model, for_model(smollm2.model, f, 32), 32), 32)
+    h, d = smollm2.config.num_kv_heads, smollm2.config.head_dim
+    k1, k2 = torch.randn(40, h, d, generator=torch.Generator().manual_seed(0)), torch.randn(7, h, d)
+    for k in (k1, k2):
+        start = 0 if cache.raw[0] is None else cache.raw[0].shape[0]
+        got = cache._keys(0, k.to(f.k_side.storage_dtype).float(), start)
+    want = torch.cat([k1, k2]).to(f.k_side.storage_dtype).float()
+    assert got.shape == want.shape and torch.equal(got, want)
+    n = 150
+    chunk = make_chunks({"kjv": ids[:n]}, smollm2.tokenizer, n, max_chunks=1)[0]
+    engine = chunk_nll(_llm(smollm2, fmt), [chunk])[0]
+    assert np.abs(_study_nll(smollm2, fmt, chunk, n) - engine).max() < 1e-4
