@@ -79,7 +79,10 @@ def test_equal_ids_make_equal_tokens_and_a_partial_block_is_a_prefix():
 def test_synthetic_prompts_from_blocks_use_the_vocabulary():
     toks = SyntheticPrompts(get_model("llama-3.1-8b").vocab_size, seed=0)
     p = toks.from_blocks(np.array([1, 2]), 700, 512)
-    assert len(p) == 700 and min(p) >= 17 and max(p) < 128256 and isinstance(p[0], int)
+    assert len(p) == 700 and min(p) >= 17 and max(p) <= 256 and isinstance(p[0], int)
+    assert len(set(p)) > 200  # the 240 small ids are all in use
+    tiny = SyntheticPrompts(100, seed=0).from_blocks(np.array([1]), 300, 512)
+    assert max(tiny) < 100   # a vocabulary below 257 ids bounds them
 
 
 # ---- loading and checking ---------------------------------------------------------------------

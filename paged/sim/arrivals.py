@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from paged.sim.content_blocks import BLOCK_COLUMN, block_tokens, content_block_size
+from paged.sim.content_blocks import BLOCK_COLUMN, SMALL_TOKEN_HI, block_tokens, content_block_size
 
 __all__ = ["Arrivals", "SyntheticPrompts"]
 
 
 class SyntheticPrompts:
-    """Seeded synthetic prompt token ids in ``[17, vocab_size)``; shared prefixes and equal
-    content blocks are identical across requests."""
+    """Seeded synthetic prompt token ids in ``[17, vocab_size)`` (content blocks: ``[17, 257)``);
+    shared prefixes and equal content blocks are identical across requests."""
 
     def __init__(self, vocab_size: int, seed: int) -> None:
         self.lo, self.hi = 17, max(vocab_size, 18)
@@ -37,8 +37,10 @@ class SyntheticPrompts:
         return np.concatenate([pre[:prefix_tokens], own]).tolist()
 
     def from_blocks(self, ids: np.ndarray, n: int, block_size: int) -> list[int]:
-        """The ``n`` tokens of content blocks ``ids`` of ``block_size`` tokens each."""
-        return block_tokens(ids, n, block_size, seed=self.seed, lo=self.lo, hi=self.hi).tolist()
+        """The ``n`` tokens of content blocks ``ids`` of ``block_size`` tokens each, in
+        ``[17, min(vocab_size, 257))`` (small ints: see ``paged.sim.content_blocks``)."""
+        hi = min(self.hi, SMALL_TOKEN_HI)
+        return block_tokens(ids, n, block_size, seed=self.seed, lo=self.lo, hi=hi).tolist()
 
 
 class Arrivals:

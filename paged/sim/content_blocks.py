@@ -8,9 +8,13 @@ blocks; FAST'25, ``kvcache-ai/Mooncake``, ``FAST25-release/traces``). Invariants
 ``[0, 2**63)``, and no ``prefix_id`` beside it (one way of naming shared content per row).
 
 Prompt tokens are made from the ids (``block_tokens``): token ``o`` of block id ``h`` is a fixed
-hash of ``(seed, h, o)`` over the vocabulary, so **equal ids mean equal tokens** and a partial
-block is a prefix of the same id's full block. Two different ids are taken to differ from their
-first token on (the trace cannot say more). Hence, for a KV block size ``b``:
+hash of ``(seed, h, o)``, so **equal ids mean equal tokens** and a partial block is a prefix of
+the same id's full block. Two different ids are taken to differ from their first token on (the
+trace cannot say more). The simulator draws these tokens from the 240 ids 17..256
+(``SMALL_TOKEN_HI``): Python shares int objects up to 256, so a waiting 12k-token prompt costs 8
+bytes per token instead of 36 (the full Mooncake conversation trace queues thousands of them);
+two different KV blocks of ``b`` tokens then agree by chance with probability ``240**-b`` (1e-38
+at ``b = 16``; a chance hit would still be verified token for token). Hence, for ``b``:
 
 - ``b`` divides ``content_block_size``: the KV cache sees exactly the trace's reuse (a leading run
   of ``k`` shared ids is ``k * content_block_size`` shared tokens, cut to whole KV blocks only
@@ -25,12 +29,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["BLOCK_COLUMN", "BLOCK_SIZE_ATTR", "block_tokens", "check_block_column", "has_blocks",
+__all__ = ["BLOCK_COLUMN", "BLOCK_SIZE_ATTR", "SMALL_TOKEN_HI", "block_tokens", "check_block_column", "has_blocks",
            "content_block_size", "cut_blocks"]
 
 BLOCK_COLUMN = "block_hashes"
 BLOCK_SIZE_ATTR = "content_block_size"
 _ID_LIMIT = 2**63
+SMALL_TOKEN_HI = 257  # token ids below this are shared int objects in CPython (see the module doc)
 
 # splitmix64 constants (Steele, Lea, Flood 2014): a bijective mix of 64-bit words
 _GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -49,12 +54,11 @@ def block_tokens(ids: Sequence[int] | np.ndarray, num_tokens: int, block_size: i
     """The ``num_tokens`` prompt tokens (int64 in ``[lo, hi)``) of content blocks ``ids`` of
     ``block_size`` tokens: token ``o`` of block ``h`` depends on ``(seed, h, o)`` only."""
     ids = np.asarray(ids, dtype=np.int64).astype(np.uint64)
-    pos = np.arange(num_tokens, dtype=np.int64)
-    h = ids[pos // block_size]
-    off = (pos % block_size).astype(np.uint64)
+    k = -(-num_tokens // block_size)
     seed_word = np.uint64((seed * int(_GOLDEN)) % 2**64)  # Python ints: no scalar overflow warning
-    key = _mix(h * _GOLDEN + seed_word)  # one word per (seed, id)
-    x = _mix(key ^ (off * _OFFSET_MUL + _GOLDEN))
+    key = _mix(ids[:k] * _GOLDEN + seed_word)  # one word per (seed, id)
+    off = np.arange(block_size, dtype=np.uint64) * _OFFSET_MUL + _GOLDEN
+    x = _mix(key[:, None] ^ off[None, :]).reshape(-1)[:num_tokens]
     return (np.uint64(lo) + x % np.uint64(hi - lo)).astype(np.int64)
 
 
