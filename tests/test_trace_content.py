@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,37 +19,12 @@ from paged.sim.simulator import SimConfig, simulate
 from paged.sim.specs import get_model
 from paged.sim.workload import TraceFormatError, fit_to_context, load_trace, normalize_trace, save_trace
 
+sys.path.insert(0, str(Path(__file__).parent))
+from content_helpers import expected_hits  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CONV = ROOT / "data" / "traces" / "mooncake" / "conversation_trace.jsonl.gz"
 SYNTH = ROOT / "data" / "traces" / "mooncake" / "synthetic_trace.jsonl.gz"
-
-
-def expected_hits(trace: pd.DataFrame, kv_block: int, max_len: int) -> tuple[int, int]:
-    """Hit and query tokens of an unlimited prefix cache, from the ids alone: a KV block is named
-    by the (id, first offset, last offset) pieces of content it covers, chained to the blocks
-    before it; a request hits its leading KV blocks that an earlier admitted request held in
-    full, at most (prompt - 1) // kv_block of them; rows longer than max_len are never admitted."""
-    cbs = int(trace.attrs["content_block_size"])
-    stored: set[int] = set()
-    hits = queries = 0
-    for ids, n, out in zip(trace["block_hashes"], trace["prompt_tokens"], trace["output_tokens"]):
-        n, ids = int(n), [int(x) for x in ids]
-        if n + int(out) > max_len:
-            continue
-        keys, key = [], 0
-        for j in range(n // kv_block):
-            s, e = j * kv_block, (j + 1) * kv_block
-            pieces = tuple((ids[t], max(s, t * cbs) - t * cbs, min(e, (t + 1) * cbs) - t * cbs)
-                           for t in range(s // cbs, (e - 1) // cbs + 1))
-            key = hash((key, pieces))
-            keys.append(key)
-        k = 0
-        while k < min(len(keys), (n - 1) // kv_block) and keys[k] in stored:
-            k += 1
-        hits += k * kv_block
-        queries += n
-        stored.update(keys)
-    return hits, queries
 
 
 def _unlimited(trace: pd.DataFrame, block_size: int, **kw) -> dict:
