@@ -23,7 +23,7 @@ from paged.errors import ConfigError
 from paged.sim.workload import load_trace, normalize_trace
 from paged.studies.cache_replay import replay_prefix_cache
 
-__all__ = ["PAPER_TABLE2", "PAPER_FRACTION_AT_3M", "CAPACITIES", "mooncake_trace", "trace_reuse", "table2",
+__all__ = ["PAPER_TABLE2", "PAPER_FRACTION_AT_3M", "CAPACITIES", "mooncake_trace", "reuse_depth", "trace_reuse", "table2",
            "capacity_point", "capacity_curve"]
 
 PAPER_TABLE2 = {  # requests, mean input, mean output, cache ratio (FAST'25 Table 2)
@@ -52,22 +52,31 @@ def mooncake_trace(name: str, num_requests: int | None = None) -> pd.DataFrame:
     return tr.iloc[:num_requests] if num_requests else tr
 
 
-def trace_reuse(trace: pd.DataFrame) -> dict[str, float]:
-    """The trace's own count: per request, its leading block ids that some earlier request had;
-    as a share of blocks and of prompt tokens (a leading run of k ids covers min(k x size, prompt))."""
+def reuse_depth(trace: pd.DataFrame) -> pd.DataFrame:
+    """Per request (arrival order): its blocks, the leading ones some earlier request had
+    (``reused_blocks``), the prompt tokens they cover and that share of the prompt."""
     trace = normalize_trace(trace)
     bs = int(trace.attrs["content_block_size"])
     seen: set[int] = set()
-    hit_blocks = blocks = hit_tokens = tokens = 0
-    for ids, n in zip(trace["block_hashes"], trace["prompt_tokens"]):
+    rows = []
+    for t, ids, n in zip(trace["arrival_time"], trace["block_hashes"], trace["prompt_tokens"]):
         ids = ids.tolist()
         k = 0
         while k < len(ids) and ids[k] in seen:
             k += 1
-        hit_blocks, blocks = hit_blocks + k, blocks + len(ids)
-        hit_tokens, tokens = hit_tokens + min(k * bs, int(n)), tokens + int(n)
         seen.update(ids)
-    return {"trace_block_reuse": hit_blocks / blocks, "trace_token_reuse": hit_tokens / tokens}
+        rows.append((float(t), int(n), len(ids), k, min(k * bs, int(n))))
+    df = pd.DataFrame(rows, columns=["arrival_time", "prompt_tokens", "blocks", "reused_blocks", "reused_tokens"])
+    df["reused_share"] = df["reused_tokens"] / df["prompt_tokens"]
+    return df
+
+
+def trace_reuse(trace: pd.DataFrame) -> dict[str, float]:
+    """The trace's own count: per request, its leading block ids that some earlier request had;
+    as a share of blocks and of prompt tokens (a leading run of k ids covers min(k x size, prompt))."""
+    d = reuse_depth(trace)
+    return {"trace_block_reuse": d["reused_blocks"].sum() / d["blocks"].sum(),
+            "trace_token_reuse": d["reused_tokens"].sum() / d["prompt_tokens"].sum()}
 
 
 def table2(traces: Sequence[str] = ("conversation", "synthetic"), num_requests: int | None = None,
