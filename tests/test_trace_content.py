@@ -205,3 +205,25 @@ def test_llama_31_presets_have_their_real_kv_size_and_context():
         sz = kv_cache_sizing(m, "a100-80gb", 16, tensor_parallel=8)
         assert sz.bytes_per_block == by_hand // 8 * 16
     assert math.isclose(327680 / 1024, 320.0)  # the Mooncake paper's "320 KB per token" for LLaMA3-70B
+
+
+def test_the_engine_given_the_same_prompts_hits_what_the_ids_say(smollm2):
+    """The torch engine (SmolLM2, real forward passes, prefix caching on) on a small block trace,
+    one request at a time: its prefix-cache hit tokens equal the count made from the ids."""
+    from paged.engine import EngineConfig, LLMEngine, SamplingParams
+    from paged.sim.arrivals import trace_prompts
+
+    df = pd.DataFrame({"arrival_time": [0.0] * 6, "prompt_tokens": [70, 90, 100, 40, 95, 64],
+                       "output_tokens": [2] * 6,
+                       "block_hashes": [[1, 2, 3], [1, 2, 4], [1, 2, 4, 5], [6, 7], [1, 2, 4], [1, 2]]})
+    df.attrs["content_block_size"] = 32
+    tr = normalize_trace(df)
+    prompts = trace_prompts(tr, smollm2.config.vocab_size, seed=0)
+    assert prompts[1][:64] == prompts[2][:64] == prompts[0][:64] and prompts[1] == prompts[4][:90]
+    eng = LLMEngine(smollm2, EngineConfig(block_size=16, num_blocks=256, enable_prefix_caching=True))
+    for i, ids in enumerate(prompts):
+        eng.add_request(f"r{i}", ids, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        while eng.has_unfinished_requests():
+            eng.step()
+    hits, queries = expected_hits(tr, 16, 10**9)
+    assert (eng.kv.prefix_cache_hits, eng.kv.prefix_cache_queries) == (hits, queries) and hits >= 4 * 64

@@ -13,7 +13,7 @@ import pandas as pd
 
 from paged.sim.content_blocks import BLOCK_COLUMN, SMALL_TOKEN_HI, block_tokens, content_block_size
 
-__all__ = ["Arrivals", "SyntheticPrompts"]
+__all__ = ["Arrivals", "SyntheticPrompts", "trace_prompts"]
 
 
 class SyntheticPrompts:
@@ -70,3 +70,14 @@ class Arrivals:
     def clock_after_idle(self, clock: float) -> float | None:
         """The clock moved to the next arrival (None: no arrival is pending)."""
         return max(clock, float(self.time[self.next])) if self.next < self.n else None
+
+
+def trace_prompts(trace: pd.DataFrame, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """Every row's prompt token ids, in arrival order, exactly as the simulator makes them with
+    ``seed``: what the torch engine is given (``engine.add_request(rid, ids, ...)``) to replay a
+    trace's content, e.g. a Mooncake trace's shared blocks, on a real model."""
+    from paged.sim.workload import normalize_trace
+
+    arrivals = Arrivals(normalize_trace(trace))
+    toks = SyntheticPrompts(vocab_size, seed)
+    return [arrivals.prompt_ids(i, toks) for i in range(arrivals.n)]

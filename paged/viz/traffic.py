@@ -81,7 +81,8 @@ def capacity_figure(curve: pd.DataFrame, marks: Mapping[str, float] | None = Non
                                  hovertemplate="%{x:,.0f} tokens: %{y:.1f}% hit (%{customdata:.0f}% of max)"))
         top = 100 * float(c["max_hit_rate"].iloc[0])
         fig.add_hline(y=top, line_dash="dot", line_color=color, annotation_text=f"{name} maximum {top:.0f}%",
-                      annotation_position="top left")
+                      annotation_position=("top left", "bottom right", "top right", "bottom left")[i % 4],
+                      annotation_font_color=color)
     for j, (label, x) in enumerate((marks or {}).items()):
         fig.add_vline(x=x, line_dash="dash", line_color="grey")
         fig.add_annotation(x=np.log10(x), y=1.0 - 0.09 * j, yref="paper", text=label, showarrow=False,
