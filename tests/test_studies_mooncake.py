@@ -99,3 +99,16 @@ def test_the_capacity_point_is_registered_for_sweeps():
     out = s({"trace": "conversation", "capacity_tokens": 1e6, "num_requests": 200})
     assert out == capacity_point("conversation", 1e6, num_requests=200) and 0 < out["hit_rate"] < 1
     assert "mooncake_table" in STUDIES
+
+
+def test_the_real_traffic_benchmark_runs_small():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "real_traffic.py"
+    spec = importlib.util.spec_from_file_location("bench_real_traffic", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [bench.one(20, False), bench.one(40, False)]
+    assert [r["finished"] for r in rows] == [20, 40] and all(r["blocks_in_use_at_end"] == 0 for r in rows)
+    text = bench.table(rows)
+    assert "(1.00)" in text and "40" in text.splitlines()[-1]
