@@ -227,3 +227,13 @@ def test_the_engine_given_the_same_prompts_hits_what_the_ids_say(smollm2):
             eng.step()
     hits, queries = expected_hits(tr, 16, 10**9)
     assert (eng.kv.prefix_cache_hits, eng.kv.prefix_cache_queries) == (hits, queries) and hits >= 4 * 64
+
+
+def test_merging_block_traces_is_refused_rather_than_mixing_their_ids():
+    from paged.errors import ConfigError
+    from paged.sim.workload import concat_traces
+
+    df = pd.DataFrame({"arrival_time": [0.0], "prompt_tokens": [10], "output_tokens": [1], "block_hashes": [[4]]})
+    df.attrs["content_block_size"] = 512
+    with pytest.raises(ConfigError, match="does not merge traces with content blocks"):
+        concat_traces([df, df])
