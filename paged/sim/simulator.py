@@ -230,7 +230,7 @@ class Simulator:
                 rejected.append((i, f"request {i}: prompt ({p}) + output ({o}) = {p + o} tokens exceeds "
                                     f"max_model_len={max_len}; shorten the row or raise max_model_len"))
                 continue
-            req = Request(str(i), toks.prompt(p, int(a.prefix_id[i]), int(a.prefix_tokens[i])), o,
+            req = Request(str(i), a.prompt_ids(i, toks), o,
                           arrival_time=float(a.time[i]),
                           priority=int(a.priority[i]) if a.priority is not None else 0, data=stats[i])
             try:

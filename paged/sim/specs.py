@@ -213,6 +213,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, max_model_len=4096),
         ModelSpec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, max_model_len=8192),
         ModelSpec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, max_model_len=8192),
+        # Llama 3.1 (meta-llama/Llama-3.1-{8B,70B} config.json): the 3.0 shapes, 131,072-token context
+        ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, max_model_len=131072),
+        ModelSpec("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, max_model_len=131072),
         ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, max_model_len=32768),
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, max_model_len=32768, qkv_bias=True),
         ModelSpec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, max_model_len=8192, tie_word_embeddings=True),
