@@ -8,7 +8,9 @@ Per (GPU, model, tensor parallel): points, and for the closed-form roofline (``C
 defaults) and the per-kernel model (``linear="kernels"``) the geometric-median error
 ``exp(median |ln(pred/meas)|) - 1`` and the smallest and largest ratio pred/meas. ``fit`` marks
 the profiles the kernel figures were fitted on (Llama-2-7B and -70B); the rest are held out.
-Profiles whose MLP is not gated (phi-2) are listed as skipped. Seconds: about 10 on the full set.
+Profiles whose MLP is not gated (phi-2) are listed as skipped. Where the folder holds vidur's
+``data/profiling/network/{a100,h100}_dgx/all_reduce.csv``, a second table holds the closed form's
+all-reduce against them. Seconds: about 10 on the full set.
 """
 from __future__ import annotations
 
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(t.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if skipped:
         print("skipped:", ", ".join(skipped))
+    ar = cv.allreduce_table(a.vidur)
+    if len(ar):
+        print("\ntensor-parallel all-reduce: CostModel.comm_seconds per call vs vidur's network/<node>/all_reduce.csv")
+        print(ar.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if a.csv:
         t.to_csv(a.csv, index=False)
     return t

@@ -139,3 +139,18 @@ def test_fit_recovers_figures_from_their_own_predictions():
     ratio = cv.predictions(df, "a100-80gb", fitted)["kernels_s"] / df["measured_s"]
     assert np.abs(np.log(start_ratio)).max() > np.log(1.1)   # the start is visibly off
     assert np.abs(np.log(ratio)).max() < np.log(1.05) and score < 0.25
+
+
+def test_allreduce_table_against_a_known_measurement(tmp_path):
+    # a100-80gb: 300 GB/s NVLink, 8 us per call in the closed form; the "measurement" is 40 us + bytes / 150 GB/s bus
+    net = tmp_path / "a100_dgx"
+    net.mkdir()
+    size = np.array([2048, 1 << 20, 1 << 24, 1 << 26], dtype=float)
+    meas_ms = (40e-6 + 2 * 7 / 8 * size / 150e9) * 1e3
+    pd.DataFrame({"time_stats.all_reduce.median": meas_ms, "num_workers": 8, "size": size.astype(int),
+                  "collective": "all_reduce", "devices_per_node": 8}).to_csv(net / "all_reduce.csv")
+    t = cv.allreduce_table(tmp_path).iloc[0]
+    assert (t["network"], t["tp"], t["points"]) == ("a100_dgx", 8, 4)
+    assert t["fit_latency_us"] == pytest.approx(40, rel=1e-6) and t["fit_busbw_GBps"] == pytest.approx(150, rel=1e-6)
+    closed = (2 * 7 / 8 * size / 300e9 + 8e-6) / (meas_ms * 1e-3)
+    assert t["closed_min"] == pytest.approx(closed.min()) and t["closed_max"] == pytest.approx(closed.max())

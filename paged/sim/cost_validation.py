@@ -29,7 +29,7 @@ from paged.sim.shapes import StepShape
 from paged.sim.specs import ModelSpec, get_gpu
 
 __all__ = ["LAYER_OPS", "SHAPE_COLUMNS", "VIDUR_GPUS", "read_mlp_profile", "find_profiles", "layer_model",
-           "predictions", "error_table", "fit_kernel_costs", "geo_error"]
+           "predictions", "error_table", "fit_kernel_costs", "geo_error", "allreduce_table"]
 
 LAYER_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "mlp_act", "input_layernorm",
              "post_attention_layernorm", "add", "attn_rope")
@@ -183,3 +183,40 @@ def fit_kernel_costs(df: pd.DataFrame, gpu: str, start: KernelCosts | None = Non
             break
     return c.with_(source=source or c.source), best
 
+
+
+# -- tensor-parallel all-reduce --------------------------------------------------------------------
+
+VIDUR_NETWORKS = {"a100_dgx": "a100-80gb", "h100_dgx": "h100-sxm"}  # vidur's network folder -> our preset
+
+
+def allreduce_table(root: str | os.PathLike) -> pd.DataFrame:
+    """The closed form's all-reduce (``2 (tp-1)/tp x bytes / interconnect + allreduce_latency_s``,
+    ``CostModel.comm_seconds`` per call) against vidur's ``network/<node>/all_reduce.csv`` (single
+    node: ``devices_per_node == num_workers``); per (network, tp) the error, the ratio range, and
+    the latency and bus bandwidth a relative least-squares fit of ``a + 2 (tp-1)/tp x bytes / b``
+    to the measurements gives."""
+    from paged.sim.cost_model import CostModel
+
+    root = Path(root)
+    base = root / "data" / "profiling" / "network" if (root / "data").is_dir() else root
+    rows = []
+    for net, preset in VIDUR_NETWORKS.items():
+        path = base / net / "all_reduce.csv"
+        if not path.is_file():
+            continue
+        df = pd.read_csv(path)
+        df = df[(df["collective"] == "all_reduce") & (df["devices_per_node"] == df["num_workers"])]
+        lat, gpu = CostModel("llama-2-7b", preset).allreduce_latency_s, get_gpu(preset)
+        for tp, g in df.groupby("num_workers", sort=True):
+            g = g.groupby("size")["time_stats.all_reduce.median"].median()
+            size, meas = g.index.to_numpy(dtype=np.float64), g.to_numpy() * 1e-3
+            vol = 2 * (tp - 1) / tp * size
+            ratio = (vol / gpu.interconnect_bandwidth + lat) / meas
+            X = np.column_stack([np.ones_like(vol), vol]) / meas[:, None]
+            a, inv_b = np.linalg.lstsq(X, np.ones_like(meas), rcond=None)[0]
+            fit = (a + vol * inv_b) / meas
+            rows.append({"network": net, "tp": int(tp), "points": len(g), "closed_err": geo_error(ratio),
+                         "closed_min": ratio.min(), "closed_max": ratio.max(), "fit_latency_us": a * 1e6,
+                         "fit_busbw_GBps": 1 / inv_b / 1e9, "fit_err": geo_error(fit)})
+    return pd.DataFrame(rows)
