@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)  # benchmarks/kernels.py would shadow the kernels package
+if sys.path and sys.path[0] == str(ROOT / "benchmarks"):  # run as a script: benchmarks/kernels.py
+    sys.path[0] = str(ROOT)  # would shadow the kernels package
 
 import pandas as pd  # noqa: E402
 

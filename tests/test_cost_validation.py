@@ -154,3 +154,30 @@ def test_allreduce_table_against_a_known_measurement(tmp_path):
     assert t["fit_latency_us"] == pytest.approx(40, rel=1e-6) and t["fit_busbw_GBps"] == pytest.approx(150, rel=1e-6)
     closed = (2 * 7 / 8 * size / 300e9 + 8e-6) / (meas_ms * 1e-3)
     assert t["closed_min"] == pytest.approx(closed.min()) and t["closed_max"] == pytest.approx(closed.max())
+
+
+def test_simulator_runs_on_the_kernel_model():
+    from paged.sim.simulator import SimConfig, Simulator
+    from paged.sim.workload import synthetic_trace
+
+    cfg = SimConfig(model="llama-2-7b", gpu="a100-80gb", tensor_parallel=8)
+    trace = synthetic_trace("sharegpt", 20, rate=5.0, seed=1)
+    base = Simulator(cfg)
+    kern = Simulator(cfg, cost_model=CostModel("llama-2-7b", "a100-80gb", tensor_parallel=8, linear="kernels",
+                                               kv_block_size=base.cost.kv_block_size))
+    a, b = base.run(trace).summary, kern.run(trace).summary
+    assert a["requests_finished"] == b["requests_finished"] == 20
+    assert b["tbt_p50_s"] > a["tbt_p50_s"]  # decode at tp 8: the closed form misses the kernels' floors
+
+
+def test_validation_command_prints_the_table(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_cost_validation",
+                                                  DATA.parents[1] / "benchmarks" / "cost_validation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = mod.main(["--by-model"])
+    out = capsys.readouterr().out
+    assert "kernels_err" in out and "Llama-2-70b-hf" in out
+    assert set(t["fit"]) == {"fit", ""} and len(t) == 4 + 2 + 1
