@@ -63,9 +63,14 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         cv.stream_times(srv.base_url, srv.served_model_name, [100] * 64, 4)  # warm-up
         before = fetch_metrics(srv.metrics_url)
         m_cal = ce.latency_stats(*cv.serve_trace(srv.base_url, srv.served_model_name, cal, vocab, ce.CALIBRATION.seed))
-        target = cv.metric_means(before, fetch_metrics(srv.metrics_url))
-        m_held = ce.latency_stats(*cv.serve_trace(srv.base_url, srv.served_model_name, held, vocab, ce.HELD_OUT.seed))
-        print(f"vLLM runs done in {time.perf_counter() - t:.0f} s; calibration metrics {target}", flush=True)
+        mid = fetch_metrics(srv.metrics_url)
+        target = cv.metric_means(before, mid)
+        ttft_h, tbt_h = cv.serve_trace(srv.base_url, srv.served_model_name, held, vocab, ce.HELD_OUT.seed)
+        m_held = ce.latency_stats(ttft_h, tbt_h)
+        held_metrics = cv.metric_means(mid, fetch_metrics(srv.metrics_url))
+        print(f"vLLM runs done in {time.perf_counter() - t:.0f} s; calibration metrics {target}; held-out metrics "
+              f"{held_metrics} vs the client's means ttft {ttft_h['ttft_s'].mean():.4f} s, tbt {tbt_h.mean():.4f} s",
+              flush=True)
     finally:
         srv.cleanup()
     mapped, alpha, beta = cv.fit_to_metrics(ours, cal, target, cache, sched)
