@@ -9,7 +9,7 @@ no prefix caching, 256 blocks of 16, max_num_seqs 16, max_num_batched_tokens 512
 it. Printed: per round and metric the measured and predicted value and the error
 (predicted / measured - 1), then the median error over rounds. Steps are timed in CPU seconds of
 the engine's thread by default (``--clock wall``: wall time, which other processes on a shared
-machine lengthen). About 1.5 min per round on this 2-core VM.
+machine lengthen). About 5 min per round on this loaded 2-core VM (CPU time about 1 min).
 """
 from __future__ import annotations
 
