@@ -20,7 +20,8 @@ def _drive(lane: bool, seed: int, block_size: int, recorder, host_tier: bool = F
     preemption (and, with ``host_tier``, demotions the lane's allocations make); returns one
     record per step of everything observable."""
     rng = random.Random(seed)
-    kv = KVCacheManager(-(-200 // block_size), block_size, num_cpu_blocks=8, recorder=recorder, host_tier=host_tier)
+    kv = KVCacheManager(-(-200 // block_size), block_size, num_cpu_blocks=8, recorder=recorder,
+                        enable_host_tier=host_tier)
     if not lane:
         kv.append_decode_slots = None  # the scheduler falls back to allocate_slots for every request
     s = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=12,

@@ -18,7 +18,7 @@ from paged.models.loader import LoadedModel
 __all__ = ["CacheSizing", "allocation_error", "fit_budget", "kv_bytes_per_block", "size_cache"]
 
 CPU_KV_BUDGET = 512 << 20
-"""KV-cache bytes on CPU when neither num_blocks nor kv_cache_memory is given."""
+"""KV-cache bytes on CPU when neither num_blocks nor kv_cache_memory_bytes is given."""
 GPU_FREE_SHARE = 0.4
 """Share of the free GPU memory the KV cache takes when neither is given."""
 
@@ -90,7 +90,7 @@ def size_cache(config, loaded: LoadedModel, device: torch.device, dtype: torch.d
     block_bytes = kv_bytes_per_block(mcfg, c.block_size, fmt.name, dtype, n_cache)
     num_blocks, num_staging = c.num_blocks, None
     if num_blocks is None:
-        budget = c.kv_cache_memory
+        budget = c.kv_cache_memory_bytes
         if budget is None:
             if device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(device)
@@ -101,14 +101,14 @@ def size_cache(config, loaded: LoadedModel, device: torch.device, dtype: torch.d
                                              n_cache, config.max_num_batched_tokens)
     if num_blocks < 1:
         raise ConfigError(f"the KV cache holds {num_blocks} blocks of {block_bytes} bytes; give "
-                          "num_blocks >= 1 or a larger kv_cache_memory")
+                          "num_blocks >= 1 or a larger kv_cache_memory_bytes")
     max_len = min(loaded.max_model_len, num_blocks * c.block_size)
     wanted = config.max_model_len
     if wanted is not None:
         if wanted > loaded.max_model_len:
             raise ConfigError(f"max_model_len={wanted} exceeds the model's {loaded.max_model_len}; lower it")
         max_len = wanted
-    num_cpu = cpu_pool_blocks(c, config.preemption_mode, num_blocks, block_bytes, default_swap_space=None)
+    num_cpu = cpu_pool_blocks(c, config.preemption_mode, num_blocks, block_bytes, default_swap_space_gib=None)
     return CacheSizing(fmt.name, share, block_bytes, num_blocks, num_staging, num_cpu, max_len,
                        pool_limits_len=wanted is None and max_len < loaded.max_model_len)
 
@@ -120,4 +120,4 @@ def allocation_error(sizing: CacheSizing, device: torch.device, exc: BaseExcepti
     need = (sizing.num_blocks + sizing.num_cpu_blocks) * sizing.block_bytes
     return ConfigError(f"num_blocks={sizing.num_blocks} (+ num_cpu_blocks={sizing.num_cpu_blocks}) of "
                        f"{sizing.block_bytes:,} bytes need {need / 2**30:,.1f} GiB for the KV cache, which could "
-                       f"not be allocated on {device}; lower num_blocks or give kv_cache_memory in bytes")
+                       f"not be allocated on {device}; lower num_blocks or give kv_cache_memory_bytes")

@@ -184,7 +184,7 @@ def _base_run(model, ids: torch.Tensor, cache: SharedKVAttention) -> tuple[torch
 
 def _engine_blocks(lm, share, budget: int) -> tuple[int, int]:
     from paged.engine.llm_engine import EngineConfig, LLMEngine
-    eng = LLMEngine(lm, EngineConfig(kv_cache_memory=budget, kv_share_with=share, record_events=False))
+    eng = LLMEngine(lm, EngineConfig(kv_cache_memory_bytes=budget, kv_share_with=share, record_events=False))
     return eng.kv.num_blocks, eng.runner.cache_bytes()
 
 
