@@ -58,3 +58,7 @@ class WireFormatError(PagedError, ValueError):
 
 class SweepPointError(PagedError, RuntimeError):
     """A point of ``paged.sweep(..., on_error="raise")`` failed; the message names it and its error."""
+
+
+class PagedWarning(UserWarning):
+    """A setting that works but costs what its user would not expect (the message says what to change)."""
