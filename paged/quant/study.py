@@ -124,8 +124,6 @@ def study(model=None, formats: str | Sequence[str] | None = None, texts: Mapping
     source and context length (None = all, as llama-perplexity). ``divergence_tokens=0`` skips
     the greedy-divergence runs. Returns one row per (context_length, source, format).
     """
-    lm = load(model)
-    m, cfg = lm.model, lm.config
     names = [formats] if isinstance(formats, str) else formats or ()
     if served := [n for n in names if _engine_only(n)]:
         raise ConfigError(f"{', '.join(map(repr, served))}: an engine format (a split format of the served front); "
@@ -133,6 +131,9 @@ def study(model=None, formats: str | Sequence[str] | None = None, texts: Mapping
                           "was (paged.quant.ablation.Evaluator with paged.quant.split_cache.Served(format, 32); "
                           "benchmarks/quant_ablation.py), and read its storage with describe_formats(), which "
                           "takes engine names")
+    lm = load(model)
+    m, cfg = lm.model, lm.config
+    schemes = resolve_schemes(formats, cfg.head_dim)
     raw = load_texts() if texts is None else dict(texts)
     ctxs = [context_lengths] if isinstance(context_lengths, int) else list(context_lengths)
     if not ctxs:
