@@ -27,12 +27,13 @@ def _params(fn) -> set[str]:
 
 def sources() -> dict[str, set[str]]:
     from paged.cli import build_parser
-    from paged.studies.grid import point_keys
+    from paged.studies import grid
 
     sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse offers no public walk
     cli = {a.dest for name in ("simulate", "sweep") for a in sub[name]._actions}  # noqa: SLF001
     return {"EngineConfig": set(EngineConfig.knob_fields()), "SimConfig": set(SimConfig.knob_fields()),
-            "LLM": _params(LLM.__init__), "cli": cli - {"help", "func", "command"}, "sweep": set(point_keys()),
+            "LLM": _params(LLM.__init__), "cli": cli - {"help", "func", "command"},
+            "sweep": set(grid.point_keys()) if hasattr(grid, "point_keys") else {*SimConfig.knob_fields(), *grid.TRACE_KEYS},
             "synthetic_trace": _params(synthetic_trace), "with_shared_prefix": _params(with_shared_prefix),
             "KVCacheManager": _params(KVCacheParts.__init__)}
 
