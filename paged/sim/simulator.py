@@ -358,7 +358,8 @@ def simulate(trace: pd.DataFrame, config: SimConfig | None = None, progress: boo
     """Run ``trace`` on a fresh ``Simulator(config with overrides)``."""
     cfg = config or SimConfig()
     if overrides:
-        cfg = replace(cfg, **overrides) if not SimConfig.check_names(overrides) else cfg
+        SimConfig.check_names(overrides)  # an unknown name: a ConfigError listing the valid ones
+        cfg = replace(cfg, **overrides)
     return Simulator(cfg, cost_model).run(trace, progress=progress)
 
 
