@@ -7,7 +7,7 @@ prompts of ``--prompt`` seeded random tokens prefilled, then ``--rounds`` rounds
 decode steps each (``LLMEngine.step()``: scheduling, batch building, writes, attention, sampling);
 the formats take turns within each round, so a busy neighbour slows them alike. Per format: the
 median step time (thread CPU time), its ratio to fp32 and to int8, the cache's bytes
-(``runner.cache_bytes()``: blocks, scales, staging and sink pools as allocated) and the bytes
+(``paged.memory_facts(...).cache_bytes``: blocks, scales, staging and sink pools as allocated) and the bytes
 per token of the format table.
 
 GPU part (no GPU needed: computed from the format table): the bytes the Triton decode kernel
@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from paged.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from paged.engine.sampling import SamplingParams  # noqa: E402
+from paged.memory import memory_facts  # noqa: E402
 from paged.models import load_model  # noqa: E402
 
 FORMATS = ["auto", "int8", "int4_kivi", "kvq4", "kvq34", "kvq3", "kvq32", "kvq2"]
@@ -91,8 +92,8 @@ def main() -> None:
         t = times[fmt]
         bpt = bytes_per_token(get_format(fmt, torch.float32), h, d, dtype=torch.float32, block_size=32)
         print(f"| {fmt} | {med[fmt]:.1f} | {min(t):.1f}-{max(t):.1f} | {med[fmt] / base:.2f} | "
-              f"{med[fmt] / i8:.2f} | {engines[fmt].runner.cache_bytes():,} | {bpt} |" if base and i8 else
-              f"| {fmt} | {med[fmt]:.1f} | | | | {engines[fmt].runner.cache_bytes():,} | {bpt} |")
+              f"{med[fmt] / i8:.2f} | {memory_facts(engines[fmt]).cache_bytes:,} | {bpt} |" if base and i8 else
+              f"| {fmt} | {med[fmt]:.1f} | | | | {memory_facts(engines[fmt]).cache_bytes:,} | {bpt} |")
     print("\nTriton decode kernel, bytes read per cached token and layer (fp16 model; GPU case, from the table)")
     print("| format | ctx 512 | ctx 2048 | ctx 8192 | x fp16 at 2048 |")
     print("| --- | --- | --- | --- | --- |")

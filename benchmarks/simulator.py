@@ -27,7 +27,7 @@ from paged.studies.papers import block_size_ablation, interference_study, memory
 
 
 def speed(n: int, profile: bool, model: str, gpu: str, rate: float) -> dict:
-    trace = synthetic_trace("sharegpt", n, seed=0, rate=rate)
+    trace = synthetic_trace("sharegpt", n, trace_seed=0, rate=rate)
     sim = Simulator(SimConfig(model=model, gpu=gpu))
     prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()

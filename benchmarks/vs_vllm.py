@@ -56,7 +56,7 @@ from paged.connect.server import VLLMServer, cached_tokens, output_ids, top_logp
 from paged.engine import SamplingParams  # noqa: E402
 from paged.models.export_hf import export_hf  # noqa: E402
 from paged.models.tokenizer import tokenizer_from_hf_dir  # noqa: E402
-from paged.studies.beside_vllm import chat_prompts, scheduler_questions  # noqa: E402
+from paged.studies.beside_vllm import tenant_prompts, scheduler_questions  # noqa: E402
 
 BS, MAX_SEQS, BUDGET = 32, 16, 2048
 
@@ -264,7 +264,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model_dir = export_hf("smollm2", ROOT / ".cache" / "models" / "smollm2-hf")
     tok = tokenizer_from_hf_dir(str(model_dir))
-    prompts = chat_prompts(tok, a.requests)
+    prompts = tenant_prompts(tok, a.requests)
     t0 = time.perf_counter()
     srv = VLLMServer(model_dir, block_size=BS, num_gpu_blocks=a.pool, max_model_len=min(1024, (a.pool - 1) * BS),
                      max_num_seqs=MAX_SEQS, max_num_batched_tokens=BUDGET, nice=0, new_session=False)
@@ -279,7 +279,7 @@ def main() -> None:
             results["agreement"] = agreement(model_dir, srv, prompts, a.max_tokens, a.pool)
             report_agreement(results["agreement"])
         if "2" in a.parts:
-            sched = chat_prompts(tok, a.sched_requests, systems=8)
+            sched = tenant_prompts(tok, a.sched_requests, systems=8)
             df = scheduler(model_dir, srv, sched, a.max_tokens, a.pool, srv.workdir)
             results["scheduler"] = df.to_dict("records")
             report_scheduler(df, a.sched_requests)

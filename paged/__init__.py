@@ -14,11 +14,13 @@ __all__ = [
     "Event", "Executor", "InvalidRequestError", "KVCache", "KVCacheManager", "ModelLoadError", "NullRecorder", "PagedError", "Recorder", "Request",
     "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepFailedError", "StepLoop", "StepRecord", "UnknownRequestError",
     "LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Simulator", "SimConfig", "sweep",
+    "memory_facts", "step_times",
 ]
 
 # The real-model engine needs torch; import it on first use so `import paged` stays light.
 _LAZY = {"LLM": ".engine", "LLMEngine": ".engine", "EngineConfig": ".engine", "SamplingParams": ".engine",
-         "Simulator": ".sim", "SimConfig": ".sim", "sweep": ".sweeps"}  # paged.sweep(study, grid, ...)
+         "Simulator": ".sim", "SimConfig": ".sim", "sweep": ".sweeps",  # paged.sweep(study, grid, ...)
+         "memory_facts": ".memory", "step_times": ".memory"}  # a run's KV bytes and step times by kind
 
 
 def __getattr__(name: str):

@@ -21,7 +21,6 @@ import os
 import sys
 import time
 import typing
-import warnings
 from typing import Any, Sequence
 
 from paged.errors import PagedError
@@ -36,33 +35,30 @@ _GROUPS = {None: "deployment and cost model (SimConfig)", "cache": "KV cache (Ca
 
 
 def _sim_knobs() -> dict[str, tuple[str | None, dataclasses.Field]]:
-    """Flat ``SimConfig`` knob -> (its part, its field), deployment first, then cache and scheduler."""
+    """``SimConfig`` knob -> (its part, its field), deployment first, then cache and scheduler."""
     from paged.sim.simulator import SimConfig
 
-    knobs = SimConfig.knob_fields()
+    knobs = {n: (SimConfig.part_of(n), f) for n, f in SimConfig.knob_fields().items()}
     order = sorted(knobs, key=lambda n: (knobs[n][0] is not None, knobs[n][0] == "scheduler"))
     return {n: knobs[n] for n in order if n not in _SIM_HIDDEN}
 
 
-class _OldFlag(argparse.Action):
-    """A deprecated flag: sets the new setting (``convert(value, flag)``) with a DeprecationWarning."""
+def _sim_kinds() -> dict[str, type]:
+    """``SimConfig`` knob -> the type its values take (``int | None`` -> int; object for callables)."""
+    from paged.sim.simulator import SimConfig
 
-    def __init__(self, option_strings: Sequence[str], dest: str, new_flag: str = "", convert: Any = None,
-                 **kw: Any) -> None:
-        super().__init__(option_strings, dest, **kw)
-        self.new_flag, self.convert = new_flag, convert or (lambda v, flag: v)
-
-    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        warnings.warn(f"{option_string} is deprecated; use {self.new_flag}", DeprecationWarning, stacklevel=2)
-        setattr(ns, self.dest, self.convert(values, option_string))
+    hints = typing.get_type_hints(SimConfig)
+    kinds = {name: next(t for t in (typing.get_args(hints[name]) or (hints[name],)) if t is not type(None))
+             for name in SimConfig.knob_fields()}
+    return {name: (kind if isinstance(kind, type) else object) for name, kind in kinds.items()}
 
 
 def _add_sim_args(p: argparse.ArgumentParser) -> None:
     """One flag per ``SimConfig`` knob (type and default from its config class), plus the workload."""
     from paged.core.config import KV_CACHE_DTYPES, SWAP_COMPRESSIONS, SWAP_MODES
+    from paged.core.eviction import POLICIES
     from paged.core.prefix_cache import HASH_FUNCTIONS
-    from paged.sim.simulator import ALLOCATORS, SimConfig
+    from paged.sim.simulator import ALLOCATORS
     from paged.sim.specs import GPU_PRESETS, MODEL_PRESETS
     from paged.sim.workload import WORKLOADS
 
@@ -70,35 +66,30 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
         "model": dict(help=f"preset ({', '.join(MODEL_PRESETS)}) or config.json path"),
         "gpu": dict(help=f"preset: {', '.join(GPU_PRESETS)}"),
         "num_blocks": dict(help="KV blocks per GPU (default: what fits)"),
-        "kv_cache_memory": dict(help="KV-cache bytes per GPU (used without --num-blocks)"),
+        "kv_cache_memory_bytes": dict(help="KV-cache bytes per GPU (used without --num-blocks)"),
+        "eviction": dict(metavar="POLICY", help=f"GPU prefix-cache eviction: {', '.join(POLICIES)}, or "
+                                                "'score:decay=..,size_weight=..'"),
+        "host_eviction": dict(metavar="POLICY", help=f"host-tier eviction: {', '.join(POLICIES)}, or 'score:...'"),
         "kv_cache_dtype": dict(choices=KV_CACHE_DTYPES, help="'auto': the model's dtype"),
         "hash_fn": dict(choices=sorted(HASH_FUNCTIONS)), "allocator": dict(choices=ALLOCATORS),
         "swap_mode": dict(choices=SWAP_MODES), "swap_compression": dict(choices=[c for c in SWAP_COMPRESSIONS if c]),
-        "swap_space": dict(help="GiB of host memory per GPU for swap and the host tier (default 4)"),
+        "swap_space_gib": dict(help="GiB of host memory per GPU for swap and the host tier (default 4)"),
         "preemption_mode": dict(choices=("recompute", "swap")), "policy": dict(choices=("fcfs", "priority")),
         "max_num_batched_tokens": dict(help="token budget per step (default: 2048 with chunked prefill, "
                                             "else max(2048, max_model_len))"),
         "calibration": dict(metavar="STEPS.csv", help="fit the cost model to engine steps saved with "
                                                       "paged.sim.cost_model.calibration_frame"),
     }
-    types = SimConfig.knob_types()
+    kinds = _sim_kinds()
     groups = {part: p.add_argument_group(title) for part, title in _GROUPS.items()}
     for name, (part, f) in _sim_knobs().items():
-        kind = next(t for t in (typing.get_args(types[name]) or (types[name],)) if t is not type(None))
+        kind = kinds[name]
         names = _FLAG_NAMES.get(name, ("--" + name.replace("_", "-"),))
         kw: dict[str, Any] = dict(dest=name, default=f.default, **extra.get(name, {}))
         if kind is bool:
             groups[part].add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
         else:
-            groups[part].add_argument(*names, type=kind if isinstance(kind, type) else str, **kw)
-    old = p.add_argument_group("deprecated flags")
-    old.add_argument("--kv-format", dest="kv_cache_dtype", action=_OldFlag, new_flag="--kv-cache-dtype",
-                     choices=KV_CACHE_DTYPES, help=argparse.SUPPRESS)
-    old.add_argument("--swap-space-gib", dest="swap_space", type=float, action=_OldFlag, new_flag="--swap-space",
-                     help=argparse.SUPPRESS)
-    old.add_argument("--swap-overlap", "--no-swap-overlap", dest="swap_mode", nargs=0, action=_OldFlag,
-                     new_flag="--swap-mode overlap|sync", help=argparse.SUPPRESS,
-                     convert=lambda v, flag: "sync" if flag.startswith("--no-") else "overlap")
+            groups[part].add_argument(*names, type=str if kind is object else kind, **kw)
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="sharegpt", choices=sorted(WORKLOADS))
     w.add_argument("--trace", default=None, help="trace file, read by content (CSV paged/vidur/azure, JSONL LLMServingSim/Mooncake, gzipped or not); overrides --workload")
@@ -109,7 +100,10 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--cv", type=float, default=2.0, help="coefficient of variation of gamma gaps")
     w.add_argument("--num-prefixes", type=int, default=0)
     w.add_argument("--prefix-tokens", type=int, default=0)
-    w.add_argument("--prefix-fraction", type=float, default=1.0)
+    w.add_argument("--prefix-fraction", type=float, default=1.0, help="share of requests with a shared prefix")
+    w.add_argument("--prefix-zipf", type=float, default=0.0,
+                   help="tenant popularity: prefix i drawn ~ 1/(i+1)^s (0: uniform)")
+    w.add_argument("--trace-seed", type=int, default=0, help="seed of the synthetic trace (lengths, arrivals)")
 
 
 def _sim_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -117,10 +111,10 @@ def _sim_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _trace_keys(args: argparse.Namespace) -> dict[str, Any]:
-    """The workload flags as ``paged.studies.grid.trace_for`` keys."""
-    return dict(workload=args.workload, num_requests=args.num_requests, rate=args.rate, arrival=args.arrival,
-                cv=args.cv, num_prefixes=args.num_prefixes, prefix_tokens=args.prefix_tokens,
-                prefix_fraction=args.prefix_fraction, trace=args.trace, trace_seed=args.seed)
+    """The workload flags as ``paged.studies.grid.trace_for`` keys (``TRACE_KEYS``, one flag each)."""
+    from paged.studies.grid import TRACE_KEYS
+
+    return {key: getattr(args, key) for key in TRACE_KEYS}
 
 
 def _fmt(v: Any) -> str:
@@ -187,11 +181,9 @@ def _parse_value(v: str) -> Any:
 
 def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
     """``["block_size=8,16", "allocator=paged"]`` -> ``{"block_size": [8, 16], "allocator": ["paged"]}``."""
-    from paged.core.composed import DEPRECATED
-    from paged.sim.simulator import SimConfig
-    from paged.studies.grid import TRACE_KEYS
+    from paged.studies.grid import point_keys
 
-    fields = set(SimConfig.knobs()) | set(DEPRECATED) | set(TRACE_KEYS)
+    fields = set(point_keys())
     grid: dict[str, list[Any]] = {}
     for spec in specs:
         key, sep, vals = spec.partition("=")
@@ -208,34 +200,18 @@ def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
                 or v is None
             if not ok:
                 raise PagedError(f"--grid {spec!r}: {key} takes {kind.__name__} values, got {v!r}")
-        if key in DEPRECATED:  # an old spelling: today's name and values (with a DeprecationWarning)
-            new, convert, _ = DEPRECATED[key]
-            warnings.warn(f"--grid {key} is deprecated; use --grid {new}", DeprecationWarning, stacklevel=2)
-            grid[new] = [convert(v) for v in grid.pop(key)]
     return grid
 
 
 _GRID_KINDS = {"num_requests": int, "rate": float, "cv": float, "trace_seed": int, "num_prefixes": int,
-               "prefix_tokens": int, "prefix_fraction": float, "workload": str, "arrival": str, "trace": str}
-
-
-def _sim_kinds() -> dict[str, type]:
-    """Flat ``SimConfig`` knob (old spellings too) -> the type its values take (None dropped)."""
-    from paged.core.composed import DEPRECATED
-    from paged.sim.simulator import SimConfig
-
-    kinds = {name: next(t for t in (typing.get_args(hint) or (hint,)) if t is not type(None))
-             for name, hint in SimConfig.knob_types().items()}
-    kinds = {name: (kind if isinstance(kind, type) else object) for name, kind in kinds.items()}
-    kinds.update({old: (bool if old == "swap_overlap" else kinds[new]) for old, (new, _, _) in DEPRECATED.items()})
-    return kinds
+               "prefix_tokens": int, "prefix_fraction": float, "prefix_zipf": float, "workload": str, "arrival": str,
+               "trace": str}
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from paged.sweeps import sweep
 
     base = {**_sim_kwargs(args), **_trace_keys(args)}
-    del base["trace_seed"]  # the seed is a SimConfig field: a swept seed reseeds the trace too
     # -n: requests to generate (default 1000), or the first N rows of --trace (default all), as in simulate
     base["num_requests"] = args.num_requests if args.trace else (args.num_requests or 1000)
     grid = parse_grid(args.grid)
@@ -284,16 +260,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m paged", description="paged-KV workbench")
+    # allow_abbrev=False: a flag has one spelling (argparse would take --swap-space for --swap-space-gib)
+    p = argparse.ArgumentParser(prog="python -m paged", description="paged-KV workbench", allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True)
-    sim = sub.add_parser("simulate", help="simulate one deployment with the engine's scheduler")
+    sim = sub.add_parser("simulate", allow_abbrev=False, help="simulate one deployment with the engine's scheduler")
     _add_sim_args(sim)
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--no-progress", action="store_true")
     sim.add_argument("--requests-out", default=None, help="write per-request metrics CSV")
     sim.add_argument("--steps-out", default=None, help="write per-step metrics CSV")
     sim.set_defaults(func=cmd_simulate)
-    sw = sub.add_parser("sweep", help="run a grid of simulations in parallel into CSV/Parquet")
+    sw = sub.add_parser("sweep", allow_abbrev=False, help="run a grid of simulations in parallel into CSV/Parquet")
     _add_sim_args(sw)
     sw.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                     help="a swept setting (repeatable), e.g. --grid block_size=8,16,32 --grid rate=1,2,4")
@@ -306,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-store", action="store_true", help="keep no per-point results (no resume)")
     sw.add_argument("--force", action="store_true", help="recompute points already stored")
     sw.set_defaults(func=cmd_sweep)
-    demo = sub.add_parser("demo", help="write the headline report (markdown + CSV)")
+    demo = sub.add_parser("demo", allow_abbrev=False, help="write the headline report (markdown + CSV)")
     demo.add_argument("--out", default="reports")
     demo.add_argument("--num-requests", "-n", type=int, default=2000)
     demo.add_argument("--jobs", "-j", type=int, default=max(1, min(4, os.cpu_count() or 1)))
@@ -339,11 +316,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    with warnings.catch_warnings(record=True) as caught:  # deprecated flags: say so on stderr
-        warnings.simplefilter("always", DeprecationWarning)
-        args = build_parser().parse_args(argv)
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
+    args = build_parser().parse_args(argv)
     try:
         _check_args(args)
         return args.func(args)

@@ -54,3 +54,11 @@ class ConnectError(PagedError, ConnectionError):
 
 class WireFormatError(PagedError, ValueError):
     """A message from a server does not follow the wire format it claims (counted, not fatal, in live sources)."""
+
+
+class SweepPointError(PagedError, RuntimeError):
+    """A point of ``paged.sweep(..., on_error="raise")`` failed; the message names it and its error."""
+
+
+class PagedWarning(UserWarning):
+    """A setting that works but costs what its user would not expect (the message says what to change)."""

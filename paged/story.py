@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["MOMENT_KINDS", "key_moments", "summary"]
+__all__ = ["MOMENT_COLUMNS", "MOMENT_KINDS", "key_moments", "summary"]
 
 # kind -> (step column whose value > 0 marks the moment, noun, plural noun)
 _COUNTED = {
@@ -34,6 +34,9 @@ _COUNTED = {
     "compaction": ("num_compaction_copies", "compaction copy", "compaction copies"),
 }
 MOMENT_KINDS = ("prefix_hit", *_COUNTED, "peak")
+"""Every kind of key moment, in display order: the one list (views style them, runs keep their snapshots)."""
+MOMENT_COLUMNS = {kind: column for kind, (column, _, _) in _COUNTED.items()}
+"""kind -> the step column whose value > 0 marks it (the kinds other than prefix_hit and peak)."""
 
 
 def _count(n: int, kind: str) -> str:

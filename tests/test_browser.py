@@ -447,7 +447,7 @@ SLOW_RATE = 20  # Chrome's CPU throttling: the page's JavaScript runs 20x slower
 SLOW_CELLS = [  # the live dashboard over the simulator (no model to load): whatever plots the dashboard uses
     "from paged import runs\nfrom paged.sim.simulator import SimConfig\nfrom paged.sim.workload import synthetic_trace\n"
     "from paged.viz import live\n"
-    "run = runs.Run(SimConfig(model='llama-2-7b', num_blocks=64), synthetic_trace('sharegpt', 8, rate=4.0, seed=0))\n"
+    "run = runs.Run(SimConfig(model='llama-2-7b', num_blocks=64), synthetic_trace('sharegpt', 8, rate=4.0, trace_seed=0))\n"
     "dash = live.Dashboard(run, views=('grid',), steps_per_second=60)\ndash",
     "dash.run_to_completion()",
     # the titles of the kernel's last frames: the pool (at its peak once the run is over) and the key moments

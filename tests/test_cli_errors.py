@@ -108,8 +108,8 @@ def test_rate_nan_blames_the_rate(capsys):
 
 
 def test_negative_swap_space_names_the_flag(capsys):
-    err = _error(capsys, ["simulate", *SMALL, "--preemption-mode", "swap", "--swap-space", "-1", "-n", "3"],
-                 "swap_space")
+    err = _error(capsys, ["simulate", *SMALL, "--preemption-mode", "swap", "--swap-space-gib", "-1", "-n", "3"],
+                 "swap_space_gib")
     assert "num_cpu_blocks" not in err
 
 

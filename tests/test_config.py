@@ -54,7 +54,7 @@ def test_sizing_errors_say_what_to_change():
 def test_presets_and_lookup():
     assert {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4"} <= set(GPU_PRESETS)
     assert get_gpu("A100-80GB").hbm_bandwidth == 2039e9
-    assert get_gpu("h100").hbm_bandwidth == 3352e9
+    assert get_gpu("h100-sxm").hbm_bandwidth == 3352e9
     assert get_model("Llama-2-7B") is MODEL_PRESETS["llama-2-7b"]
     with pytest.raises(ConfigError, match="unknown model"):
         get_model("gpt-5")

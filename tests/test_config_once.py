@@ -46,7 +46,7 @@ def test_cli_flags_default_to_simconfig():
     flagged = [name for name in knobs if hasattr(args, name)]
     assert set(knobs) - set(flagged) == {"record_events", "kv_share_with"}  # every other knob has a flag
     for name in flagged:
-        assert getattr(args, name) == knobs[name][1].default, name
+        assert getattr(args, name) == knobs[name].default, name
     args = build_parser().parse_args(["simulate", "--tp", "2", "--no-chunked-prefill", "--token-budget", "64",
                                       "--kv-cache-dtype", "int4_kivi", "--no-paged-kernel-penalty"])
     assert (args.tensor_parallel, args.enable_chunked_prefill, args.max_num_batched_tokens, args.kv_cache_dtype,

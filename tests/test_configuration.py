@@ -1,7 +1,7 @@
 """One configuration for both executors (``paged.core.config``): each knob is checked once, in
 the part that owns it; KV-format aliases resolve the same in the engine and the simulator; old
-spellings keep working with a DeprecationWarning; both executors build the same KV manager from
-the same ``CacheConfig``."""
+spellings are gone; both executors build the same KV manager from the same ``CacheConfig``;
+the configs are plain dataclasses (no decorator rewrites their ``__init__``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-import paged.core.config as config_module
+import paged.core.kv_manager as kv_manager_module
 from kernels.format_table import ALIASES, FORMATS, lookup
 from paged.core.config import KV_CACHE_DTYPES, CacheConfig, SchedulerConfig
 from paged.engine import EngineConfig, LLMEngine
@@ -27,10 +27,10 @@ from paged.sim.simulator import SimConfig, Simulator, simulate
 ROOT = Path(__file__).resolve().parents[1]
 BAD = [  # (knob, a value its part refuses)
     ("block_size", 0), ("block_size", 12), ("block_size", "16"), ("block_size", True),
-    ("num_blocks", 0), ("num_blocks", 2.5), ("kv_cache_memory", -5), ("kv_cache_dtype", "fp7"),
+    ("num_blocks", 0), ("num_blocks", 2.5), ("kv_cache_memory_bytes", -5), ("kv_cache_dtype", "fp7"),
     ("kv_cache_dtype", 8), ("enable_prefix_caching", "yes"), ("hash_fn", "md5"), ("eviction", "mru"),
-    ("eviction", "score:decay=2"), ("host_eviction", 3), ("num_cpu_blocks", -1), ("swap_space", -1.0),
-    ("swap_space", math.nan), ("swap_mode", "async"), ("swap_compression", "int2"),
+    ("eviction", "score:decay=2"), ("host_eviction", 3), ("num_cpu_blocks", -1), ("swap_space_gib", -1.0),
+    ("swap_space_gib", math.nan), ("swap_mode", "async"), ("swap_compression", "int2"),
     ("host_tier_threshold", 0.0), ("kv_share_with", {1: 1}), ("kv_share_with", [1, 0]),
     ("max_num_batched_tokens", 0), ("max_num_seqs", True), ("max_model_len", "100"),
     ("preemption_mode", "drop"), ("policy", "lifo"), ("watermark", 1.0), ("watermark", math.nan),
@@ -66,7 +66,7 @@ def test_each_knob_has_one_default_and_both_executors_have_every_knob():
     for part in (CacheConfig, SchedulerConfig):
         default = part()
         for f in dataclasses.fields(part):
-            assert f.name in EngineConfig.knobs() and f.name in SimConfig.knobs()
+            assert f.name in EngineConfig.knob_fields() and f.name in SimConfig.knob_fields()
             assert getattr(EngineConfig(), f.name) == getattr(SimConfig(), f.name) == getattr(default, f.name)
     assert EngineConfig().cache == SimConfig().cache == CacheConfig()
     assert EngineConfig().scheduler == SimConfig().scheduler == SchedulerConfig()
@@ -107,18 +107,20 @@ def test_engine_and_simulator_size_the_same_block(path, kv_cache_dtype, share):
 
 def test_both_executors_build_the_same_kv_manager(path, monkeypatch):
     calls = []
-    real = config_module.KVCacheManager
+    real = kv_manager_module.KVCacheManager
 
     def spy(*args, **kw):
         calls.append((args, {k: v for k, v in kw.items() if k != "recorder"}))
         return real(*args, **kw)
 
-    monkeypatch.setattr(config_module, "KVCacheManager", spy)
+    monkeypatch.setattr(kv_manager_module, "KVCacheManager", spy)
     cache = CacheConfig(block_size=8, num_blocks=40, num_cpu_blocks=6, hash_fn="sha256", eviction="lfu",
                         enable_host_tier=True, host_eviction="score:decay=0.99", host_tier_threshold=0.9)
     sched = SchedulerConfig(max_model_len=64, max_num_seqs=4, preemption_mode="swap")
-    eng = LLMEngine(load_model(path), EngineConfig(cache=cache, scheduler=sched))
-    sim = Simulator(SimConfig(cache=cache, scheduler=sched, model=f"{path}/config.json", gpu="a100-40gb"))
+    parts = {**dataclasses.asdict(cache), **dataclasses.asdict(sched)}
+    eng = LLMEngine(load_model(path), EngineConfig(**parts))
+    sim = Simulator(SimConfig(**parts, model=f"{path}/config.json", gpu="a100-40gb"))
+    assert eng.config.cache == sim.config.cache == cache and eng.config.scheduler == sim.config.scheduler == sched
     assert len(calls) == 2 and calls[0] == calls[1]
     assert calls[0][0] == (40, 8) and calls[0][1]["host_eviction"] == "score:decay=0.99"
     assert eng.scheduler.config == sim.scheduler.config
@@ -126,91 +128,97 @@ def test_both_executors_build_the_same_kv_manager(path, monkeypatch):
 
 
 def test_the_cpu_pool_is_one_concept(path):
-    """num_cpu_blocks or swap_space (GiB), the same formula in both executors; unset, the engine
+    """num_cpu_blocks or swap_space_gib (GiB), the same formula in both executors; unset, the engine
     mirrors its GPU pool and the simulator takes 4 GiB; neither swap nor the host tier: no pool."""
     loaded = load_model(path, dtype=torch.float32)
     kw = dict(num_blocks=16, block_size=8, preemption_mode="swap")
     sim_kw = dict(model=f"{path}/config.json", gpu="a100-40gb", **kw)
     block = LLMEngine(loaded, EngineConfig(**kw)).sizing.block_bytes
     gib = 5 * block / 2**30
-    assert LLMEngine(loaded, EngineConfig(**kw, swap_space=gib)).kv.num_cpu_blocks == 5
-    assert Simulator(SimConfig(**sim_kw, swap_space=gib)).kv.num_cpu_blocks == 5
+    assert LLMEngine(loaded, EngineConfig(**kw, swap_space_gib=gib)).kv.num_cpu_blocks == 5
+    assert Simulator(SimConfig(**sim_kw, swap_space_gib=gib)).kv.num_cpu_blocks == 5
     assert LLMEngine(loaded, EngineConfig(**kw, num_cpu_blocks=3)).kv.num_cpu_blocks == 3
     assert Simulator(SimConfig(**sim_kw, num_cpu_blocks=3)).kv.num_cpu_blocks == 3
     assert LLMEngine(loaded, EngineConfig(**kw)).kv.num_cpu_blocks == 16
     assert Simulator(SimConfig(**sim_kw)).kv.num_cpu_blocks == int(4 * 2**30 // block)
-    assert Simulator(SimConfig(**{**sim_kw, "preemption_mode": "recompute"}, swap_space=gib)).kv.num_cpu_blocks == 0
+    assert Simulator(SimConfig(**{**sim_kw, "preemption_mode": "recompute"}, swap_space_gib=gib)).kv.num_cpu_blocks == 0
     with pytest.raises(ConfigError, match="not both"):
-        CacheConfig(num_cpu_blocks=3, swap_space=1.0)
+        CacheConfig(num_cpu_blocks=3, swap_space_gib=1.0)
 
 
-def test_the_simulator_takes_kv_cache_memory():
+def test_the_simulator_takes_kv_cache_memory_bytes():
     one = Simulator(SimConfig(model="llama-2-7b", gpu="a100-40gb"))
-    sim = Simulator(SimConfig(model="llama-2-7b", gpu="a100-40gb", kv_cache_memory=int(10.5 * one.block_bytes)))
+    sim = Simulator(SimConfig(model="llama-2-7b", gpu="a100-40gb", kv_cache_memory_bytes=int(10.5 * one.block_bytes)))
     assert sim.num_blocks == 10
-    with pytest.raises(ConfigError, match="kv_cache_memory"):
-        Simulator(SimConfig(model="llama-2-7b", gpu="a100-40gb", kv_cache_memory=100))
+    with pytest.raises(ConfigError, match="kv_cache_memory_bytes"):
+        Simulator(SimConfig(model="llama-2-7b", gpu="a100-40gb", kv_cache_memory_bytes=100))
 
 
-OLD = [("kv_format", "int8", "kv_cache_dtype", "int8"), ("swap_space_gib", 2.0, "swap_space", 2.0),
-       ("swap_overlap", True, "swap_mode", "overlap"), ("swap_overlap", False, "swap_mode", "sync")]
-
-
-@pytest.mark.parametrize("old, value, new, new_value", OLD)
+@pytest.mark.parametrize("old", ["kv_format", "swap_overlap", "swap_space", "kv_cache_memory", "seed"])
 @pytest.mark.parametrize("cls", [EngineConfig, SimConfig])
-def test_old_spellings_warn_and_still_work(cls, old, value, new, new_value):
-    with pytest.warns(DeprecationWarning, match=f"'{old}' is deprecated; use '{new}'"):
-        c = cls(**{old: value})
-    assert c == cls(**{new: new_value})
-    with pytest.warns(DeprecationWarning, match=f"use '{new}'"):
-        assert getattr(c, old) == value
-    with pytest.warns(DeprecationWarning):
-        assert dataclasses.replace(cls(), **{old: value}) == c
-    with pytest.raises(ConfigError, match="name the same setting"):
-        cls(**{old: value, new: new_value})
+def test_old_spellings_are_gone(cls, old):
+    """No deprecated alias lives on: an old name is an unknown setting, listed with the valid ones."""
+    assert old not in cls.knob_fields() and not hasattr(cls(), old)
+    with pytest.raises(ConfigError, match=f"unknown setting.*{old}.*valid: block_size"):
+        cls.check_names({old: 1})
 
 
-def test_old_spellings_reach_the_simulator_results():
-    trace = pd.DataFrame({"arrival_time": [0.0] * 4, "prompt_tokens": [100] * 4, "output_tokens": [8] * 4})
-    base = SimConfig(model="llama-2-7b", gpu="a100-40gb", num_blocks=30)
-    new = simulate(trace, base, kv_cache_dtype="int8", swap_mode="overlap").summary
-    with pytest.warns(DeprecationWarning):
-        old = simulate(trace, base, kv_format="int8", swap_overlap=True).summary
-    assert new["kv_cache_dtype"] == old["kv_cache_dtype"] == "int8"
-    assert {k: v for k, v in new.items() if "wall" not in k} == {k: v for k, v in old.items() if "wall" not in k}
+@pytest.mark.parametrize("flag", ["--kv-format", "--swap-overlap", "--seed", "--swap-space", "--kv-cache-memory"])
+def test_old_cli_flags_are_gone(capsys, flag):
+    from paged.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["simulate", flag, "1"])
+    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
 
 
-def test_old_cli_flags_warn_and_still_work(capsys):
-    from paged.cli import main, parse_grid
+def test_old_grid_keys_are_gone():
+    from paged.cli import parse_grid
+    from paged.errors import PagedError
 
-    small = ["simulate", "--model", "llama-2-7b", "--gpu", "a100-40gb", "-n", "3", "--json"]
-    assert main([*small, "--kv-format", "int8", "--swap-space-gib", "1", "--no-swap-overlap"]) == 0
-    out = capsys.readouterr()
-    assert json.loads(out.out)["kv_cache_dtype"] == "int8"
-    for old, new in (("--kv-format", "--kv-cache-dtype"), ("--swap-space-gib", "--swap-space"),
-                     ("--no-swap-overlap", "--swap-mode")):
-        assert f"warning: {old} is deprecated; use {new}" in out.err
-    with pytest.warns(DeprecationWarning, match="use --grid kv_cache_dtype"):
-        assert parse_grid(["kv_format=int8,fp16"]) == {"kv_cache_dtype": ["int8", "fp16"]}
+    with pytest.raises(PagedError, match="unknown key 'kv_format'"):
+        parse_grid(["kv_format=int8,fp16"])
 
 
-def test_flat_and_nested_construction_agree():
+def test_flat_construction_builds_the_parts():
     flat = SimConfig(model="llama-2-7b", block_size=32, policy="priority", swap_mode="overlap")
-    nested = SimConfig(model="llama-2-7b", cache=CacheConfig(block_size=32, swap_mode="overlap"),
-                       scheduler=SchedulerConfig(policy="priority"))
-    assert flat == nested and flat.block_size == flat.cache.block_size == 32
+    assert flat.cache == CacheConfig(block_size=32, swap_mode="overlap")
+    assert flat.scheduler == SchedulerConfig(policy="priority")
+    assert flat.block_size == flat.cache.block_size == 32
     assert SimConfig(**flat.as_dict()) == flat
-    moved = dataclasses.replace(flat, block_size=8)  # what Run.fresh / Run.fresh do
-    assert moved.block_size == 8 and moved.policy == "priority" and moved.swap_mode == "overlap"
-    assert EngineConfig(cache=flat.cache, block_size=64).cache == dataclasses.replace(flat.cache, block_size=64)
+    moved = dataclasses.replace(flat, block_size=8)  # what Run.fresh do
+    assert moved.block_size == moved.cache.block_size == 8 and moved.policy == moved.scheduler.policy == "priority"
+    assert moved.swap_mode == "overlap" and flat.cache.block_size == 32
+    normalized = EngineConfig(kv_cache_dtype="fp8", block_size=np_int(64))
+    assert normalized.kv_cache_dtype == normalized.cache.kv_cache_dtype == "fp8_e4m3"
+    assert type(normalized.block_size) is int
     with pytest.raises(dataclasses.FrozenInstanceError):
         flat.cache.block_size = 64
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         flat.block_size = 64
     with pytest.raises(ConfigError, match=r"unknown setting\(s\) block_szie; valid: block_size"):
-        SimConfig(block_szie=8)
-    with pytest.raises(ConfigError, match="cache must be a CacheConfig"):
-        EngineConfig(cache={"block_size": 8})
+        SimConfig.check_names({"block_szie": 8})
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) block_szie; valid: block_size"):
+        simulate(pd.DataFrame({"arrival_time": [0.0], "prompt_tokens": [4], "output_tokens": [2]}),
+                 SimConfig(model="llama-2-7b"), block_szie=8)
+
+
+def np_int(v: int):
+    import numpy as np
+
+    return np.int64(v)
+
+
+def test_no_config_is_built_by_metaprogramming():
+    """EngineConfig and SimConfig are plain dataclasses: their ``__init__`` is the one dataclasses
+    wrote, and ``composed`` (which rewrote it and added flat/deprecated properties) is gone."""
+    import importlib.util
+
+    assert importlib.util.find_spec("paged.core.composed") is None
+    for cls in (EngineConfig, SimConfig):
+        assert cls.__init__.__qualname__ == f"{cls.__name__}.__init__"
+        assert "__create_fn__" in cls.__init__.__code__.co_names or cls.__init__.__module__ != "paged.core.composed"
+        assert not [n for n, v in vars(cls).items() if isinstance(v, property)], cls
 
 
 def test_the_engine_reads_groups_through_their_accessors():

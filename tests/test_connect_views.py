@@ -85,8 +85,8 @@ def test_server_view_redraws_from_a_live_source(tmp_path):
 
 
 def test_block_axes_have_whole_number_ticks():
-    """Few cached blocks (the stand-in's 5) or few prompt blocks: no tick at 2.5 blocks (paged.viz.check)."""
-    from paged.viz.check import figure_problems
+    """Few cached blocks (the stand-in's 5) or few prompt blocks: no tick at 2.5 blocks (tests/figure_check.py)."""
+    from figure_check import figure_problems
     server = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "kv_cache_usage_perc": [0.1, 0.5, 0.3], "live_blocks": [2, 5, 4],
                            "hit_rate": [float("nan"), 0.4, 0.5]})
     fig = V.server_vs_engine(server)

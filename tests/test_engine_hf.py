@@ -104,10 +104,10 @@ def test_invariance(tiny, kw):
 def test_memory_budget_sizes_the_pool(tiny):
     cfg = tiny["model"].config  # 2 layers x 2 kv heads x head_dim 32, float32: 512 B per token
     per_block = cfg.num_layers * 4 * 2 * cfg.num_kv_heads * cfg.head_dim * 4
-    llm = LLM(tiny["model"], block_size=4, kv_cache_memory=10 * per_block + 7)
+    llm = LLM(tiny["model"], block_size=4, kv_cache_memory_bytes=10 * per_block + 7)
     assert llm.kv_manager.num_blocks == 10
     assert llm.engine.runner.cache_bytes() == 10 * per_block
-    half = LLM(tiny["model"], block_size=4, kv_cache_memory=10 * per_block, kv_cache_dtype="fp8_e4m3")
+    half = LLM(tiny["model"], block_size=4, kv_cache_memory_bytes=10 * per_block, kv_cache_dtype="fp8_e4m3")
     assert half.kv_manager.num_blocks == 40  # 1 byte per value instead of 4
 
 
@@ -250,7 +250,7 @@ def test_bad_input_keeps_engine_serving(tiny):
     with pytest.raises(ConfigError):
         LLM(tiny["model"], num_blocks=8, kv_cache_dtype="fp7")
     with pytest.raises(ConfigError):
-        LLM(tiny["model"], kv_cache_memory=100)  # less than one block
+        LLM(tiny["model"], kv_cache_memory_bytes=100)  # less than one block
     with pytest.raises(ConfigError, match="unknown backend"):  # was a KernelError in the first step
         LLM(tiny["model"], num_blocks=8, attention_backend="bogus")
     out = []

@@ -23,7 +23,7 @@ def _fill(kv, rid, tokens):
 
 
 def _kv(num_blocks=4, num_cpu=4, **kw):
-    return KVCacheManager(num_blocks, 2, num_cpu_blocks=num_cpu, host_tier=True, hash_fn="builtin", **kw)
+    return KVCacheManager(num_blocks, 2, num_cpu_blocks=num_cpu, enable_host_tier=True, hash_fn="builtin", **kw)
 
 
 def test_eviction_demotes_and_a_hit_brings_back():
@@ -122,7 +122,7 @@ def test_threshold_demotes_proactively():
 def test_scheduler_plans_tier_copies_and_nothing_leaks():
     rng = random.Random(1)
     for policy in ("lru", "score", "score:size_weight=2", "lfu"):
-        kv = KVCacheManager(20, 4, num_cpu_blocks=12, host_tier=True, eviction=policy, host_eviction=policy,
+        kv = KVCacheManager(20, 4, num_cpu_blocks=12, enable_host_tier=True, eviction=policy, host_eviction=policy,
                             hash_fn="builtin", host_tier_threshold=0.8)
         s = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=32, preemption_mode="swap"))
         prefixes = [[rng.randrange(50) for _ in range(8)] for _ in range(5)]
@@ -151,11 +151,11 @@ def test_default_is_no_tier_and_config_errors():
     kv = KVCacheManager(4, 2, num_cpu_blocks=4)
     assert kv.host is None and kv.take_tier_ops() == ([], [], 0) and kv.num_host_cached_blocks == 0
     with pytest.raises(ConfigError, match="num_cpu_blocks"):
-        KVCacheManager(4, 2, host_tier=True)
+        KVCacheManager(4, 2, enable_host_tier=True)
     with pytest.raises(ConfigError, match="enable_prefix_caching"):
-        KVCacheManager(4, 2, num_cpu_blocks=2, host_tier=True, enable_prefix_caching=False)
+        KVCacheManager(4, 2, num_cpu_blocks=2, enable_host_tier=True, enable_prefix_caching=False)
     with pytest.raises(ConfigError, match="host_tier_threshold"):
-        KVCacheManager(4, 2, num_cpu_blocks=2, host_tier=True, host_tier_threshold=1.5)
+        KVCacheManager(4, 2, num_cpu_blocks=2, enable_host_tier=True, host_tier_threshold=1.5)
 
 
 class _B:
@@ -208,7 +208,7 @@ def test_scheduled_plans_through_the_shadow_store(threshold):
     from shadow import ShadowKV
     rng = random.Random(7)
     for policy in ("lru", "score"):
-        kv = KVCacheManager(16, 4, num_cpu_blocks=10, host_tier=True, eviction=policy, host_eviction=policy,
+        kv = KVCacheManager(16, 4, num_cpu_blocks=10, enable_host_tier=True, eviction=policy, host_eviction=policy,
                             hash_fn="builtin", host_tier_threshold=threshold)
         shadow = ShadowKV(kv)
         s = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=24, preemption_mode="swap"))

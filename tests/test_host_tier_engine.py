@@ -157,7 +157,7 @@ def test_engine_and_simulator_make_the_same_tiered_schedule(path):
                           "output_tokens": [o for *_, o in REQS], "prefix_id": [p for p, *_ in REQS],
                           "prefix_tokens": PREFIX})
     gib = 16 * Simulator(SimConfig(model=f"{path}/config.json", **SIM_CACHE)).block_bytes / 2**30
-    res = Simulator(SimConfig(model=f"{path}/config.json", swap_space=gib, **SIM_CACHE)).run(trace)
+    res = Simulator(SimConfig(model=f"{path}/config.json", swap_space_gib=gib, **SIM_CACHE)).run(trace)
     cols = [c for c in telemetry.STEP_COLUMNS if c not in ("time_s", "step_time_s")]
     eng = telemetry.steps_frame(steps)[cols]
     assert eng["num_tier_in_blocks"].sum() > 0 and eng["num_tier_out_blocks"].sum() > 0

@@ -33,7 +33,7 @@ def _host_tokens(kv: KVCacheManager) -> set[tuple[int, ...]]:
 
 def _tier(host_eviction: str, num_blocks: int = 3) -> KVCacheManager:
     # the GPU tier is LRU in every case: only the host tier's policy varies
-    return KVCacheManager(num_blocks, 2, num_cpu_blocks=2, host_tier=True, hash_fn="builtin", eviction="lru",
+    return KVCacheManager(num_blocks, 2, num_cpu_blocks=2, enable_host_tier=True, hash_fn="builtin", eviction="lru",
                           host_eviction=host_eviction)
 
 
@@ -83,7 +83,7 @@ def test_recomputing_a_host_prefix_keeps_the_rest_of_the_chain():
     """A chain [1,2] -> [3,4] -> [5,6] in the host tier; a request that bypasses the prefix cache
     recomputes the first block on the GPU. The GPU block takes over the host entry's content id,
     so the children still in the host tier remain hits for the next request."""
-    kv = KVCacheManager(4, 2, num_cpu_blocks=8, host_tier=True, hash_fn="builtin")  # room: no host eviction
+    kv = KVCacheManager(4, 2, num_cpu_blocks=8, enable_host_tier=True, hash_fn="builtin")  # room: no host eviction
     _run(kv, "a", [1, 2, 3, 4, 5, 6, 7])
     _run(kv, "fill", list(range(20, 28)))     # 4 blocks: a's three full blocks are demoted
     assert _host_tokens(kv) >= {(1, 2), (3, 4), (5, 6)}

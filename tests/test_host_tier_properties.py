@@ -73,7 +73,7 @@ class TieredMachine(KVMachine):
         assume(num_blocks * block_size >= 16)
         self._start(TieredKV(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks, eviction=eviction,
                              host_eviction=eviction, hash_fn=hash_fn, max_model_len=num_blocks * block_size,
-                             host_tier=True), seed)
+                             enable_host_tier=True), seed)
         self.kv.shadow = self.shadow
         self.host_eviction = eviction
 

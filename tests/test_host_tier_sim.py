@@ -7,7 +7,7 @@ import pytest
 
 def test_simulator_charges_tier_copies():
     from paged.studies.host_tier import tier_study
-    df = tier_study(model="llama-2-7b", gpu="a100-40gb", tensor_parallel=1, num_blocks=300, swap_space=2.0,
+    df = tier_study(model="llama-2-7b", gpu="a100-40gb", tensor_parallel=1, num_blocks=300, swap_space_gib=2.0,
                     num_requests=40, num_prefixes=16, prefix_tokens=512, rate=20.0,
                     variants=["recompute (no host tier)", "host tier, LRU", "host tier, score"])
     off, lru, score = (df.iloc[i] for i in range(3))

@@ -116,9 +116,10 @@ def test_an_error_finishing_one_request_keeps_the_others(llm, monkeypatch):
 # ---- item 7: LLM(...) settings, checked before the model is loaded ------------------------
 @pytest.mark.parametrize("kw, match", [
     (dict(block_size=0), "block_size"), (dict(block_size="16"), "block_size"), (dict(block_size=True), "block_size"),
-    (dict(kv_cache_memory="1GB"), "kv_cache_memory"), (dict(kv_cache_memory=-5), "kv_cache_memory"),
+    (dict(kv_cache_memory_bytes="1GB"), "kv_cache_memory_bytes"),
+    (dict(kv_cache_memory_bytes=-5), "kv_cache_memory_bytes"),
     (dict(max_model_len="100"), "max_model_len"), (dict(max_model_len=0), "max_model_len"),
-    (dict(seed="x"), "seed"), (dict(seed=1.5), "seed"), (dict(num_blocks="10"), "num_blocks"),
+    (dict(sampling_seed="x"), "sampling_seed"), (dict(sampling_seed=1.5), "sampling_seed"), (dict(num_blocks="10"), "num_blocks"),
     (dict(num_blocks=2.5), "num_blocks"), (dict(num_blocks=0), "num_blocks"),
     (dict(enable_prefix_caching="no"), "enable_prefix_caching"),
     (dict(enable_chunked_prefill=1), "enable_chunked_prefill"),
@@ -129,7 +130,7 @@ def test_an_error_finishing_one_request_keeps_the_others(llm, monkeypatch):
 ])
 def test_bad_engine_settings_fail_before_loading_the_model(path, monkeypatch, kw, match):
     """Catches ZeroDivisionError (block_size=0), TypeErrors (strings), a torch RuntimeError
-    after loading (seed='x') and self-contradicting messages (num_blocks='10')."""
+    after loading (sampling_seed='x') and self-contradicting messages (num_blocks='10')."""
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the settings were checked")
     monkeypatch.setattr(llm_module, "load_model", no_load)
@@ -139,7 +140,7 @@ def test_bad_engine_settings_fail_before_loading_the_model(path, monkeypatch, kw
 
 
 def test_numpy_integer_settings_work(path):
-    llm = LLM(path, num_blocks=np.int64(16), block_size=np.int64(4), seed=np.int64(1), max_model_len=np.int32(32))
+    llm = LLM(path, num_blocks=np.int64(16), block_size=np.int64(4), sampling_seed=np.int64(1), max_model_len=np.int32(32))
     assert llm.kv_manager.num_blocks == 16 and llm.engine.max_model_len == 32
     assert len(llm.generate([[1, 2, 3]], GREEDY)[0].outputs[0].token_ids) == 4
 

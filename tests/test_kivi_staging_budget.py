@@ -1,5 +1,5 @@
 """int4_kivi's staging pool (K of unfilled blocks in the model dtype) is counted inside
-``kv_cache_memory`` and does not grow: the bytes allocated are what the budget allows."""
+``kv_cache_memory_bytes`` and does not grow: the bytes allocated are what the budget allows."""
 from __future__ import annotations
 
 import pytest
@@ -21,7 +21,7 @@ def model(tmp_path_factory):
 @pytest.mark.parametrize("block_size, budget", [(4, 1 << 20), (16, 1 << 20), (256, 4 << 20), (16, 64 << 20)])
 def test_cache_with_staging_fits_the_budget(model, block_size, budget):
     """Catches the staging pool allocated beside the budget (2.5-4.5x over it)."""
-    llm = LLM(model=model, kv_cache_dtype="int4_kivi", block_size=block_size, kv_cache_memory=budget,
+    llm = LLM(model=model, kv_cache_dtype="int4_kivi", block_size=block_size, kv_cache_memory_bytes=budget,
               max_num_seqs=8)
     runner = llm.engine.runner
     slots = runner.layers[0].staging.num_slots
@@ -43,7 +43,7 @@ def test_forks_beyond_the_fixed_staging_pool_are_a_clear_error(model):
     requests with advice naming the knobs (the engine stays consistent and usable)."""
     from paged.errors import PagedError
 
-    llm = LLM(model=model, kv_cache_dtype="int4_kivi", block_size=4, kv_cache_memory=1 << 20, max_num_seqs=2)
+    llm = LLM(model=model, kv_cache_dtype="int4_kivi", block_size=4, kv_cache_memory_bytes=1 << 20, max_num_seqs=2)
     assert llm.engine.runner.layers[0].staging.num_slots == 18
     with pytest.raises(PagedError, match="max_num_seqs"):
         llm.generate([[1, 2, 3, 4, 5, 6]], SamplingParams(n=30, temperature=1.0, seed=0, max_tokens=7))

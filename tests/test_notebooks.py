@@ -4,7 +4,7 @@ Each notebook is its own test case. The kernel is the interpreter running pytest
 ipykernel), started with IPython and Jupyter directories in a temporary folder and one OpenMP
 thread; the notebook runs from a copy inside ``notebooks/``'s temporary twin (``data/`` linked),
 so relative paths resolve as they do in JupyterLab and the repository's files stay output-free.
-Every output is also checked: plotly figures pass ``paged.viz.check.figure_problems`` (heights, rows,
+Every output is also checked: plotly figures pass ``tests/figure_check.py.figure_problems`` (heights, rows,
 integer count axes, labels) and no output shows a path of this machine. Also checked: the layout rules of CONTRACT (a ``parameters`` cell that reads PAGED_SMOKE, no
 committed outputs, no function definitions in code cells, a "Try this" ending).
 """
@@ -91,8 +91,8 @@ def test_notebook_executes(path: Path, tmp_path: Path) -> None:
 
 
 def _output_problems(nb) -> list[str]:
-    """Unreadable figures (paged.viz.check) and paths of this machine in any output of an executed notebook."""
-    from paged.viz.check import figure_problems, output_problems
+    """Unreadable figures (tests/figure_check.py) and paths of this machine in any output of an executed notebook."""
+    from figure_check import figure_problems, output_problems
     out = []
     for i, c in enumerate(nb.cells):
         for o in c.get("outputs", []) if c.cell_type == "code" else []:

@@ -18,7 +18,7 @@ from paged.engine.batch import build_batch, slot_mapping
 def _run(seed: int, block_size: int, host_tier: bool, compaction: bool) -> int:
     """Drive a mixed workload; check each plan against the manager. Returns chunks checked."""
     rng = random.Random(seed)
-    kv = KVCacheManager(-(-160 // block_size), block_size, num_cpu_blocks=12, host_tier=host_tier)
+    kv = KVCacheManager(-(-160 // block_size), block_size, num_cpu_blocks=12, enable_host_tier=host_tier)
     s = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=48, max_num_seqs=10,
                                       preemption_mode=rng.choice(["recompute", "swap"]),
                                       enable_block_compaction=compaction, compaction_threshold=0.0,

@@ -69,7 +69,7 @@ def test_a_block_computed_after_a_duplicate_parent_stays_a_hit(host_tier):
     [3,4] is new. A later [1,2,3,4,x] must hit both blocks ([3,4] is a child of A's [1,2], the
     indexed block holding the same content); before, [3,4] was indexed as the duplicate's child and
     never found."""
-    kw = dict(num_cpu_blocks=8, host_tier=True) if host_tier else {}
+    kw = dict(num_cpu_blocks=8, enable_host_tier=True) if host_tier else {}
     kv = KVCacheManager(8, 2, hash_fn="builtin", **kw)
     run(kv, "a", [1, 2, 3])
     run(kv, "b", [1, 2, 3, 4, 5], use_cache=False)
@@ -84,7 +84,7 @@ def test_a_recomputed_child_takes_over_its_host_entry_after_a_duplicate_parent()
     The recomputed [3,4] must be indexed after the GPU [1,2] and take over the entry's content id
     (one tier each), so [1,2,3,4,x] still hits both; before, the entry was discarded and the new
     block indexed after the duplicate: 1 of 2."""
-    kv = KVCacheManager(4, 2, num_cpu_blocks=8, host_tier=True, hash_fn="builtin")
+    kv = KVCacheManager(4, 2, num_cpu_blocks=8, enable_host_tier=True, hash_fn="builtin")
     run(kv, "a", [1, 2, 3, 4, 5])
     run(kv, "f", [20, 21, 22, 23, 24, 25])  # 3 blocks: demotes a's [3,4] and [1,2] to the host tier
     run(kv, "g", [1, 2, 9])                 # a hit brings [1,2] back to the GPU; [3,4] stays in host

@@ -70,7 +70,7 @@ def test_greedy_outputs_against_fp32(smollm2, ids):
 
 def test_cache_bytes_stay_within_the_budget(smollm2):
     budget = 24 << 20
-    llm = LLM(smollm2, kv_cache_memory=budget, block_size=32, kv_cache_dtype="kvq3", enable_prefix_caching=False,
+    llm = LLM(smollm2, kv_cache_memory_bytes=budget, block_size=32, kv_cache_dtype="kvq3", enable_prefix_caching=False,
               max_num_seqs=8)
     used = llm.engine.runner.cache_bytes()
     assert 0.8 * budget < used <= budget, (used, budget)

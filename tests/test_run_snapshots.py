@@ -37,7 +37,7 @@ def _workload():
 
 def _sim_run():
     cfg = SimConfig(model="llama-2-7b", num_blocks=48, preemption_mode="swap", max_num_batched_tokens=512)
-    return runs.Run(cfg, synthetic_trace("sharegpt", 8, rate=8.0, seed=1))
+    return runs.Run(cfg, synthetic_trace("sharegpt", 8, rate=8.0, trace_seed=1))
 
 
 def _assert_same(a: S.KVSnapshot, b: S.KVSnapshot) -> None:

@@ -47,7 +47,7 @@ def test_engine_run_rows_requests_snapshot(llm):
 
 
 def test_sim_run_interface():
-    run = runs.Run(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 8, rate=4.0, seed=0))
+    run = runs.Run(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 8, rate=4.0, trace_seed=0))
     run.run_to_completion()
     assert run.done and len(run.rows) > 5 and set(run.rows[0]) == set(runs.STEP_COLUMNS)
     assert len(run.request_rows()) == 8 and "simulated" in run.backend
@@ -83,7 +83,7 @@ def test_ring_buffer_wraps():
 def test_dashboard_falls_back_to_static_figures(monkeypatch):
     from paged.viz import live
     monkeypatch.setattr(live, "widgets_available", lambda: "ImportError: no anywidget")
-    run = runs.Run(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 4, rate=4.0, seed=0))
+    run = runs.Run(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 4, rate=4.0, trace_seed=0))
     dash = live.Dashboard(run, views=("grid", "usage"))
     assert dash.panel is None and all(type(f).__name__ == "Figure" for f in dash.figures.values())
     dash.run_to_completion()

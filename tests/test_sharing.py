@@ -49,8 +49,8 @@ def _reference(model, share):
 
 
 def test_shared_layers_allocate_nothing_and_budget_counts_owners(tiny):
-    plain = LLM(tiny, device="cpu", kv_cache_memory=1 << 20)
-    shared = LLM(plain.loaded, kv_cache_memory=1 << 20, kv_share_with={1: 0, 3: 2})
+    plain = LLM(tiny, device="cpu", kv_cache_memory_bytes=1 << 20)
+    shared = LLM(plain.loaded, kv_cache_memory_bytes=1 << 20, kv_share_with={1: 0, 3: 2})
     r = shared.engine.runner
     assert len(r.layers) == 2 and len(plain.engine.runner.layers) == 4
     assert len(r.layer_caches) == 4 and r.layer_caches[1] is r.layers[0] and r.layer_caches[3] is r.layers[1]

@@ -13,7 +13,7 @@ SMALL = dict(model="llama-2-7b", gpu="a100-40gb", max_model_len=1024)
 
 
 def _trace(n=80, seed=0, **kw):
-    return synthetic_trace("sharegpt", n, seed=seed, max_model_len=1024, **kw)
+    return synthetic_trace("sharegpt", n, trace_seed=seed, max_model_len=1024, **kw)
 
 
 def test_run_finishes_everything_and_frees_every_block():
@@ -67,7 +67,7 @@ def test_contiguous_baselines_waste_memory_in_order():
 
 def test_chunked_prefill_cuts_decode_stalls():
     # long prompts (Azure conversation) arriving into a decode batch: Sarathi-Serve's interference
-    tr = synthetic_trace("azure-conv", 150, rate=4.0, seed=2, max_model_len=4096)
+    tr = synthetic_trace("azure-conv", 150, rate=4.0, trace_seed=2, max_model_len=4096)
     base = dict(model="mistral-7b", gpu="a100-80gb", max_model_len=4096)
     none = simulate(tr, SimConfig(**base, enable_chunked_prefill=False, max_num_batched_tokens=4096)).summary
     chunked = simulate(tr, SimConfig(**base, max_num_batched_tokens=256)).summary

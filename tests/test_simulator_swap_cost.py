@@ -1,6 +1,6 @@
 """The simulator sizes its CPU swap pool and prices swaps from bytes per *block*.
 
-block bytes = kv_bytes_per_token x block_size; CPU blocks = swap_space (GiB) x GiB // block
+block bytes = kv_bytes_per_token x block_size; CPU blocks = swap_space_gib (GiB) x GiB // block
 bytes; a step that moves k blocks over PCIe costs k x block bytes / (pcie_bandwidth x
 pcie_efficiency) on top of its compute. Catches dropping `x block_size` from the
 simulator's block bytes (the CPU pool grows block_size-fold and swaps get 16x cheaper).
@@ -22,9 +22,9 @@ def test_cpu_pool_is_swap_space_over_block_bytes():
     per_token = get_model("llama-2-7b").kv_bytes_per_token("fp16")
     assert per_token == 2 * 32 * 32 * 128 * 2          # K and V x layers x heads x head_dim x fp16
     for bs, gib in ((8, 0.5), (16, 4.0), (32, 1.0)):
-        sim = Simulator(SimConfig(**SMALL, block_size=bs, swap_space=gib, preemption_mode="swap"))
+        sim = Simulator(SimConfig(**SMALL, block_size=bs, swap_space_gib=gib, preemption_mode="swap"))
         assert sim.kv.num_cpu_blocks == int(gib * GiB // (per_token * bs))
-    sim = Simulator(SimConfig(**SMALL, block_size=8, swap_space=0.5, preemption_mode="swap"))
+    sim = Simulator(SimConfig(**SMALL, block_size=8, swap_space_gib=0.5, preemption_mode="swap"))
     assert sim.kv.num_cpu_blocks == 128                 # 0.5 GiB / (0.5 MiB x 8)
     assert Simulator(SimConfig(**SMALL, block_size=8)).kv.num_cpu_blocks == 0   # recompute: no pool
 
@@ -53,12 +53,12 @@ class Recording(CostModel):
 
 
 def test_simulated_swaps_are_priced_per_block():
-    cfg = SimConfig(**SMALL, num_blocks=150, preemption_mode="swap", block_size=16, swap_space=1.0)
+    cfg = SimConfig(**SMALL, num_blocks=150, preemption_mode="swap", block_size=16, swap_space_gib=1.0)
     base = build_cost_model(cfg, get_model(cfg.model))
     Recording.shapes = []
     rec = Recording(base.model, base.gpu, kv_format=base.kv_format, kv_block_size=base.kv_block_size)
     sim = Simulator(cfg, cost_model=rec)
-    res = sim.run(synthetic_trace("sharegpt", 40, seed=0, max_model_len=1024))
+    res = sim.run(synthetic_trace("sharegpt", 40, trace_seed=0, max_model_len=1024))
     assert res.summary["requests_finished"] == 40
     kv = sim.kv
     moved = kv.num_swapped_out_blocks + kv.num_swapped_in_blocks

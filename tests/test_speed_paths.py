@@ -19,7 +19,8 @@ def _drive(lane: bool, seed: int, block_size: int, recorder, host_tier: bool = F
     preemption (and, with ``host_tier``, demotions the lane's allocations make); returns one
     record per step of everything observable."""
     rng = random.Random(seed)
-    kv = KVCacheManager(-(-200 // block_size), block_size, num_cpu_blocks=8, recorder=recorder, host_tier=host_tier)
+    kv = KVCacheManager(-(-200 // block_size), block_size, num_cpu_blocks=8, recorder=recorder,
+                        enable_host_tier=host_tier)
     lane_runs = [0]
     real_lane = kv.append_decode_slots
     def counting_lane(requests, i, *rest):

@@ -63,7 +63,7 @@ def _sim_run(num_blocks: int = 48, n: int = 24):
     from paged.sim.simulator import SimConfig
     from paged.sim.workload import synthetic_trace
     return runs.Run(SimConfig(model="llama-2-7b", num_blocks=num_blocks, block_size=16),
-                       synthetic_trace("sharegpt", n, rate=16.0, seed=3))
+                       synthetic_trace("sharegpt", n, rate=16.0, trace_seed=3))
 
 
 def test_snapshots_stay_within_the_cap_and_keep_the_moments() -> None:

@@ -75,7 +75,7 @@ def test_swap_benchmark_runs_small():
 
 def test_simulated_host_pool_holds_more_compressed_blocks():
     from paged.sim.simulator import Simulator
-    n = {c: Simulator(SimConfig(model="llama-2-70b", tensor_parallel=4, preemption_mode="swap", swap_space=1.0,
+    n = {c: Simulator(SimConfig(model="llama-2-70b", tensor_parallel=4, preemption_mode="swap", swap_space_gib=1.0,
                                 swap_compression=c)).kv.num_cpu_blocks for c in (None, "fp8", "int4")}
     assert n["int4"] == pytest.approx(n[None] / swap_bytes_ratio("int4", 128), rel=1e-3)
     assert n[None] < n["fp8"] < n["int4"]

@@ -93,7 +93,7 @@ def test_live_sweep_runs_a_sweep_through_the_view(tmp_path):
 
 def test_pareto_counts_get_whole_number_ticks():
     """A count on an axis (num_preemptions; float once a failed point left a NaN) ticks at whole numbers."""
-    from paged.viz.check import figure_problems
+    from figure_check import figure_problems
     df = table().assign(num_preemptions=[0, 1, 2, 3] * 3 + [None])
     fig = V.pareto(df, "num_preemptions", "tp", maximize=["tp"], minimize=["num_preemptions"])
     assert figure_problems(fig) == [] and fig.layout.xaxis.dtick == 1

@@ -71,7 +71,7 @@ def test_request_rows_agree(both):
 def test_simulator_is_steppable():
     from paged.sim.workload import synthetic_trace
 
-    trace = synthetic_trace("sharegpt", 30, seed=0, max_model_len=1024)
+    trace = synthetic_trace("sharegpt", 30, trace_seed=0, max_model_len=1024)
     sim = Simulator(SimConfig(model="llama-2-7b", gpu="a100-40gb", max_model_len=1024, num_blocks=120,
                               record_events=True))
     rows, used = [], []

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from paged.errors import ConfigError
-from paged.viz import check, tables
+import figure_check as check
+from paged.viz import tables
 
 
 def test_fit_table_wraps_headers_keeps_every_value_and_fits_a_laptop() -> None:

@@ -1,4 +1,4 @@
-"""Every figure builder of paged.viz, run on small inputs, passes paged.viz.check (readable by
+"""Every figure builder of paged.viz, run on small inputs, passes tests/figure_check.py (readable by
 construction); and the checker itself finds what issue 20 saw (it fails on the old figures)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from paged.core import KVCacheManager, Request, RequestStatus
 from paged.runs import STEP_COLUMNS
 from paged.viz import budget as BV
-from paged.viz import check
+import figure_check as check
 from paged.viz import figures as F
 from paged.viz import fragmentation as FV
 from paged.viz import preemption as RV

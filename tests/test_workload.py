@@ -13,19 +13,19 @@ from paged.sim.workload import (TRACE_COLUMNS, TraceFormatError, arrival_times, 
 @pytest.mark.parametrize("name,mean_in,mean_out", [("sharegpt", 161.31, 337.99), ("alpaca", 19.31, 58.45),
                                                    ("azure-conv", 1155, 211), ("azure-code", 2048, 28)])
 def test_length_means_match_published(name, mean_in, mean_out):
-    df = synthetic_trace(name, 40000, seed=3)
+    df = synthetic_trace(name, 40000, trace_seed=3)
     assert df["prompt_tokens"].mean() == pytest.approx(mean_in, rel=0.04)
     assert df["output_tokens"].mean() == pytest.approx(mean_out, rel=0.04)
     assert (df["prompt_tokens"] >= 1).all() and (df["output_tokens"] >= 1).all()
 
 
 def test_seeded_and_columns():
-    a = synthetic_trace("sharegpt", 200, rate=4.0, seed=7)
-    b = synthetic_trace("sharegpt", 200, rate=4.0, seed=7)
+    a = synthetic_trace("sharegpt", 200, rate=4.0, trace_seed=7)
+    b = synthetic_trace("sharegpt", 200, rate=4.0, trace_seed=7)
     pd.testing.assert_frame_equal(a, b)
     assert list(a.columns) == TRACE_COLUMNS
     assert a["arrival_time"].is_monotonic_increasing
-    assert not a.equals(synthetic_trace("sharegpt", 200, rate=4.0, seed=8))
+    assert not a.equals(synthetic_trace("sharegpt", 200, rate=4.0, trace_seed=8))
 
 
 def test_arrival_processes():
@@ -44,14 +44,14 @@ def test_arrival_processes():
 
 
 def test_shared_prefix_and_context_fit():
-    df = synthetic_trace("alpaca", 500, num_prefixes=3, prefix_tokens=64, prefix_fraction=0.5, seed=1)
+    df = synthetic_trace("alpaca", 500, num_prefixes=3, prefix_tokens=64, prefix_fraction=0.5, trace_seed=1)
     has = df["prefix_id"] >= 0
     assert 0.4 < has.mean() < 0.6 and set(df.loc[has, "prefix_id"]) == {0, 1, 2}
     assert (df.loc[has, "prefix_tokens"] == 64).all() and (df.loc[has, "prompt_tokens"] > 64).all()
     assert (df.loc[~has, "prefix_tokens"] == 0).all()
-    fitted = synthetic_trace("azure-code", 500, max_model_len=2048, seed=1)
+    fitted = synthetic_trace("azure-code", 500, max_model_len=2048, trace_seed=1)
     assert (fitted["prompt_tokens"] + fitted["output_tokens"] <= 2048).all()
-    merged = concat_traces([df, synthetic_trace("alpaca", 50, num_prefixes=2, prefix_tokens=8, seed=2)])
+    merged = concat_traces([df, synthetic_trace("alpaca", 50, num_prefixes=2, prefix_tokens=8, trace_seed=2)])
     assert len(merged) == 550 and merged["prefix_id"].max() == 4
 
 
@@ -67,7 +67,7 @@ def test_loaders_roundtrip(tmp_path):
                                       '{"input_toks": 6, "output_toks": 8, "arrival_time_ns": 1000000000}\n')
     j = load_trace(tmp_path / "j.jsonl")
     assert j["arrival_time"].tolist() == [1.0, 2.0] and j["output_tokens"].tolist() == [8, 7]
-    df = synthetic_trace("sharegpt", 30, rate=2.0, num_prefixes=2, prefix_tokens=16, seed=0)
+    df = synthetic_trace("sharegpt", 30, rate=2.0, num_prefixes=2, prefix_tokens=16, trace_seed=0)
     save_trace(df, tmp_path / "p.csv")
     back = load_trace(tmp_path / "p.csv")
     pd.testing.assert_frame_equal(back[TRACE_COLUMNS[1:]], df[TRACE_COLUMNS[1:]])

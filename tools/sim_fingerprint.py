@@ -15,7 +15,8 @@ the trace generator cannot hide or fake a difference). ``--only NAME`` runs a su
 on tokens, so the hash must not change a number: compare a builtin run with an xxh3_128 run).
 ``--spelling`` picks the configuration names: ``old`` (``kv_format``, ``swap_overlap``,
 ``swap_space_gib``: what the base commit understands), ``new`` (``kv_cache_dtype``, ``swap_mode``,
-``swap_space``), ``auto`` (new when the checkout has them). Wall-clock summary keys are dropped;
+``swap_space`` or, where the checkout names its unit, ``swap_space_gib``), ``auto`` (new when the
+checkout has them). The trace's seed goes by the name ``synthetic_trace`` takes (``seed`` or ``trace_seed``). Wall-clock summary keys are dropped;
 summary keys renamed since the base (``RENAMED_KEYS``) are compared under their new name, and
 the KV format by its canonical name (``canonical``).
 """
@@ -70,17 +71,27 @@ def canonical(key: str, value: Any) -> Any:
 
 def make_trace(num_requests: int = 300, seed: int = 7) -> pd.DataFrame:
     """A ShareGPT-like Poisson trace with shared prefixes on half the requests and priorities 0-2."""
+    import inspect
+
     from paged.sim.workload import synthetic_trace
 
-    tr = synthetic_trace("sharegpt", num_requests, rate=25.0, seed=seed, max_model_len=4096, num_prefixes=4,
-                         prefix_tokens=256, prefix_fraction=0.5)
+    seed_name = "trace_seed" if "trace_seed" in inspect.signature(synthetic_trace).parameters else "seed"
+    tr = synthetic_trace("sharegpt", num_requests, rate=25.0, max_model_len=4096, num_prefixes=4,
+                         prefix_tokens=256, prefix_fraction=0.5, **{seed_name: seed})
     tr["priority"] = np.random.default_rng(seed).integers(0, 3, len(tr))
     return tr
 
 
+def _fields() -> set[str]:
+    import dataclasses
+
+    from paged.sim.simulator import SimConfig
+    return {f.name for f in dataclasses.fields(SimConfig)}
+
+
 def has_new_names() -> bool:
     from paged.sim.simulator import SimConfig
-    return hasattr(SimConfig, "knobs")
+    return hasattr(SimConfig, "knobs") or "kv_cache_dtype" in _fields()
 
 
 def spelled(kw: dict[str, Any], spelling: str) -> dict[str, Any]:
@@ -94,7 +105,7 @@ def spelled(kw: dict[str, Any], spelling: str) -> dict[str, Any]:
         if k == "kv_format":
             out["kv_cache_dtype"] = v
         elif k == "swap_space_gib":
-            out["swap_space"] = v
+            out["swap_space_gib" if "swap_space_gib" in _fields() else "swap_space"] = v
         elif k == "swap_overlap":
             out["swap_mode"] = "overlap" if v else "sync"
         else:

@@ -43,12 +43,6 @@ def vllm_python() -> Path:
     return p
 
 
-def vllm_available() -> bool:
-    """Whether ``make vllm`` has completed (its stamp exists)."""
-    py = Path(os.environ.get("PAGED_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-    return py.is_file() and (py.parent.parent / ".installed").is_file()
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,31 +5,33 @@ Each knob has one name, one default and one check, written here; both configs ar
 check every field in ``__post_init__``, so a config that exists is valid (values are normalized
 on the way: numpy integers become ``int``, KV-format aliases their canonical name). The engine's
 ``EngineConfig`` and the simulator's ``SimConfig`` embed one of each (``.cache``,
-``.scheduler``; see ``paged.core.composed``), and both executors build their KV manager from
-the ``CacheConfig`` with ``build_kv_manager``.
+``.scheduler``), and both executors build their KV manager from the ``CacheConfig`` with
+``paged.core.kv_manager.build_kv_manager``. ``ExecutorConfig`` is the flat base of those two: every cache and
+scheduler knob as its own field, the two parts built from them once, in ``__post_init__``.
+
+Units are stated in names where a quantity has one: bytes (``kv_cache_memory_bytes``), GiB
+(``swap_space_gib``), seconds (``_s``); a share is a float in [0, 1].
 
 What stays executor-specific is derived from these knobs where the executor knows enough: the
-number of GPU blocks (``num_blocks`` wins, then ``kv_cache_memory`` bytes; otherwise the engine
+number of GPU blocks (``num_blocks`` wins, then ``kv_cache_memory_bytes``; otherwise the engine
 uses 512 MiB on CPU / 40% of free GPU memory, the simulator ``gpu_memory_utilization`` of the
 modelled GPU), the ``"auto"`` KV format (the model's dtype) and the CPU pool (``cpu_pool_blocks``).
 """
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Mapping
+from dataclasses import Field, dataclass, field, fields, replace
+from typing import Any, Callable, ClassVar, Mapping
 
 from paged.checks import need_flag, need_int, need_real
 from paged.errors import ConfigError
 
 from kernels import format_table as _formats
-from . import events as ev
 from .eviction import make_policy
-from .kv_manager import KVCacheManager
 from .prefix_cache import DEFAULT_HASH_FN, resolve_hash_fn
 
-__all__ = ["CacheConfig", "DEFAULT_TOKEN_BUDGET", "GiB", "KV_CACHE_DTYPES", "SWAP_COMPRESSIONS", "SWAP_MODES",
-           "SchedulerConfig", "build_kv_manager", "check_share_map", "cpu_pool_blocks"]
+__all__ = ["CacheConfig", "DEFAULT_TOKEN_BUDGET", "ExecutorConfig", "GiB", "KV_CACHE_DTYPES", "SWAP_COMPRESSIONS", "SWAP_MODES",
+           "SchedulerConfig", "check_share_map", "cpu_pool_blocks"]
 
 GiB = 1024**3
 DEFAULT_TOKEN_BUDGET = 2048
@@ -105,7 +107,7 @@ def check_share_map(share: Mapping[int, int] | None, num_layers: int | None = No
 class CacheConfig:
     """The KV cache: blocks, pool size, format, prefix cache, eviction, host pool and its uses.
 
-    - ``num_blocks`` (GPU blocks) wins over ``kv_cache_memory`` (bytes for all layers' K and V);
+    - ``num_blocks`` (GPU blocks) wins over ``kv_cache_memory_bytes`` (all layers' K and V);
       with neither the executor sizes the pool (see the module docstring).
     - ``kv_cache_dtype``: 'auto' (the model's dtype) or a format of ``kernels.format_table``, any
       alias accepted and stored under its canonical name ('fp8' -> 'fp8_e4m3').
@@ -113,7 +115,7 @@ class CacheConfig:
       fast as Python's builtin hash in the simulator; hits are verified on tokens and parent, so
       the hash never changes a result (collisions only cost hits).
     - CPU pool, shared by swap preemption and the host tier: ``num_cpu_blocks`` blocks, or
-      ``swap_space`` GiB of host blocks (give at most one); see ``cpu_pool_blocks`` for the default.
+      ``swap_space_gib`` GiB of host blocks (give at most one); see ``cpu_pool_blocks`` for the default.
     - ``swap_mode``: 'sync' or 'overlap' (transfers beside the forward pass); ``swap_compression``:
       None, 'fp8' or 'int4' host blocks (lossy; fewer bytes over the link).
     - host tier (``paged.core.host_tier``): cached-free prefix blocks go to the CPU pool instead of
@@ -126,13 +128,13 @@ class CacheConfig:
 
     block_size: int = 16
     num_blocks: int | None = None
-    kv_cache_memory: int | None = None
+    kv_cache_memory_bytes: int | None = None
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     hash_fn: str | Callable = DEFAULT_HASH_FN
     eviction: str = "lru"
     num_cpu_blocks: int | None = None
-    swap_space: float | None = None
+    swap_space_gib: float | None = None
     swap_mode: str = "sync"
     swap_compression: str | None = None
     enable_host_tier: bool = False
@@ -147,8 +149,8 @@ class CacheConfig:
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two (1, 2, 4, ..., 16, ...), got {self.block_size!r}")
         put("num_blocks", need_int("num_blocks", self.num_blocks, _error, minimum=1, optional=True))
-        put("kv_cache_memory", need_int("kv_cache_memory", self.kv_cache_memory, _error, minimum=1, optional=True,
-                                        hint="bytes, e.g. 1 << 30 for 1 GiB"))
+        put("kv_cache_memory_bytes", need_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, _error, minimum=1,
+                                              optional=True, hint="bytes, e.g. 1 << 30 for 1 GiB"))
         put("kv_cache_dtype", canonical_kv_cache_dtype(self.kv_cache_dtype))
         for name in ("enable_prefix_caching", "enable_host_tier"):
             need_flag(name, getattr(self, name), _error)
@@ -168,11 +170,11 @@ class CacheConfig:
             except ConfigError as e:
                 raise ConfigError(f"{name}={spec!r}: {e}") from None
         put("num_cpu_blocks", need_int("num_cpu_blocks", self.num_cpu_blocks, _error, minimum=0, optional=True))
-        put("swap_space", need_real("swap_space", self.swap_space, _error, minimum=0.0, optional=True,
-                                    hint="GiB of host memory for the CPU pool"))
-        if self.num_cpu_blocks is not None and self.swap_space is not None:
-            raise ConfigError(f"give the CPU pool as num_cpu_blocks (blocks) or swap_space (GiB), not both; got "
-                              f"num_cpu_blocks={self.num_cpu_blocks}, swap_space={self.swap_space}")
+        put("swap_space_gib", need_real("swap_space_gib", self.swap_space_gib, _error, minimum=0.0, optional=True,
+                                        hint="GiB of host memory for the CPU pool"))
+        if self.num_cpu_blocks is not None and self.swap_space_gib is not None:
+            raise ConfigError(f"give the CPU pool as num_cpu_blocks (blocks) or swap_space_gib (GiB), not both; got "
+                              f"num_cpu_blocks={self.num_cpu_blocks}, swap_space_gib={self.swap_space_gib}")
         if self.swap_mode not in SWAP_MODES:
             raise ConfigError(f"swap_mode must be one of {SWAP_MODES}, got {self.swap_mode!r}")
         if self.swap_compression not in SWAP_COMPRESSIONS:
@@ -183,8 +185,8 @@ class CacheConfig:
             raise ConfigError(f"host_tier_threshold={self.host_tier_threshold} needs enable_host_tier=True")
         if self.enable_host_tier and not self.enable_prefix_caching:
             raise ConfigError("enable_host_tier=True keeps prefix-cache blocks: set enable_prefix_caching=True")
-        if self.enable_host_tier and (self.num_cpu_blocks == 0 or self.swap_space == 0):
-            raise ConfigError("enable_host_tier=True needs a CPU pool: give num_cpu_blocks >= 1 or swap_space > 0 "
+        if self.enable_host_tier and (self.num_cpu_blocks == 0 or self.swap_space_gib == 0):
+            raise ConfigError("enable_host_tier=True needs a CPU pool: give num_cpu_blocks >= 1 or swap_space_gib > 0 "
                               "(or leave both unset)")
         put("kv_share_with", check_share_map(self.kv_share_with))
 
@@ -256,28 +258,61 @@ class SchedulerConfig:
         return sched.resolved(max_model_len)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExecutorConfig(SchedulerConfig, CacheConfig):  # fields: the cache's first, then the scheduler's
+    """Every ``CacheConfig`` and ``SchedulerConfig`` knob as a flat field of one frozen dataclass
+    (the base of ``EngineConfig`` and ``SimConfig``), and the two parts built from them:
+    ``cache`` and ``scheduler`` (read-only; ``dataclasses.replace(config, block_size=8)`` builds
+    them anew). Each part checks its own fields, once; the normalized values are kept here too,
+    so ``config.block_size == config.cache.block_size`` always."""
+
+    PARTS: ClassVar[dict[str, type]] = {"cache": CacheConfig, "scheduler": SchedulerConfig}
+    cache: CacheConfig = field(init=False, repr=False, compare=False)
+    scheduler: SchedulerConfig = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, part_cls in self.PARTS.items():
+            part = part_cls(**{f.name: getattr(self, f.name) for f in fields(part_cls)})
+            object.__setattr__(self, name, part)
+            for f in fields(part_cls):
+                object.__setattr__(self, f.name, getattr(part, f.name))
+
+    @classmethod
+    def knob_fields(cls) -> dict[str, Field]:
+        """Every setting this config is built from (its ``__init__`` fields), by name."""
+        return {f.name: f for f in fields(cls) if f.init}
+
+    @classmethod
+    def part_of(cls, name: str) -> str | None:
+        """'cache' or 'scheduler' for a knob of that part; None for the config's own."""
+        return next((p for p, part_cls in cls.PARTS.items() if name in {f.name for f in fields(part_cls)}), None)
+
+    @classmethod
+    def check_names(cls, kwargs: Mapping[str, Any], also: tuple[str, ...] = ()) -> None:
+        """ConfigError naming every unknown setting in ``kwargs`` and the valid ones (``also``:
+        names the caller takes itself, listed first)."""
+        unknown = sorted(set(kwargs) - set(cls.knob_fields()) - set(also))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; valid: "
+                              f"{', '.join([*also, *cls.knob_fields()])}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting by name (``type(self)(**self.as_dict()) == self``)."""
+        return {name: getattr(self, name) for name in self.knob_fields()}
+
+
 def cpu_pool_blocks(cache: CacheConfig, preemption_mode: str, num_blocks: int, host_block_bytes: float,
-                    default_swap_space: float | None) -> int:
+                    default_swap_space_gib: float | None) -> int:
     """Blocks of the CPU pool: ``num_cpu_blocks`` when given; else, when swap preemption or the
-    host tier needs a pool, ``swap_space`` GiB of ``host_block_bytes`` blocks, where an unset
-    ``swap_space`` means ``default_swap_space`` GiB (the simulator: 4, vLLM's default per GPU) or,
+    host tier needs a pool, ``swap_space_gib`` GiB of ``host_block_bytes`` blocks, where an unset
+    ``swap_space_gib`` means ``default_swap_space_gib`` GiB (the simulator: 4, vLLM's default per GPU) or,
     when that is None, as many blocks as the GPU pool (the engine, which allocates the pool on
     this machine); else 0."""
     if cache.num_cpu_blocks is not None:
         return cache.num_cpu_blocks
     if preemption_mode != "swap" and not cache.enable_host_tier:
         return 0
-    gib = cache.swap_space if cache.swap_space is not None else default_swap_space
+    gib = cache.swap_space_gib if cache.swap_space_gib is not None else default_swap_space_gib
     if gib is None:
         return num_blocks
     return int(gib * GiB // host_block_bytes)
-
-
-def build_kv_manager(cache: CacheConfig, num_blocks: int, *, num_cpu_blocks: int, max_model_len: int,
-                     recorder: ev.Recorder | None = None) -> KVCacheManager:
-    """The KV-cache manager of ``cache`` over ``num_blocks`` GPU and ``num_cpu_blocks`` CPU blocks
-    (the one place both executors build theirs)."""
-    return KVCacheManager(num_blocks, cache.block_size, enable_prefix_caching=cache.enable_prefix_caching,
-                          hash_fn=cache.hash_fn, eviction=cache.eviction, num_cpu_blocks=num_cpu_blocks,
-                          max_model_len=max_model_len, recorder=recorder, host_tier=cache.enable_host_tier,
-                          host_eviction=cache.host_eviction, host_tier_threshold=cache.host_tier_threshold)

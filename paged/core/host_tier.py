@@ -27,22 +27,8 @@ from . import events as ev
 from .block import Block, BlockMapping
 from .block_pool import BlockPool
 from .eviction import EvictionPolicy, make_policy
-from paged.errors import ConfigError
 
-__all__ = ["HostBlock", "HostTier", "check_host_tier_config"]
-
-
-def check_host_tier_config(on: bool, threshold: float, num_cpu_blocks: int, prefix_caching: bool) -> None:
-    """Raise ConfigError unless a KV manager can keep a host tier with these settings."""
-    if not (isinstance(threshold, (int, float)) and 0.0 < threshold <= 1.0):
-        raise ConfigError(f"host_tier_threshold must be in (0, 1] (share of GPU blocks), got {threshold!r}; "
-                          "1.0 demotes only on eviction")
-    if not on:
-        raise ConfigError("host_tier_threshold needs host_tier=True")
-    if num_cpu_blocks < 1:
-        raise ConfigError("host_tier=True needs a CPU pool: give num_cpu_blocks >= 1")
-    if not prefix_caching:
-        raise ConfigError("host_tier=True keeps prefix-cache blocks: set enable_prefix_caching=True")
+__all__ = ["HostBlock", "HostTier"]
 
 
 class HostBlock:

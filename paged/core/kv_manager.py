@@ -16,7 +16,7 @@ suffix. Swapping copies a request's blocks to a CPU pool of its own capacity.
 
 The manager changes tables itself and everything else through its parts (``KVCacheParts``):
 the pool (``BlockPool``: blocks, ref counts, hash index), the per-request prefix-cache bookkeeping
-(``PrefixIndex``), the CPU pool (``SwapSpace``) and, with ``host_tier=True``, the host tier
+(``PrefixIndex``), the CPU pool (``SwapSpace``) and, with ``enable_host_tier=True``, the host tier
 (``paged.core.host_tier``: the CPU pool also keeps cached-free prefix blocks an allocation would
 evict; ``take_tier_ops`` hands the planned copies to the plan's ``tier_out``/``tier_in``).
 """
@@ -28,12 +28,13 @@ from typing import Any, Sequence
 from . import events as ev
 from .block import Block, BlockMapping
 from .compaction import CompactionPlan, compact_pool, fragmentation
+from .config import CacheConfig
 from paged.errors import BlockStateError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from .host_tier import HostBlock
 from .kv_parts import KVCacheParts
 from .request import Request
 
-__all__ = ["BlockMapping", "KVCacheManager"]
+__all__ = ["BlockMapping", "KVCacheManager", "build_kv_manager"]
 
 
 class KVCacheManager(KVCacheParts):
@@ -357,3 +358,13 @@ class KVCacheManager(KVCacheParts):
         for bid, n in holders.items():
             assert self.pool.blocks[bid].ref_cnt == n, (bid, self.pool.blocks[bid].ref_cnt, n)
         assert sum(holders.values()) >= self.pool.num_used == len(holders)
+
+
+def build_kv_manager(cache: CacheConfig, num_blocks: int, *, num_cpu_blocks: int, max_model_len: int,
+                     recorder: ev.Recorder | None = None) -> KVCacheManager:
+    """The KV-cache manager of ``cache`` over ``num_blocks`` GPU and ``num_cpu_blocks`` CPU blocks
+    (the one place both executors build theirs)."""
+    return KVCacheManager(num_blocks, cache.block_size, enable_prefix_caching=cache.enable_prefix_caching,
+                          hash_fn=cache.hash_fn, eviction=cache.eviction, num_cpu_blocks=num_cpu_blocks,
+                          max_model_len=max_model_len, recorder=recorder, enable_host_tier=cache.enable_host_tier,
+                          host_eviction=cache.host_eviction, host_tier_threshold=cache.host_tier_threshold)

@@ -1,8 +1,8 @@
 """KVCacheParts: what a paged KV manager is built from, and what can be read of it without a table.
 
-From its settings (validated here, once) it builds the parts: the GPU pool (``BlockPool``: blocks,
+From its settings (checked by ``CacheConfig``'s rules, the one place they are written) it builds the parts: the GPU pool (``BlockPool``: blocks,
 ref counts, hash index), the per-request prefix-cache bookkeeping (``PrefixIndex``), the CPU pool
-(``SwapSpace``) and, with ``host_tier=True``, the host tier (``HostTier``: the CPU pool also keeps
+(``SwapSpace``) and, with ``enable_host_tier=True``, the host tier (``HostTier``: the CPU pool also keeps
 cached-free prefix blocks an allocation would evict). It answers the questions a plan, telemetry
 or a view asks about them (counts, usage, the host tier's planned copies) and runs the operations
 that need no block table. ``KVCacheManager`` adds the tables and every change to them.
@@ -14,13 +14,14 @@ from typing import Iterable
 from . import events as ev
 from .block import BlockMapping
 from .block_pool import BlockPool
+from .config import CacheConfig, SchedulerConfig  # the settings' rules, written once there
 from .eviction import EvictionPolicy
-from .host_tier import HostTier, check_host_tier_config
+from .host_tier import HostTier
 from .prefix_cache import DEFAULT_HASH_FN, HashFn
 from .prefix_index import PrefixIndex
 from .request import Request
 from .swap_space import SwapSpace
-from paged.errors import ConfigError, InvalidRequestError
+from paged.errors import InvalidRequestError
 
 __all__ = ["KVCacheParts", "check_request_fits"]
 
@@ -50,17 +51,15 @@ class KVCacheParts:
     def __init__(self, num_blocks: int, block_size: int = 16, *, enable_prefix_caching: bool = True,
                  hash_fn: str | HashFn = DEFAULT_HASH_FN, eviction: str | EvictionPolicy = "lru",
                  num_cpu_blocks: int = 0, max_model_len: int | None = None,
-                 recorder: ev.Recorder | None = None, host_tier: bool = False,
+                 recorder: ev.Recorder | None = None, enable_host_tier: bool = False,
                  host_eviction: str | EvictionPolicy = "lru", host_tier_threshold: float = 1.0) -> None:
-        if not isinstance(block_size, int) or block_size < 1 or block_size & (block_size - 1):
-            raise ConfigError(f"block_size must be a positive power of two (1, 2, 4, ..., 16, ...), got {block_size!r}")
+        CacheConfig(block_size=block_size, num_cpu_blocks=num_cpu_blocks, enable_prefix_caching=enable_prefix_caching,
+                    enable_host_tier=enable_host_tier, host_tier_threshold=host_tier_threshold)
+        SchedulerConfig(max_model_len=max_model_len)
         self.swap_space = SwapSpace(num_cpu_blocks)
-        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 1):
-            raise ConfigError(f"max_model_len must be a positive integer or None, got {max_model_len!r}")
         self.recorder = recorder if recorder is not None else ev.NullRecorder()
         self.host: HostTier | None = None  # with a host tier, the pool offers it each block it evicts
-        if host_tier or host_tier_threshold != 1.0:
-            check_host_tier_config(host_tier, host_tier_threshold, num_cpu_blocks, enable_prefix_caching)
+        if enable_host_tier:
             self.host = HostTier(self.swap_space.free, eviction=host_eviction, recorder=self.recorder)
         self.host_tier_threshold = host_tier_threshold
         self.pool = BlockPool(num_blocks, eviction=eviction, recorder=self.recorder,

@@ -1,30 +1,30 @@
 """``EngineConfig``: the torch engine's settings (names follow vLLM where it has them).
 
-A ``CacheConfig`` (``.cache``) and a ``SchedulerConfig`` (``.scheduler``), shared with the
-simulator (``paged.core.config``), plus what only the engine has: the sampling ``seed``, the
-``attention_backend``, ``split_prefill_decode`` (decode chunks and prefill chunks as two forward
-passes, each timed on its own; default: one mixed pass, as vLLM does), ``record_events`` and
-``warm_up`` (run one tiny request through the model when the engine is built, so first-call costs --
-torch's lazy set-up, compiled kernels -- are not charged to the first request's TTFT; once per
-process and model/format/device; ``LLMEngine.warmup_s`` says what it took).
+Every ``CacheConfig`` and ``SchedulerConfig`` knob (shared with the simulator; see
+``paged.core.config.ExecutorConfig``), plus what only the engine has: ``sampling_seed`` (the
+default seed of requests' random sampling), the ``attention_backend``, ``split_prefill_decode``
+(decode chunks and prefill chunks as two forward passes, each timed on its own; default: one mixed
+pass, as vLLM does), ``record_events`` and ``warm_up`` (run one tiny request through the model
+when the engine is built, so first-call costs -- torch's lazy set-up, compiled kernels -- are not
+charged to the first request's TTFT; once per process and model/format/device;
+``LLMEngine.warmup_s`` says what it took).
 
-Every knob may be given flat (``EngineConfig(block_size=32, kv_cache_dtype="int8")``, as
-``LLM(...)`` does) and read flat (``config.block_size``); see ``paged.core.composed``. Every
-value is checked when the config is built, before any model is loaded.
+``EngineConfig(block_size=32, kv_cache_dtype="int8")`` (as ``LLM(...)`` passes it), read flat
+(``config.block_size``) or by part (``config.cache``); every value is checked when the config
+is built, before any model is loaded.
 
 Engine defaults of derived settings (``paged.engine.cache_sizing``): with neither ``num_blocks``
-nor ``kv_cache_memory`` the pool is 512 MiB on CPU or 40% of the free GPU memory (int4_kivi's
+nor ``kv_cache_memory_bytes`` the pool is 512 MiB on CPU or 40% of the free GPU memory (int4_kivi's
 fixed staging pool counted inside); the CPU pool (swap preemption and the host tier) is as large
-as the GPU pool unless ``num_cpu_blocks`` or ``swap_space`` says otherwise.
+as the GPU pool unless ``num_cpu_blocks`` or ``swap_space_gib`` says otherwise.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from paged.checks import need_flag, need_int
-from paged.core.composed import DEPRECATED, ComposedConfig, composed
-from paged.core.config import CacheConfig, SchedulerConfig
+from paged.core.config import ExecutorConfig
 from paged.errors import ConfigError
 
 __all__ = ["EngineConfig"]
@@ -34,14 +34,11 @@ def _error(msg: str) -> ConfigError:
     return ConfigError(f"EngineConfig: {msg}")
 
 
-@composed
 @dataclass(frozen=True, kw_only=True)
-class EngineConfig(ComposedConfig):
+class EngineConfig(ExecutorConfig):
     """Cache, scheduler and execution settings of an ``LLMEngine`` (see the module docstring)."""
 
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    seed: int = 0
+    sampling_seed: int = 0
     attention_backend: str | None = None
     split_prefill_decode: bool = False
     record_events: bool = True
@@ -52,7 +49,9 @@ class EngineConfig(ComposedConfig):
     metrics_port: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "seed", need_int("seed", self.seed, _error, hint="e.g. seed=0"))
+        super().__post_init__()
+        object.__setattr__(self, "sampling_seed", need_int("sampling_seed", self.sampling_seed, _error,
+                                                           hint="e.g. sampling_seed=0"))
         for name in ("split_prefill_decode", "record_events", "warm_up"):
             need_flag(name, getattr(self, name), _error)
         if self.attention_backend is not None and not isinstance(self.attention_backend, str):
@@ -64,8 +63,5 @@ class EngineConfig(ComposedConfig):
     def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
         """``EngineConfig(**kwargs)``, but an unknown name is a ConfigError listing the valid
         ones (``also``: names the caller takes itself, listed too)."""
-        names = cls.knobs()
-        unknown = sorted(set(kwargs) - set(names) - set(DEPRECATED) - set(cls.PARTS))
-        if unknown:
-            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; valid: {', '.join([*also, *names])}")
+        cls.check_names(kwargs, tuple(also))
         return cls(**kwargs)

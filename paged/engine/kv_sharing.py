@@ -3,8 +3,8 @@
 ``EngineConfig.kv_share_with = {i: j}`` (a ``CacheConfig`` knob) (the seed's ``layers: - index: 1, kv_cache:
 share_with=0``) makes layer ``i`` read layer ``j``'s paged cache: the runner allocates cache
 layers only for *owner* layers (those not in the map), the byte budget counts only owners (so
-``kv_cache_memory`` buys ``num_layers / num_owners`` times as many blocks), and the attention
-call of a shared layer writes nothing and attends with its own queries over the owner's keys
+``kv_cache_memory_bytes`` buys ``num_layers / num_owners`` times as many blocks), and the
+attention call of a shared layer writes nothing and attends with its own queries over the owner's keys
 and values. This is Cross-Layer Attention (CLA; Brandon et al. 2024), which trains models with
 the sharing in place; applied to a pretrained model it changes the function (see
 :mod:`paged.studies.sharing` for the measured cost).

@@ -20,8 +20,7 @@ from paged import telemetry
 from paged.checks import is_int
 from paged.core import events as ev
 from paged.core.clock import EngineClock
-from paged.core.config import build_kv_manager
-from paged.core.kv_manager import KVCacheManager
+from paged.core.kv_manager import KVCacheManager, build_kv_manager
 from paged.core.loop import Step, StepLoop
 from paged.core.scheduler import Scheduler
 from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, StepFailedError, UnknownRequestError
@@ -69,7 +68,7 @@ class LLMEngine:
             if err is None:
                 raise
             raise err from None
-        self._groups = Groups(self.scheduler, c.seed, self._text)
+        self._groups = Groups(self.scheduler, c.sampling_seed, self._text)
         self._request_rows: list[dict] = []
         self.clock = EngineClock()  # the clock of step and request records: engine time only (paged.core.clock)
         self.loop = StepLoop(self.scheduler, ModelExecutor(self), self.clock, observer=self)
@@ -146,7 +145,7 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"request {request_id!r}: prompt ({len(ids)}) + max_tokens ({params.max_tokens}) tokens exceed the "
                 f"KV cache of {self.kv.num_blocks} blocks x {self.kv.block_size} = {self.max_model_len} tokens; "
-                "raise num_blocks (or kv_cache_memory) or lower max_tokens")
+                "raise num_blocks (or kv_cache_memory_bytes) or lower max_tokens")
         vocab = self.loaded.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise InvalidRequestError(f"request {request_id!r}: token ids must lie in [0, {vocab})")

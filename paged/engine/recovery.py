@@ -54,9 +54,9 @@ def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
     except Exception:  # noqa: BLE001 - best effort; the next plan carries the blocks freed by the aborts
         pass
     hint = ""
-    if type(exc).__name__ == "StagingExhaustedError":  # int4_kivi sized from kv_cache_memory: a fixed pool
+    if type(exc).__name__ == "StagingExhaustedError":  # int4_kivi sized from bytes: a fixed pool
         hint = ("; int4_kivi keeps one staging slot per unfilled block, max_num_seqs + 16 when the cache is "
-                "sized from kv_cache_memory: raise max_num_seqs, lower n, or give num_blocks (then it grows)")
+                "sized from kv_cache_memory_bytes: raise max_num_seqs, lower n, or give num_blocks (then it grows)")
     return StepFailedError(
         f"step {plan.step} failed ({type(exc).__name__}: {exc}); its requests {groups} were aborted and "
         f"their blocks freed, the others are untouched and the engine can keep stepping{hint}", groups)

@@ -30,8 +30,8 @@ def warm_up(engine) -> float:
     bs = engine.config.block_size
     prompt = max(2, min(2 * bs, engine.max_model_len - 2))
     cfg = dataclasses.replace(engine.config, warm_up=False, record_events=False, num_blocks=prompt // bs + 3,
-                              kv_cache_memory=None, enable_prefix_caching=False, enable_host_tier=False,
-                              preemption_mode="recompute", num_cpu_blocks=0, max_model_len=None,
+                              kv_cache_memory_bytes=None, enable_prefix_caching=False, enable_host_tier=False,
+                              preemption_mode="recompute", num_cpu_blocks=0, swap_space_gib=None, max_model_len=None,
                               enable_block_compaction=False, kv_events_endpoint=None, metrics_port=None)
     scratch = type(engine)(engine.loaded, cfg)  # an engine of the same kind, its own pool
     vocab = engine.loaded.config.vocab_size

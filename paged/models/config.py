@@ -54,19 +54,6 @@ class ModelConfig:
                 raise ValueError(
                     f"rope scaling type {rt!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
 
-    @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """K and V bytes one token occupies across all layers."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_element
-
-    def num_parameters(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0)
-        per_layer = attn + 3 * h * i + 2 * h
-        emb = v * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h

@@ -67,19 +67,6 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return v
 
 
-def read_metadata(reader: Any) -> dict[str, Any]:
-    """All scalar/string metadata (token arrays excluded) as a plain dict."""
-    out: dict[str, Any] = {}
-    for k in reader.fields:
-        if k.startswith("tokenizer.ggml.") and k.split(".")[-1] in ("tokens", "merges", "token_type", "scores"):
-            continue
-        try:
-            out[k] = reader.fields[k].contents()
-        except Exception:  # noqa: BLE001 - metadata we cannot decode is just skipped
-            pass
-    return out
-
-
 def gguf_config(reader: Any, name: str = "") -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:

@@ -76,6 +76,11 @@ def resolve_model_path(model: str | os.PathLike[str] | None) -> str:
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
         if len(ggufs) == 1:
             return os.path.join(path, ggufs[0])
+        raise ModelLoadError(f"model directory {path!r} has neither config.json (a Hugging Face model) nor one "
+                             f".gguf file ({len(ggufs)} found); {_unknown(os.fspath(model)).args[0]}")
+    if os.sep in path or path.startswith(".") or path.endswith(".gguf"):  # meant as a path
+        raise ModelLoadError(f"model path {path!r} does not exist; check the path (it is read from this machine, "
+                             f"relative to {os.getcwd()}), or {_unknown(os.fspath(model)).args[0]}")
     raise _unknown(os.fspath(model))
 
 

@@ -10,7 +10,7 @@ _SHOW = ["context_length", "source", "format", "bits_per_value", "tokens_per_gib
 
 
 def add_parser(sub) -> None:
-    q = sub.add_parser("quant", help="KV quantization error (llama-perplexity's KL protocol) per format")
+    q = sub.add_parser("quant", allow_abbrev=False, help="KV quantization error (llama-perplexity's KL protocol) per format")
     q.add_argument("--model", default="smollm2", help="embedded default, a .gguf file or an HF directory")
     q.add_argument("--formats", default=None,
                    help="comma-separated, e.g. int8,int4,int8/int4,int4_g64+rot,int4_kivi (default: all)")
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     q.add_argument("--json", action="store_true", help="print the table as JSON records")
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=cmd_quant)
-    c = sub.add_parser("quant-calibrate", help="fit the per-layer tables of split KV formats on the calibration text")
+    c = sub.add_parser("quant-calibrate", allow_abbrev=False, help="fit the per-layer tables of split KV formats on the calibration text")
     c.add_argument("--model", default="smollm2", help="embedded default, a .gguf file or an HF directory")
     c.add_argument("--formats", required=True,
                    help="split formats, comma-separated, e.g. 'kivi3+pre+alloc+q8/cb3+rot@sink4@win32'")

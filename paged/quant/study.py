@@ -45,6 +45,36 @@ def resolve_schemes(formats: str | Sequence[str] | None, head_dim: int) -> list[
     return out
 
 
+def _engine_only(name: object) -> bool:
+    """An engine KV format the study's scheme language does not spell (the front's ``kvq*``
+    aliases and split formats ``K/V@sinkS@winW``)."""
+    from kernels.format_table import KVFormatError, lookup
+
+    if not isinstance(name, str):
+        return False
+    try:
+        parse_scheme(name)
+        return False
+    except ConfigError:
+        try:
+            return lookup(name).split
+        except KVFormatError:
+            return False
+
+
+def _served_row(name: str, cfg) -> dict:
+    """``describe_formats``' row of an engine-only format: what the engine stores per token at
+    the block size the front was measured at (``kernels.format_table.FRONT_BLOCK_SIZE``)."""
+    from kernels.format_table import FRONT_BLOCK_SIZE, bytes_per_token, lookup
+
+    fmt = lookup(name)
+    per_layer = bytes_per_token(fmt, cfg.num_kv_heads, cfg.head_dim, block_size=FRONT_BLOCK_SIZE)
+    values = 2 * cfg.num_kv_heads * cfg.head_dim
+    return {"format": name, "engine_format": fmt.name, "role": "served", "engine_block_size": FRONT_BLOCK_SIZE,
+            "bits_per_value": 8 * per_layer / values, "bytes_per_token": cfg.num_layers * per_layer,
+            "tokens_per_gib": 2**30 // (cfg.num_layers * per_layer)}
+
+
 def _role(s: Scheme) -> str:
     if s.is_base:
         return "base"
@@ -58,7 +88,12 @@ def describe_formats(formats: str | Sequence[str] | None = None, model=None,
     the engine serves it (``engine_format`` at the default block size; ``engine_block_size``
     when a KIVI key group needs ``block_size=N``, e.g. ``kivi_g32/int4``)."""
     cfg = load(model).config if not hasattr(model, "num_layers") else model
-    rows = []
+    names = [formats] if isinstance(formats, str) else formats
+    served = [n for n in (names or ()) if _engine_only(n)]  # kvq2, K/V@sinkS@winW: the engine's spellings
+    rows = [_served_row(n, cfg) for n in served]
+    formats = [n for n in names if n not in served] if names is not None else None
+    if formats == [] and rows:
+        return pd.DataFrame(rows)
     for s in resolve_schemes(formats, cfg.head_dim):
         dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         rows.append({"format": s.name, "k_format": s.k.name, "v_format": s.v.name, "rotate": s.rotate, "vrot": s.vrot,
@@ -89,6 +124,13 @@ def study(model=None, formats: str | Sequence[str] | None = None, texts: Mapping
     source and context length (None = all, as llama-perplexity). ``divergence_tokens=0`` skips
     the greedy-divergence runs. Returns one row per (context_length, source, format).
     """
+    names = [formats] if isinstance(formats, str) else formats or ()
+    if served := [n for n in names if _engine_only(n)]:
+        raise ConfigError(f"{', '.join(map(repr, served))}: an engine format (a split format of the served front); "
+                          "study() measures per-token schemes in its own cache. Measure a served format as the front "
+                          "was (paged.quant.ablation.Evaluator with paged.quant.split_cache.Served(format, 32); "
+                          "benchmarks/quant_ablation.py), and read its storage with describe_formats(), which "
+                          "takes engine names")
     lm = load(model)
     m, cfg = lm.model, lm.config
     schemes = resolve_schemes(formats, cfg.head_dim)

@@ -1,23 +1,22 @@
 """``SimConfig``: everything a simulated deployment needs besides its trace.
 
-A ``CacheConfig`` (``.cache``) and a ``SchedulerConfig`` (``.scheduler``), shared with the engine
-(``paged.core.config``), plus the deployment (model and GPU presets, tensor parallelism, the share
-of GPU memory vLLM would use, the allocator) and the cost model's knobs. Every knob may be given
-flat (``SimConfig(block_size=32, model="llama-2-7b")``) and read flat; see ``paged.core.composed``.
+Every ``CacheConfig`` and ``SchedulerConfig`` knob (shared with the engine; see
+``paged.core.config.ExecutorConfig``), plus the deployment (model and GPU presets, tensor
+parallelism, the share of GPU memory vLLM would use, the allocator) and the cost model's knobs:
+``SimConfig(block_size=32, model="llama-2-7b")``, read flat or by part (``config.cache``).
 
-Simulator defaults of derived settings: without ``num_blocks`` or ``kv_cache_memory`` the pool is
-what fits in ``gpu_memory_utilization`` of the GPU after weights and activations (as vLLM sizes
-it); the CPU pool is ``swap_space`` GiB per GPU, 4 when unset (vLLM's default); 'auto' KV format is
-the model's dtype.
+Simulator defaults of derived settings: without ``num_blocks`` or ``kv_cache_memory_bytes`` the
+pool is what fits in ``gpu_memory_utilization`` of the GPU after weights and activations (as vLLM
+sizes it); the CPU pool is ``swap_space_gib`` GiB per GPU, 4 when unset (vLLM's default); 'auto'
+KV format is the model's dtype.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from paged.checks import need_flag, need_int, need_real
-from paged.core.composed import ComposedConfig, composed
-from paged.core.config import CacheConfig, SchedulerConfig
+from paged.core.config import ExecutorConfig
 from paged.errors import ConfigError
 from paged.sim.cost_model import CostModel
 from paged.sim.specs import KVFormat, ModelSpec, get_gpu
@@ -26,23 +25,21 @@ __all__ = ["ALLOCATORS", "DEFAULT_SWAP_SPACE_GIB", "SimConfig", "build_cost_mode
 
 ALLOCATORS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")  # as the vLLM paper draws them
 DEFAULT_SWAP_SPACE_GIB = 4.0
-"""The CPU pool per GPU (swap preemption and the host tier) when neither num_cpu_blocks nor swap_space is given."""
+"""The CPU pool per GPU (swap preemption and the host tier) when neither num_cpu_blocks nor swap_space_gib is given."""
 
 
 def _error(msg: str) -> ConfigError:
     return ConfigError(f"SimConfig: {msg}")
 
 
-@composed
 @dataclass(frozen=True, kw_only=True)
-class SimConfig(ComposedConfig):
+class SimConfig(ExecutorConfig):
     """A simulated deployment (see the module docstring). ``paged_kernel_penalty``: slow KV reads
     for small blocks (see ``paged.sim.cost_model``); ``mfu``/``mbu``/``step_overhead_s``: cost
     model overrides; ``calibration``: a CSV from ``cost_model.calibration_frame`` to fit the cost
-    model to; ``seed``: synthetic prompt tokens (and the trace of a sweep point)."""
+    model to; ``prompt_seed``: the synthetic prompts' token ids (a trace's arrivals and lengths
+have their own ``trace_seed``, see ``paged.sim.workload``)."""
 
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     model: str = "llama-2-13b"
     gpu: str = "a100-80gb"
     tensor_parallel: int = 1
@@ -53,15 +50,17 @@ class SimConfig(ComposedConfig):
     mbu: float | None = None
     step_overhead_s: float | None = None
     calibration: str | None = None
-    seed: int = 0
+    prompt_seed: int = 0
     record_events: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
         if self.allocator not in ALLOCATORS:
             raise _error(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
+        put("gpu", get_gpu(self.gpu).name)  # the preset's own name, echoed in every summary
         put("tensor_parallel", need_int("tensor_parallel", self.tensor_parallel, _error, minimum=1))
-        put("seed", need_int("seed", self.seed, _error))
+        put("prompt_seed", need_int("prompt_seed", self.prompt_seed, _error))
         put("gpu_memory_utilization", need_real("gpu_memory_utilization", self.gpu_memory_utilization, _error,
                                                 minimum=0.0, maximum=1.0, open_min=True))
         put("step_overhead_s", need_real("step_overhead_s", self.step_overhead_s, _error, minimum=0.0,

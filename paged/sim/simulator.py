@@ -29,9 +29,10 @@ import pandas as pd
 
 from paged import telemetry
 from paged.core.clock import SimulatedClock
-from paged.core.config import build_kv_manager, check_share_map, cpu_pool_blocks
+from paged.core.config import check_share_map, cpu_pool_blocks
 from paged.core.events import NullRecorder, Recorder
 from paged.core.kv_cache import KVCache
+from paged.core.kv_manager import build_kv_manager
 from paged.core.loop import Step, StepLoop
 from paged.core.record import StepRecord
 from paged.core.request import Request
@@ -121,7 +122,7 @@ class Simulator:
             host_block = self.block_bytes * swap_bytes_ratio(cfg.swap_compression, model.head_dim,
                                                              self.kv_format.name, cfg.block_size)  # compressed: smaller
             num_cpu = cpu_pool_blocks(cfg.cache, cfg.preemption_mode, self.num_blocks, host_block,
-                                      default_swap_space=DEFAULT_SWAP_SPACE_GIB)
+                                      default_swap_space_gib=DEFAULT_SWAP_SPACE_GIB)
             self.kv: KVCache = build_kv_manager(cfg.cache, self.num_blocks, num_cpu_blocks=num_cpu,
                                                        max_model_len=self.max_model_len, recorder=self.recorder)
         else:
@@ -135,7 +136,7 @@ class Simulator:
             from paged.sim.cost_model import read_calibration, shapes_from_frame
 
             shapes, secs = shapes_from_frame(read_calibration(cfg.calibration))
-            self.calibration_report = self.cost.fit(shapes, secs, seed=cfg.seed)
+            self.calibration_report = self.cost.fit(shapes, secs, seed=cfg.prompt_seed)
             self.cost = self.calibration_report.model
         self._ran = False
         self._trace: pd.DataFrame | None = None
@@ -151,14 +152,14 @@ class Simulator:
         self._callback: Callable[[int], None] | None = None
 
     def _num_blocks(self) -> int:
-        """GPU blocks: ``num_blocks``, else ``kv_cache_memory`` bytes of blocks, else what fits."""
+        """GPU blocks: ``num_blocks``, else ``kv_cache_memory_bytes`` of blocks, else what fits."""
         cfg = self.config
         if cfg.num_blocks is not None:
             return cfg.num_blocks
-        if cfg.kv_cache_memory is not None:
-            n = int(cfg.kv_cache_memory // self.block_bytes)
+        if cfg.kv_cache_memory_bytes is not None:
+            n = int(cfg.kv_cache_memory_bytes // self.block_bytes)
             if n < 1:
-                raise ConfigError(f"kv_cache_memory={cfg.kv_cache_memory} bytes hold no block of "
+                raise ConfigError(f"kv_cache_memory_bytes={cfg.kv_cache_memory_bytes} bytes hold no block of "
                                   f"{self.block_bytes:,} bytes; raise it or give num_blocks")
             return n
         return self.sizing.num_blocks
@@ -180,7 +181,7 @@ class Simulator:
 
         Time spent by the consumer between steps is not counted in ``wall_s``."""
         arrivals = self._start(trace, progress)
-        toks = SyntheticPrompts(self.model.vocab_size, self.config.seed)
+        toks = SyntheticPrompts(self.model.vocab_size, self.config.prompt_seed)
         sched, loop, clock, rejected = self.scheduler, self.loop, self.clock, self._rejected
         wall0 = time.perf_counter()
         n_steps = 0
@@ -325,7 +326,8 @@ def simulate(trace: pd.DataFrame, config: SimConfig | None = None, progress: boo
     """Run ``trace`` on a fresh ``Simulator(config with overrides)``."""
     cfg = config or SimConfig()
     if overrides:
-        cfg = replace(cfg, **overrides)  # flat names, old spellings too
+        SimConfig.check_names(overrides)  # an unknown name: a ConfigError listing the valid ones
+        cfg = replace(cfg, **overrides)
     return Simulator(cfg, cost_model).run(trace, progress=progress)
 
 

@@ -278,14 +278,20 @@ GPU_PRESETS: dict[str, GPUSpec] = {
 
 
 def get_gpu(name: str | GPUSpec) -> GPUSpec:
+    """A preset by its name (case-insensitive). A name that fits several presets (``"a100"``:
+    40 or 80 GB) is refused, naming them: a silent pick would size a different pool."""
     if isinstance(name, GPUSpec):
         return name
-    key = _norm(name)
-    aliases = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-40g": "a100-40gb", "a100-80g": "a100-80gb"}
-    key = aliases.get(key, key)
-    if key not in GPU_PRESETS:
-        raise ConfigError(f"unknown GPU {name!r}; choose one of {sorted(GPU_PRESETS)}")
-    return GPU_PRESETS[key]
+    key = _norm(name) if isinstance(name, str) else name
+    if key in GPU_PRESETS:
+        return GPU_PRESETS[key]
+    fits = [g for g in GPU_PRESETS if isinstance(key, str) and key and g.startswith(key)]
+    if len(fits) == 1:
+        raise ConfigError(f"unknown GPU {name!r}; did you mean {fits[0]!r}? (presets: {', '.join(GPU_PRESETS)})")
+    if fits:
+        raise ConfigError(f"GPU {name!r} is ambiguous: it may be {' or '.join(map(repr, fits))}, whose memory "
+                          f"differs; name one")
+    raise ConfigError(f"unknown GPU {name!r}; choose one of {', '.join(GPU_PRESETS)}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -161,6 +161,11 @@ def _load_csv(text: str, src: str, fmt: str) -> pd.DataFrame:
         raise TraceFormatError(f"{src}: no requests (only a header)")
     if fmt == "auto":
         fmt = next((k for k, cols in _CSV_FORMATS.items() if set(cols) <= set(raw.columns)), "")
+        near = max(_CSV_FORMATS, key=lambda k: len(set(_CSV_FORMATS[k]) & set(raw.columns)))
+        if not fmt and set(_CSV_FORMATS[near]) & set(raw.columns):  # one format, some columns missing
+            missing = [c for c in _CSV_FORMATS[near] if c not in raw.columns]
+            raise TraceFormatError(f"{src}: missing column(s) {', '.join(missing)} of the {near!r} trace format "
+                                   f"(columns {', '.join(_CSV_FORMATS[near])}); add them to the header")
         if not fmt:
             raise TraceFormatError(f"{src}: unknown CSV header {list(raw.columns)}; expected one of "
                                    + "; ".join(",".join(c) for c in _CSV_FORMATS.values())

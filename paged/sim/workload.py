@@ -163,16 +163,19 @@ def arrival_times(n: int, rate: float, process: str = "poisson", cv: float = 2.0
 
 
 def synthetic_trace(workload: str | WorkloadSpec = "sharegpt", num_requests: int = 1000, rate: float = math.inf,
-                    arrival: str = "poisson", cv: float = 2.0, seed: int = 0, max_model_len: int | None = None,
-                    num_prefixes: int = 0, prefix_tokens: int = 0, prefix_fraction: float = 1.0) -> pd.DataFrame:
-    """A seeded trace of ``num_requests`` requests with lengths from ``workload``.
+                    arrival: str = "poisson", cv: float = 2.0, trace_seed: int = 0, max_model_len: int | None = None,
+                    num_prefixes: int = 0, prefix_tokens: int = 0, prefix_fraction: float = 1.0,
+                    prefix_zipf: float = 0.0) -> pd.DataFrame:
+    """A trace of ``num_requests`` requests with lengths from ``workload``, the same for the same
+    ``trace_seed``.
 
     With ``max_model_len`` the prompt is cut to ``max_model_len - 1`` and the output to what is
     left, so every request fits. With ``num_prefixes > 0`` a ``prefix_fraction`` of requests get a
-    shared prefix of ``prefix_tokens`` tokens prepended (ids drawn uniformly among the prefixes).
+    shared prefix of ``prefix_tokens`` tokens prepended: tenant popularity ``prefix_zipf`` (see
+    ``with_shared_prefix``; 0: uniform).
     """
     spec = workload if isinstance(workload, WorkloadSpec) else get_workload(workload)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(trace_seed)
     prompt = spec.prompt.sample(rng, num_requests)
     output = spec.output.sample(rng, num_requests)
     t = arrival_times(num_requests, rate, arrival, cv, rng)
@@ -180,27 +183,48 @@ def synthetic_trace(workload: str | WorkloadSpec = "sharegpt", num_requests: int
                        "prefix_id": np.full(num_requests, -1, dtype=np.int64),
                        "prefix_tokens": np.zeros(num_requests, dtype=np.int64)})
     if num_prefixes > 0 and prefix_tokens > 0:
-        df = with_shared_prefix(df, num_prefixes, prefix_tokens, prefix_fraction, seed=seed + 1)
+        df = with_shared_prefix(df, num_prefixes, prefix_tokens, prefix_fraction, prefix_zipf=prefix_zipf,
+                                trace_seed=trace_seed + 1)
+    elif prefix_zipf:
+        raise ConfigError(f"prefix_zipf={prefix_zipf} needs shared prefixes: give num_prefixes >= 1 and "
+                          "prefix_tokens >= 1")
     if max_model_len is not None:
         df = fit_to_context(df, max_model_len)
     df.attrs["workload"] = spec.name
     return df
 
 
-def with_shared_prefix(df: pd.DataFrame, num_prefixes: int, prefix_tokens: int, fraction: float = 1.0,
-                       seed: int = 0) -> pd.DataFrame:
-    """Prepend one of ``num_prefixes`` shared prefixes of ``prefix_tokens`` to a ``fraction`` of requests."""
-    if not 0 <= fraction <= 1:
-        raise ConfigError(f"prefix fraction must be in [0, 1], got {fraction}")
-    rng = np.random.default_rng(seed)
+def with_shared_prefix(df: pd.DataFrame, num_prefixes: int, prefix_tokens: int, prefix_fraction: float = 1.0,
+                       prefix_zipf: float = 0.0, trace_seed: int = 0) -> pd.DataFrame:
+    """Prepend one of ``num_prefixes`` shared prefixes of ``prefix_tokens`` to a ``prefix_fraction``
+    of requests. Tenant popularity: prefix ``i`` (0-based) is drawn with probability proportional
+    to ``1 / (i + 1) ** prefix_zipf`` (a Zipf law; 0: uniform, 1: the classic 1/rank)."""
+    if not 0 <= prefix_fraction <= 1:
+        raise ConfigError(f"prefix_fraction must be in [0, 1], got {prefix_fraction}")
+    if not (isinstance(prefix_zipf, (int, float)) and not isinstance(prefix_zipf, bool) and 0 <= prefix_zipf < 1e3):
+        raise ConfigError(f"prefix_zipf must be a number >= 0 (0: uniform tenants, 1: popularity ~ 1/rank), "
+                          f"got {prefix_zipf!r}")
+    if num_prefixes < 1:
+        raise ConfigError(f"num_prefixes must be >= 1 to share prefixes, got {num_prefixes}")
+    rng = np.random.default_rng(trace_seed)
     df = df.copy()
     n = len(df)
-    has = rng.random(n) < fraction
-    ids = rng.integers(0, num_prefixes, n)
+    has = rng.random(n) < prefix_fraction
+    if prefix_zipf:
+        ids = rng.choice(num_prefixes, size=n, p=tenant_weights(num_prefixes, prefix_zipf))
+    else:
+        ids = rng.integers(0, num_prefixes, n)
     df["prefix_id"] = np.where(has, ids, -1).astype(np.int64)
     df["prefix_tokens"] = np.where(has, prefix_tokens, 0).astype(np.int64)
     df["prompt_tokens"] = (df["prompt_tokens"].to_numpy() + df["prefix_tokens"].to_numpy()).astype(np.int64)
     return df
+
+
+def tenant_weights(num_prefixes: int, prefix_zipf: float) -> np.ndarray:
+    """The probability of each of ``num_prefixes`` tenants (shared prefixes) under Zipf popularity:
+    proportional to ``1 / rank ** prefix_zipf`` (0: uniform); sums to 1."""
+    w = 1.0 / np.arange(1, num_prefixes + 1) ** float(prefix_zipf)
+    return w / w.sum()
 
 
 def fit_to_context(df: pd.DataFrame, max_model_len: int) -> pd.DataFrame:
@@ -237,5 +261,5 @@ def concat_traces(traces: Iterable[pd.DataFrame]) -> pd.DataFrame:
 
 
 __all__ = ["TRACE_COLUMNS", "TraceFormatError", "LengthDist", "WorkloadSpec", "WORKLOADS", "get_workload",
-           "arrival_times", "synthetic_trace", "with_shared_prefix", "fit_to_context", "concat_traces",
+           "arrival_times", "synthetic_trace", "tenant_weights", "with_shared_prefix", "fit_to_context", "concat_traces",
            "normalize_trace", "load_trace", "save_trace"]

@@ -1,6 +1,6 @@
 """The same scheduler questions through a vLLM server and our engine, measured the same way.
 
-    prompts = chat_prompts(tokenizer, 32, systems=8)         # token ids: both see the same prompts
+    prompts = tenant_prompts(tokenizer, 32, systems=8)         # token ids: both see the same prompts
     df = scheduler_questions(llm, ours_src, client, server_src, prompts, max_tokens=32)
 
 ``llm`` is our engine speaking vLLM's protocols (``kv_events_endpoint``, ``metrics_port``, best with
@@ -36,8 +36,9 @@ def system_prompt(k: int) -> str:
     return f"Rule set {k}. {SYSTEM_PROMPTS[k % len(SYSTEM_PROMPTS)]} {SYSTEM_PROMPTS[(k + 1) % len(SYSTEM_PROMPTS)]}"
 
 
-def chat_prompts(tokenizer: Any, n: int, systems: int = 4) -> list[list[int]]:
-    """``n`` prompts as token ids over ``systems`` system prompts."""
+def tenant_prompts(tokenizer: Any, n: int, systems: int = 4) -> list[list[int]]:
+    """``n`` prompts as token ids over ``systems`` system prompts (tenants; plain text, no chat
+    template: ``paged.studies.demo.chat_prompts`` is the one-system chat-template variant)."""
     return [tokenizer.encode(f"{system_prompt(i % systems)}\nUser: Explain {QUESTIONS[i % len(QUESTIONS)]} "
                              f"to student {i}.\nAssistant:") for i in range(n)]
 

@@ -135,7 +135,7 @@ def workload_lengths(workload: str = "sharegpt", num_requests: int = 1000, max_l
     """Tokens per request (prompt + output) of a seeded synthetic trace fitted to ``max_len``."""
     from paged.sim.workload import synthetic_trace
 
-    tr = synthetic_trace(workload, num_requests, seed=seed, max_model_len=max_len)
+    tr = synthetic_trace(workload, num_requests, trace_seed=seed, max_model_len=max_len)
     return (tr["prompt_tokens"] + tr["output_tokens"]).to_numpy()
 
 

@@ -290,7 +290,7 @@ def compaction_sim_table(requests: int = 400, *, model: str = "llama-2-7b", gpu:
     rows = []
     for on in (False, True):
         cfg = SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, enable_block_compaction=on,
-                        compaction_threshold=threshold, compaction_interval=interval, seed=seed)
+                        compaction_threshold=threshold, compaction_interval=interval, prompt_seed=seed)
         sim = Simulator(cfg)
         r = sim.run(trace)
         s = r.steps

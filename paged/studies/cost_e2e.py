@@ -9,7 +9,7 @@ Both workloads are traces (``paged.sim.workload`` columns: ``arrival_time``, ``p
 serves a trace in *trace time*: before each step the requests that arrived by then are added,
 and when it is idle the clock jumps to the next arrival (``run_engine``), exactly as the simulator
 does; a step lasts its CPU time by default (the project's way of timing on a shared VM); TTFT is measured from a request's trace arrival (which may fall inside a step), TBT is every
-gap between a request's consecutive token steps (``paged.runs.EngineRun.tbt_samples``'s definition).
+gap between a request's consecutive token steps (``paged.runs.Run.tbt_samples``'s definition).
 The simulator runs the same ``CacheConfig`` and ``SchedulerConfig`` through the same scheduler and
 KV manager, with the ``CostModel`` fitted (``CostModel.fit``) to the calibration run's step times.
 """

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from paged.memory import step_times
+
 QUESTIONS = [
     "What is a KV cache in a transformer?",
     "Give three tips for writing clear code.",
@@ -74,7 +76,7 @@ def engine_run(loaded, *, num_requests: int = 12, max_tokens: int = 48, num_bloc
         "num_preemptions": m["num_preemptions"],
         "kv_cache_usage_mean": float(frame["kv_cache_usage_perc"].mean()),
         "token_usage_mean": float(frame["token_usage"].mean()),
-        "mixed_steps": int(((frame["num_prefill_tokens"] > 0) & (frame["num_decode_tokens"] > 0)).sum()),
+        "mixed_steps": int(step_times(frame).set_index("kind").loc["mixed", "steps"]),
         "blocks_in_use_at_end": llm.kv_manager.num_used_blocks,
     }
     texts = pd.DataFrame({"question": [QUESTIONS[i % len(QUESTIONS)] for i in range(num_requests)],

@@ -37,7 +37,7 @@ def shared_trace(workload: str = "sharegpt", num_requests: int = 300, max_model_
     """One seeded trace (all requests at t=0 by default, as in the vLLM paper's memory experiment)."""
     from paged.sim.workload import synthetic_trace
 
-    return synthetic_trace(workload, num_requests, rate=rate, seed=seed, max_model_len=max_model_len)
+    return synthetic_trace(workload, num_requests, rate=rate, trace_seed=seed, max_model_len=max_model_len)
 
 
 def run_allocators(trace: pd.DataFrame, allocators: Sequence[str] = ALLOCATORS, *, model: str = "llama-13b",

@@ -2,12 +2,12 @@
 the seeds' eviction score vs LRU, on the simulator (a model/GPU preset at scale) and on the
 real engine (small scale).
 
-- ``shared_prefix_trace``: requests that share one of ``num_prefixes`` long prefixes with
-  Zipf popularity, so a frequency-aware policy has something to find;
 - ``tier_metrics``: per-tier hit rates, blocks/bytes moved and swap frequency of a run's step
   frame (engine or simulator: the same columns);
 - ``tier_study``: one row per variant (tier off = recompute, tier on with LRU, with the score
-  policy, proactive demotion at a threshold) on the same trace;
+  policy, proactive demotion at a threshold) on the same trace: requests that share one of
+  ``num_prefixes`` long prefixes with Zipf popularity (``synthetic_trace(prefix_zipf=...)``), so a
+  frequency-aware policy has something to find;
 - ``swap_claim``: the seeds' "cuts swaps by 40% on a 70B model", measured: swaps (blocks
   moved between the tiers) of the score policy over LRU's, on the same trace;
 - ``engine_tier_study``: the same question on the real engine at small scale, same requests,
@@ -28,15 +28,14 @@ import random
 import time
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
 from paged import telemetry
 from paged.sim.simulator import SimConfig, Simulator
-from paged.sim.workload import synthetic_trace
+from paged.sim.workload import synthetic_trace, tenant_weights
 from paged.studies.engine_setup import study_model
 
-__all__ = ["DEFAULT_VARIANTS", "ENGINE_VARIANTS", "engine_tier_study", "shared_prefix_trace", "swap_claim",
+__all__ = ["DEFAULT_VARIANTS", "ENGINE_VARIANTS", "engine_tier_study", "swap_claim",
            "tier_metrics", "tier_study"]
 
 SCORE = "score:decay=0.999,size_weight=-0.5"
@@ -74,26 +73,14 @@ def tier_metrics(steps: pd.DataFrame, block_bytes: float = 0.0) -> dict[str, flo
             "swap_steps_share": float(moving.mean()), "steps": len(steps)}
 
 
-def shared_prefix_trace(num_requests: int = 1000, num_prefixes: int = 64, prefix_tokens: int = 1024,
-                        zipf: float = 1.0, rate: float = 4.0, workload: str = "sharegpt", seed: int = 0,
-                        max_model_len: int = 4096) -> pd.DataFrame:
-    """``workload`` requests (Poisson at ``rate``/s) each prefixed by one of ``num_prefixes``
-    shared prefixes of ``prefix_tokens`` tokens, prefix i drawn with probability ~ 1/(i+1)^zipf
-    (0: uniform)."""
-    tr = synthetic_trace(workload, num_requests, rate=rate, seed=seed, max_model_len=max_model_len - prefix_tokens)
-    rng = np.random.default_rng(seed + 7)
-    w = 1.0 / np.arange(1, num_prefixes + 1) ** zipf
-    ids = rng.choice(num_prefixes, size=len(tr), p=w / w.sum())
-    return tr.assign(prefix_id=ids.astype(np.int64), prefix_tokens=np.int64(prefix_tokens),
-                     prompt_tokens=(tr["prompt_tokens"].to_numpy() + prefix_tokens).astype(np.int64))
-
-
 def tier_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parallel: int = 4,
-               num_blocks: int = 3000, swap_space: float = 8.0, num_requests: int = 1000,
-               num_prefixes: int = 64, prefix_tokens: int = 1024, zipf: float = 1.0, rate: float = 4.0,
+               num_blocks: int = 3000, swap_space_gib: float = 8.0, num_requests: int = 1000,
+               num_prefixes: int = 64, prefix_tokens: int = 1024, prefix_zipf: float = 1.0, rate: float = 4.0,
                variants: dict[str, dict[str, Any]] | Sequence[str] | None = None, seed: int = 0,
                **sim_kw: Any) -> pd.DataFrame:
-    """Simulate one ``shared_prefix_trace`` under each variant (name -> ``SimConfig`` overrides;
+    """Simulate one trace of ``num_requests`` ShareGPT-like requests (Poisson at ``rate``/s), each
+    with one of ``num_prefixes`` shared prefixes of ``prefix_tokens`` (popularity ``prefix_zipf``),
+    under each variant (name -> ``SimConfig`` overrides;
     names of ``DEFAULT_VARIANTS``; None: all of them); one row per variant with
     ``tier_metrics``, throughput and latency. ``num_blocks`` is kept small against the prefix
     working set (``num_prefixes x prefix_tokens``) so the GPU pool has to evict shared prefixes."""
@@ -102,14 +89,15 @@ def tier_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parall
     elif not isinstance(variants, dict):
         variants = {k: DEFAULT_VARIANTS[k] for k in variants}
     base = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, num_blocks=num_blocks,
-                swap_space=swap_space, seed=seed, **sim_kw)
+                swap_space_gib=swap_space_gib, prompt_seed=seed, **sim_kw)
     rows = []
     trace = None
     for name, over in variants.items():
         sim = Simulator(SimConfig(**{**base, **over}))
         if trace is None:
-            trace = shared_prefix_trace(num_requests, num_prefixes, prefix_tokens, zipf, rate, seed=seed,
-                                        max_model_len=min(sim.max_model_len, 4096))
+            trace = synthetic_trace("sharegpt", num_requests, rate=rate, trace_seed=seed,
+                                    max_model_len=min(sim.max_model_len, 4096), num_prefixes=num_prefixes,
+                                    prefix_tokens=prefix_tokens, prefix_zipf=prefix_zipf)
         res = sim.run(trace)
         s = res.summary
         rows.append({"variant": name, "eviction": sim.config.eviction,
@@ -150,18 +138,18 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
 
 
 
-def _workload(num_requests: int, num_prefixes: int, prefix_len: int, vocab: int, zipf: float,
+def _workload(num_requests: int, num_prefixes: int, prefix_len: int, vocab: int, prefix_zipf: float,
               seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     prefixes = [[rng.randrange(vocab) for _ in range(prefix_len)] for _ in range(num_prefixes)]
-    weights = [1.0 / (i + 1) ** zipf for i in range(num_prefixes)]
+    weights = tenant_weights(num_prefixes, prefix_zipf).tolist()
     return [rng.choices(prefixes, weights)[0] + [rng.randrange(vocab) for _ in range(rng.randrange(1, 24))]
             for _ in range(num_requests)]
 
 
 def engine_tier_study(model: str | None = None, *, num_requests: int = 48, num_prefixes: int = 8,
                       prefix_blocks: int = 6, block_size: int = 16, num_blocks: int = 48, num_cpu_blocks: int = 96,
-                      max_num_seqs: int = 4, max_tokens: int = 8, zipf: float = 1.0,
+                      max_num_seqs: int = 4, max_tokens: int = 8, prefix_zipf: float = 1.0,
                       variants: dict[str, dict[str, Any]] | None = None, seed: int = 0,
                       device: str = "cpu") -> pd.DataFrame:
     """One row per variant (name -> ``EngineConfig`` overrides; default ``ENGINE_VARIANTS``).
@@ -171,11 +159,12 @@ def engine_tier_study(model: str | None = None, *, num_requests: int = 48, num_p
 
     loaded = study_model(model, device=device, prefix="paged-tier-")
     vocab = loaded.config.vocab_size
-    prompts = _workload(num_requests, num_prefixes, prefix_blocks * block_size, min(vocab, 32000), zipf, seed)
+    prompts = _workload(num_requests, num_prefixes, prefix_blocks * block_size, min(vocab, 32000), prefix_zipf,
+                        seed)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     rows, first = [], None
     for name, over in (variants or ENGINE_VARIANTS).items():
-        kw = dict(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs, seed=seed,
+        kw = dict(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs, sampling_seed=seed,
                   num_cpu_blocks=num_cpu_blocks if over.get("enable_host_tier") else 0, **over)
         llm = LLM(loaded, **kw)
         eng = llm.engine

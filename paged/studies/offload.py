@@ -29,7 +29,7 @@ import pandas as pd
 
 from paged.sim.cost_model import CostModel, StepShape, swap_bytes_ratio
 from paged.sim.specs import get_model, kv_cache_sizing
-from paged.studies.grid import run_grid
+from paged.sweeps import sweep
 
 __all__ = ["VARIANTS", "claim_table", "offload_study", "streaming_study", "verdicts"]
 
@@ -48,7 +48,7 @@ VARIANTS: tuple[tuple[str, str, str, str | None], ...] = (
 def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parallel: int = 2,
                   workload: str = "sharegpt", num_requests: int = 1000,
                   pressures: Sequence[float] = (1.0, 0.5, 0.25), latency_load: float | None = 0.9,
-                  swap_space: float = 64.0, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
+                  swap_space_gib: float = 64.0, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
     """Recompute vs swap preemption (sync/overlap x none/fp8/int4) per memory pressure and load.
 
     ``pressures``: fractions of the KV blocks that fit (``kv_cache_sizing``) given to the pool.
@@ -60,18 +60,20 @@ def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_par
     sizing = kv_cache_sizing(model, gpu, 16, tensor_parallel=tensor_parallel)
     fit = sizing.num_blocks
     base = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, workload=workload,
-                num_requests=num_requests, seed=seed, enable_prefix_caching=False, swap_space=swap_space)
+                num_requests=num_requests, trace_seed=seed, prompt_seed=seed, enable_prefix_caching=False,
+                swap_space_gib=swap_space_gib)
 
     def points(rate_of):
         return [dict(base, rate=float(rate_of(p)), num_blocks=max(1, int(fit * p)), preemption_mode=mode,
                      swap_mode=ov, swap_compression=comp, _variant=label, _pressure=p)
                 for p in pressures for label, mode, ov, comp in VARIANTS]
     pts = points(lambda p: float("inf"))
-    df = run_grid(pts, jobs=jobs)
+    df = sweep("simulate", pts, jobs=jobs, store=False, progress=False, on_error="raise")
     if latency_load:
         sat = {pt["_pressure"]: r for pt, r in zip(pts, df["throughput_req_s"]) if pt["_variant"] == "recompute"}
         more = points(lambda p: latency_load * sat[p])
-        df, pts = pd.concat([df, run_grid(more, jobs=jobs)], ignore_index=True), pts + more
+        df, pts = pd.concat([df, sweep("simulate", more, jobs=jobs, store=False, progress=False,
+                                          on_error="raise")], ignore_index=True), pts + more
     df.insert(0, "variant", [p["_variant"] for p in pts])
     df.insert(1, "kv_fraction", [p["_pressure"] for p in pts])
     ratio = [swap_bytes_ratio(p["swap_compression"], get_model(model).head_dim) for p in pts]

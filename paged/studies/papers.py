@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from paged.sim.simulator import ALLOCATORS
-from paged.studies.grid import run_grid
+from paged.sweeps import sweep
 
 # vLLM paper (Kwon et al., SOSP'23), Fig. 2: share of KV memory holding token states.
 PAPER_TOKEN_SHARE = {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963}
@@ -23,8 +23,10 @@ def memory_story(num_requests: int = 2000, block_size: int = 16, seed: int = 0, 
     slots reserved by requests (time-weighted over busy steps).
     """
     base = dict(model="llama-13b", gpu="a100-40gb", block_size=block_size, workload="sharegpt",
-                num_requests=num_requests, rate=float("inf"), seed=seed, enable_prefix_caching=False)
-    df = run_grid([{**base, "allocator": a} for a in ALLOCATORS], jobs=jobs)
+                num_requests=num_requests, rate=float("inf"), trace_seed=seed, prompt_seed=seed,
+                enable_prefix_caching=False)
+    df = sweep("simulate", [{**base, "allocator": a} for a in ALLOCATORS], jobs=jobs, store=False,
+               progress=False, on_error="raise")
     paged_tp = float(df.loc[df["allocator"] == "paged", "throughput_req_s"].iloc[0])
     out = pd.DataFrame({
         "allocator": df["allocator"],
@@ -52,10 +54,10 @@ def interference_study(num_requests: int = 600, rate: float = 4.0, budgets: tupl
     of a long prompt behind the decodes.
     """
     base = dict(model=model, gpu=gpu, workload=workload, num_requests=num_requests, rate=rate,
-                max_model_len=max_model_len, seed=seed)
+                max_model_len=max_model_len, trace_seed=seed, prompt_seed=seed)
     pts = [{**base, "enable_chunked_prefill": False, "max_num_batched_tokens": max_model_len + 256}]
     pts += [{**base, "enable_chunked_prefill": True, "max_num_batched_tokens": b} for b in budgets]
-    df = run_grid(pts, jobs=jobs)
+    df = sweep("simulate", pts, jobs=jobs, store=False, progress=False, on_error="raise")
     ref = df.iloc[0]
     out = pd.DataFrame({
         "chunked_prefill": ["none"] + [str(b) for b in budgets],
@@ -74,8 +76,8 @@ def block_size_ablation(workloads: tuple[str, ...] = ("sharegpt", "alpaca"),
                         model: str = "llama-13b", gpu: str = "a100-40gb", seed: int = 0, jobs: int = 1) -> pd.DataFrame:
     """Token usage and saturation throughput per block size (vLLM paper, Fig. 18)."""
     pts = [dict(model=model, gpu=gpu, workload=w, block_size=b, num_requests=num_requests, rate=float("inf"),
-                seed=seed, enable_prefix_caching=False) for w in workloads for b in block_sizes]
-    df = run_grid(pts, jobs=jobs)
+                trace_seed=seed, prompt_seed=seed, enable_prefix_caching=False) for w in workloads for b in block_sizes]
+    df = sweep("simulate", pts, jobs=jobs, store=False, progress=False, on_error="raise")
     return df[["workload", "block_size", "num_kv_blocks", "kv_token_usage_mean", "kv_block_usage_mean",
                "mean_batch_size", "throughput_req_s", "throughput_tok_s", "num_preemptions"]]
 

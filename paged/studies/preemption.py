@@ -108,11 +108,11 @@ def simulate_modes(modes: Sequence[str] = ("recompute", "swap"), *, num_requests
     from paged.sim.simulator import SimConfig, Simulator
     from paged.sim.workload import synthetic_trace
 
-    trace = synthetic_trace(workload, num_requests, rate=rate, seed=seed, max_model_len=4096)
+    trace = synthetic_trace(workload, num_requests, rate=rate, trace_seed=seed, max_model_len=4096)
     rows = []
     for mode in modes:
         s = Simulator(SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, preemption_mode=mode,
-                                enable_prefix_caching=False, seed=seed, **config)).run(trace).summary
+                                enable_prefix_caching=False, prompt_seed=seed, **config)).run(trace).summary
         rows.append({"mode": mode, "throughput_tok_s": s["throughput_tok_s"], "ttft_p50_s": s["ttft_p50_s"],
                      "e2e_p99_s": s["e2e_p99_s"], "tbt_p99_s": s["tbt_p99_s"], "preemptions": s["num_preemptions"],
                      "swapped_blocks": s["num_swapped_blocks"], "finished": s["requests_finished"]})
@@ -152,7 +152,7 @@ def engine_swap_study(model: str | None = None, *, num_requests: int = 12, promp
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     rows, ref = [], None
     for name, over in (variants or ENGINE_VARIANTS).items():
-        llm = LLM(loaded, block_size=block_size, num_blocks=pool, max_num_seqs=max_num_seqs, seed=seed,
+        llm = LLM(loaded, block_size=block_size, num_blocks=pool, max_num_seqs=max_num_seqs, sampling_seed=seed,
                   enable_prefix_caching=False, **over)
         eng = llm.engine
         for i, p in enumerate(prompts):

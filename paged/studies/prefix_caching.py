@@ -85,12 +85,12 @@ def eviction_sweep(pool_blocks: Sequence[int] = (160, 256, 512, 1024, 2048), *, 
     from paged.sim.simulator import SimConfig, Simulator
     from paged.sim.workload import synthetic_trace
 
-    trace = synthetic_trace("sharegpt", num_requests, rate=rate, seed=seed, max_model_len=max_model_len,
+    trace = synthetic_trace("sharegpt", num_requests, rate=rate, trace_seed=seed, max_model_len=max_model_len,
                             num_prefixes=num_prefixes, prefix_tokens=prefix_tokens)
     rows = []
     for n in pool_blocks:
         s = Simulator(SimConfig(model=model, gpu=gpu, num_blocks=int(n), enable_prefix_caching=True,
-                                max_model_len=max_model_len, seed=seed)).run(trace).summary
+                                max_model_len=max_model_len, prompt_seed=seed)).run(trace).summary
         rows.append({"pool_blocks": int(n), "pool_tokens": int(n) * s["block_size"],
                      "prefix_tokens_total": num_prefixes * prefix_tokens, "hit_rate": s["prefix_cache_hit_rate"],
                      "throughput_req_s": s["throughput_req_s"], "ttft_p50_s": s["ttft_p50_s"],

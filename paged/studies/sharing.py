@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from paged.errors import ConfigError
+from paged.memory import memory_facts
 from paged.quant.attention import attend
 from paged.quant.metrics import TokenStats, summarize, token_stats
 from paged.quant.runs import greedy_many, load
@@ -184,8 +185,9 @@ def _base_run(model, ids: torch.Tensor, cache: SharedKVAttention) -> tuple[torch
 
 def _engine_blocks(lm, share, budget: int) -> tuple[int, int]:
     from paged.engine.llm_engine import EngineConfig, LLMEngine
-    eng = LLMEngine(lm, EngineConfig(kv_cache_memory=budget, kv_share_with=share, record_events=False))
-    return eng.kv.num_blocks, eng.runner.cache_bytes()
+    eng = LLMEngine(lm, EngineConfig(kv_cache_memory_bytes=budget, kv_share_with=share, record_events=False))
+    facts = memory_facts(eng)
+    return facts.num_blocks, facts.cache_bytes
 
 
 def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_length: int = 256, *,

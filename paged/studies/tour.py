@@ -67,4 +67,4 @@ def sim_burst(num_requests: int = 1500, workload: str = "sharegpt", rate: float 
     (inf: all at once), cut to `context` tokens. Pair it with ``SimConfig(max_num_seqs=1024)``: at 256
     sequences a 70B on four 80 GB GPUs uses about a sixth of its pool on ShareGPT-like chats."""
     from paged.sim.workload import fit_to_context, synthetic_trace
-    return fit_to_context(synthetic_trace(workload, num_requests, rate=rate, seed=seed), context)
+    return fit_to_context(synthetic_trace(workload, num_requests, rate=rate, trace_seed=seed), context)

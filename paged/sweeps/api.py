@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal, Mapping
 
 import pandas as pd
 
-from paged.errors import ConfigError
+from paged.errors import ConfigError, SweepPointError
 
 from .grid import Grid, expand, point_id
 from .point import META, ROW
@@ -63,7 +63,7 @@ def sweep(study: "str | Study | Callable[..., Any]", grid: Grid, *, backend: Lit
           force: bool = False, retry_errors: bool = False, progress: bool = True,
           on_result: Callable[[Rows], None] | None = None, num_cpus: float | None = None,
           num_gpus: float | None = None, max_retries: int = 3, version: str | None = None,
-          ray_init: Mapping[str, Any] | None = None) -> pd.DataFrame:
+          ray_init: Mapping[str, Any] | None = None, on_error: Literal["row", "raise"] = "row") -> pd.DataFrame:
     """Run ``study`` (a registered name such as ``"simulate"``, a ``Study`` or a module-level
     function) on every point of ``grid`` (see ``paged.sweeps.grid``); one row per point (per
     result row for studies that return several).
@@ -79,12 +79,19 @@ def sweep(study: "str | Study | Callable[..., Any]", grid: Grid, *, backend: Lit
     - ``on_result(rows)``: called in this process with each point's rows as it arrives (stored
       points first), e.g. ``paged.viz.sweep.SweepView.add``; ``progress``: a tqdm bar.
 
+    Every point's keys are checked against the study's (``Study.check_keys``) before any runs.
+    ``on_error="raise"``: a point that failed raises ``SweepPointError`` (after the others
+    finished and were stored) instead of being a ``status="error"`` row.
+
     Interrupting (Ctrl-C, or an exception from ``on_result``) cancels the points in flight; the
     finished ones are stored, so the same call resumes."""
     s = get_study(study, num_cpus=num_cpus, num_gpus=num_gpus)
     points = expand(grid)
     if not points:
         raise ConfigError("the grid has no points")
+    if on_error not in ("row", "raise"):
+        raise ConfigError(f"on_error must be 'row' or 'raise', got {on_error!r}")
+    s.check_keys(points)
     runner = _backend(backend, jobs, address, max_retries, ray_init)
     ps: PointStore | None = None
     if store is not False:
@@ -136,6 +143,11 @@ def sweep(study: "str | Study | Callable[..., Any]", grid: Grid, *, backend: Lit
         "cached": len(points) - len(todo), "errors": status.count("error"),
         "lost": status.count("lost"), "seconds": time.perf_counter() - t0,
         "store": str(ps.folder) if ps is not None else None, "version": ps.version if ps is not None else None}
+    if on_error == "raise" and (failed := [(i, rows[0]) for i, rows in enumerate(results)  # type: ignore[index]
+                                           if rows[0]["status"] != "ok"]):
+        i, row = failed[0]
+        raise SweepPointError(f"{len(failed)} of {len(points)} point(s) of study {s.name!r} failed; the first, "
+                              f"point {i} {points[i]}: {row.get('error') or row['status']}")
     return df
 
 

@@ -5,8 +5,11 @@ row), or a DataFrame (one or more rows; each row becomes a row of the sweep's ta
 point's parameters). It is called as ``fn(**defaults, **point)`` or, for ``call="point"``, as
 ``fn({**defaults, **point})``. It declares what one call needs (``num_cpus``, ``num_gpus``: the
 resources of one Ray task), which result columns to leave out (``drop``: e.g. its own timing,
-which the sweep measures for every point) and which parameters name files whose contents are
-part of the point's identity (``files``: a changed trace file is a new point).
+which the sweep measures for every point), which parameters name files whose contents are
+part of the point's identity (``files``: a changed trace file is a new point) and which keys a
+point may have (``keys``: an import path of a function returning them; by default a
+``"kwargs"`` study's parameter names, unless it takes ``**kwargs``). ``sweep`` checks every
+point's keys before any point runs, so a typo is one error naming the valid keys.
 
 ``STUDIES`` maps a name to a ``Study`` whose ``target`` is an import path ``"module:function"``,
 so re-pointing a study after a module moves is a change of one string. Workers import the target
@@ -35,6 +38,7 @@ class Study:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     drop: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
+    keys: str | None = None
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -66,6 +70,31 @@ class Study:
             raise ConfigError(f"study {self.name!r}: {self.target!r} is not callable")
         return fn
 
+    def valid_keys(self) -> tuple[str, ...] | None:
+        """The keys a point may have (``keys``, else the parameters of a ``"kwargs"`` study's
+        function); None when any key may be given."""
+        if self.keys is not None:
+            return tuple(Study(self.name, self.keys).resolve()())
+        if self.call == "point":
+            return None
+        params = signature_of(self).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    def check_keys(self, points: "list[Mapping[str, Any]]") -> None:
+        """ConfigError naming every key of ``points`` this study does not take, and the valid
+        keys (``"point"`` studies may also carry ``_``-prefixed labels)."""
+        valid = self.valid_keys()
+        if valid is None:
+            return
+        given = {k for p in points for k in p}
+        unknown = sorted(k for k in given - set(valid) - set(self.defaults)
+                         if not (self.call == "point" and k.startswith("_")))
+        if unknown:
+            raise ConfigError(f"study {self.name!r}: unknown key(s) {', '.join(unknown)}; valid keys: "
+                              f"{', '.join(valid)}")
+
     def __call__(self, params: Mapping[str, Any]) -> Any:
         fn = self.resolve()
         args = {**self.defaults, **params}
@@ -85,7 +114,7 @@ _SIM_TIMING = ("wall_s", "sim_requests_per_wall_s")  # the simulator's own wall 
 # Import paths (paged.studies, paged.quant); after a module moves, change its target string here.
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("simulate", "paged.studies.grid:run_point", call="point", drop=_SIM_TIMING, files=("trace", "calibration"),
-          doc="one simulated deployment: SimConfig fields + trace keys -> the run summary"),
+          keys="paged.studies.grid:point_keys", doc="one simulated deployment: SimConfig fields + trace keys -> the run summary"),
     Study("memory_story", "paged.studies.papers:memory_story", doc="vLLM paper Fig. 2: token share per allocator"),
     Study("interference", "paged.studies.papers:interference_study",
           doc="Sarathi-Serve: p99 TBT/TTFT without and with chunked prefill"),

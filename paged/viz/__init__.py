@@ -49,8 +49,8 @@ each takes the frames a study returns and draws them; nothing here runs an execu
 do; `tests/test_imports.py` checks it).
 
 Readable by construction: `paged.viz.sizing` (px per heatmap row, integer ticks on counts,
-label placement), `paged.viz.check` (`figure_problems(fig)`, `table_problems(df)`,
-`output_problems(text)`: what tests and notebooks verify), `paged.viz.tables.fit_table(df)` (a
+label placement), checked by `tests/figure_check.py` (`figure_problems(fig)`, `table_problems(df)`,
+`output_problems(text)`: what the tests verify of every figure and notebook), `paged.viz.tables.fit_table(df)` (a
 table that wraps instead of running off a laptop screen). Sentences from numbers:
 `paged.viz.prose` (each notebook's run-dependent sentences, generated from its results as
 Markdown). Controls beside the dashboards: `paged.viz.quant_panel.study_panel` (05: formats,

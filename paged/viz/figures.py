@@ -2,7 +2,7 @@
 
 Each `*_data` / `*_series` function returns the trace arrays a live view assigns in place; the
 builder of the same name wraps them in a figure. All traces are SVG (no WebGL: browsers cap
-contexts). Every figure sizes itself from its content (`paged.viz.sizing`; `paged.viz.check`
+contexts). Every figure sizes itself from its content (`paged.viz.sizing`; `tests/figure_check.py`
 verifies it): integer ticks on axes that count, ECDFs where latency distributions are compared.
 The pool's own figures (block grid, block tables) live in `paged.viz.pool_figures` and are
 re-exported here, so `figures.block_grid(...)` and the rest keep working.
@@ -129,14 +129,6 @@ def ecdf(values) -> tuple[np.ndarray, np.ndarray]:
     """Sorted finite values and the share of samples at or below each (an empirical CDF)."""
     v = np.sort(np.asarray(values, float)[np.isfinite(np.asarray(values, float))])
     return v, (np.arange(1, len(v) + 1) / len(v)) if len(v) else np.zeros(0)
-
-
-def latency_series(req, tbt, unit: str = "ms") -> dict:
-    """ECDF points of TTFT and TBT (in `unit`): ttft_x, ttft_y, tbt_x, tbt_y."""
-    k = 1e3 if unit == "ms" else 1.0
-    tx, ty = ecdf(k * np.asarray(req["ttft_s"], float) if len(req) else np.zeros(0))
-    bx, by = ecdf(k * np.asarray(tbt, float))
-    return dict(ttft_x=tx, ttft_y=ty, tbt_x=bx, tbt_y=by)
 
 
 def _has_tail(values: Sequence[np.ndarray]) -> bool:

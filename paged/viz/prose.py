@@ -5,15 +5,18 @@ Every function takes the frames a study or a run returns and returns an ``IPytho
 computed from those frames, so the prose cannot contradict the outputs above it, at any
 parameters. Nothing here runs an executor.
 
-    latency_change(summary, "no chunking", "chunked")  # 04: TTFT/TBT p50/p99/max, before -> after
-    format_memory(describe_formats(...))                 # 05: tokens per GiB against fp16
-    format_errors(study_df), context_trend(study_df)     # 05: 4-bit formats vs int8; KLD vs context
-    copy_on_write(steps, n)                              # 02: CoW copies of an n-sample request
-    shared_blocks(run)                                   # 06: blocks held by several requests at once
-    paper_gap(token_share_table)                         # 03: allocators vs the vLLM paper
-    preemption_modes(compare_modes_table), swap_cost(cost_table)   # 07
-    compaction_verdict(verdict_dict)                     # 08
-    front_goals(front, llamacpp)                         # 05: the served front against its goals and llama.cpp
+By subject (any notebook, study or report may use any of them):
+
+- latency: ``latency_change(summary, "no chunking", "chunked")`` (TTFT/TBT p50/p99/max, before -> after)
+- the pool: ``pool_usage(steps, num_blocks)``; ``copy_on_write(steps, n)`` (CoW copies of an
+  n-sample request); ``shared_blocks(run)`` (blocks held by several requests at once)
+- KV formats: ``format_memory(describe_formats(...))`` (tokens per GiB against fp16);
+  ``format_errors(study_df)``, ``context_trend(study_df)``; ``front_goals(front, llamacpp)``
+- fragmentation: ``paper_gap(token_share_table)``, ``engine_shares(table)``
+- prefix caching: ``eviction(sweep)``, ``collision(table)``
+- preemption and swap: ``preemption_modes(table)``, ``swap_cost(costs)``, ``swap_error_verdict(...)``
+- host tier, sharing, compaction: ``tier_verdict(tiers)``, ``sharing_memory(sharing)``,
+  ``compaction_verdict(verdict_dict)``
 """
 from __future__ import annotations
 
@@ -86,7 +89,7 @@ def pool_usage(steps: pd.DataFrame, num_blocks: int):
               + (f"; {pre} preemption(s) when it ran out." if pre else "; it never ran out (no preemption)."))
 
 
-# ---- 05 · KV quantization ------------------------------------------------------------------
+# ---- KV quantization ------------------------------------------------------------------
 def format_memory(formats: pd.DataFrame, base: str = "fp16"):
     """Tokens per GiB of each format against `base` (a `quant.describe_formats` table)."""
     t = formats.set_index("format")["tokens_per_gib"]
@@ -184,7 +187,7 @@ def context_trend(df: pd.DataFrame, metric: str = "kld_mean"):
     return md(f"From {lo:,} to {hi:,} tokens, {metric} " + "; ".join(parts) + f" of {len(r)} formats: {verdict}.")
 
 
-# ---- 02 · block tables -----------------------------------------------------------------------
+# ---- block tables -----------------------------------------------------------------------
 def copy_on_write(steps: pd.DataFrame, n: int, events: pd.DataFrame | None = None):
     """The copy-on-write copies of a run with one n-sample request, against the n − 1 the mechanism predicts."""
     copies = int(np.asarray(steps["num_block_copies"]).sum())
@@ -204,7 +207,7 @@ def copy_on_write(steps: pd.DataFrame, n: int, events: pd.DataFrame | None = Non
               f"cop{'y' if copies == 1 else 'ies'}**{where}, {how}")
 
 
-# ---- 06 · prefix caching ---------------------------------------------------------------------
+# ---- prefix caching ---------------------------------------------------------------------
 def shared_blocks(run):
     """How many blocks several requests held at once, from the snapshots a run kept (`keep_snapshots`)."""
     from paged.core.snapshot import STATE_SHARED
@@ -225,7 +228,7 @@ def shared_blocks(run):
               "system-prompt blocks instead of computing them again.")
 
 
-# ---- 03 · fragmentation ----------------------------------------------------------------------
+# ---- fragmentation ----------------------------------------------------------------------
 def paper_gap(table: pd.DataFrame):
     """Each allocator's share of the pool holding tokens against the vLLM paper's Fig. 2."""
     t = table.reset_index(drop=True)
@@ -282,7 +285,7 @@ def collision(table: pd.DataFrame, first: str = "sha256", second: str = "constan
                  "**different**: a colliding hash changed the output, which verification should prevent (a bug)."))
 
 
-# ---- 07 · preemption ------------------------------------------------------------------------
+# ---- preemption ------------------------------------------------------------------------
 def preemption_modes(table: pd.DataFrame):
     """Recompute vs swap on the engine (a `preemption.compare_modes` table)."""
     t = table.set_index("run")
@@ -308,7 +311,7 @@ def swap_cost(costs: pd.DataFrame):
               f"{ms(1e3 * r['recompute_s'])}: swap is {times(max(ratio, 1 / ratio))} {word}.")
 
 
-# ---- 08 · tiers, swap, sharing, compaction ----------------------------------------------------
+# ---- tiers, swap, sharing, compaction ----------------------------------------------------
 def tier_verdict(tiers: pd.DataFrame, base: str = "recompute (no host tier)", tier: str = "host tier, LRU"):
     """A host tier against none (a `host_tier.tier_study` table)."""
     t = tiers.set_index("variant")
@@ -358,7 +361,7 @@ def sharing_memory(sharing: pd.DataFrame, target_pct: float = 30.0):
               f"{r['memory_saved_pct']:.0f}% of the KV memory{blocks}.")
 
 
-# ---- 08 · compaction --------------------------------------------------------------------------
+# ---- compaction --------------------------------------------------------------------------
 def compaction_verdict(v: dict):
     """`paged.studies.compaction.verdict` as a sentence."""
     pays = bool(v["pays"])

@@ -1,4 +1,4 @@
-"""Sizes and axes that make a figure readable by construction (what `paged.viz.check` verifies).
+"""Sizes and axes that make a figure readable by construction (what `tests/figure_check.py` verifies).
 
 Numbers a builder needs to size a figure from its content, so no figure is a 1-px line or a
 1,000-px empty grid:

@@ -18,8 +18,8 @@ from paged import story
 
 __all__ = ["MOMENT_STYLE", "StoryView", "story_data", "story_figure"]
 
-# kind -> (legend name, marker symbol, colour)
-MOMENT_STYLE = {
+# kind (``paged.story.MOMENT_KINDS``, the one list of kinds, in its order) -> (legend name, marker symbol, colour)
+_STYLES = {
     "prefix_hit": ("first prefix hit", "star", "#2ca25f"),
     "cow": ("copy-on-write", "diamond", "#e6550d"),
     "preempt": ("preemption (recompute)", "x", "#d62728"),
@@ -30,6 +30,8 @@ MOMENT_STYLE = {
     "compaction": ("compaction", "square", "#17becf"),
     "peak": ("peak usage", "circle-open", "#111111"),
 }
+MOMENT_STYLE = {kind: _STYLES[kind] for kind in story.MOMENT_KINDS}  # a kind without a style: KeyError at import
+assert set(_STYLES) == set(story.MOMENT_KINDS), "a style for a kind paged.story does not list"
 
 
 def story_data(steps, moments) -> dict:

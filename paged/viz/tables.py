@@ -7,7 +7,7 @@
 A notebook shows a DataFrame with one column per unbreakable header: 15 snake_case headers are
 wider than a 1366-px screen and the last columns (often the one that matters, such as
 ``outputs_identical``) scroll out of sight; pandas also cuts text cells at 50 characters.
-`fit_table` keeps every value, only its layout changes; `paged.viz.check.table_problems` measures it.
+`fit_table` keeps every value, only its layout changes; `table_problems` of `tests/figure_check.py` measures it.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .sizing import CONTENT_WIDTH, INTEGER_SPAN, MIN_COLORBAR_PX, MIN_HEIGHT, MIN_ROW_PX
+from paged.viz.sizing import CONTENT_WIDTH, INTEGER_SPAN, MIN_COLORBAR_PX, MIN_HEIGHT, MIN_ROW_PX
 
 __all__ = ["figure_problems", "output_problems", "table_problems", "table_width"]
 
