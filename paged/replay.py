@@ -72,12 +72,12 @@ def _json_default(x):
     return str(x)
 
 
-def save(run, path: str | Path) -> Path:
-    """Write `run`'s (or a Recording's) rows, events, request rows and kept snapshots to `path` (.npz;
-    its folder is created)."""
+def save(run, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> Path:
+    """Write `run`'s (or a Recording's) rows, events, request rows and kept snapshots, and the `extra`
+    named arrays, to `path` (.npz; its folder is created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray] = dict(extra or {})
     rows = run.rows
     for c in STEP_COLUMNS:
         arrays[f"step/{c}"] = np.array([r[c] for r in rows], dtype=float if c.endswith(("_s", "_perc", "usage"))

@@ -48,12 +48,8 @@ class Node:
 
     def live_at(self, t: float) -> bool:
         """Whether the node was cached at time ``t`` (its last transition at or before t was a store)."""
-        state = False
-        for when, what in self.history:
-            if when > t:
-                break
-            state = what == STORED
-        return state
+        last = self.last_change_before(t)
+        return last is not None and last[1] == STORED
 
     def last_change_before(self, t: float) -> tuple[float, str] | None:
         last = None
@@ -101,25 +97,16 @@ class PrefixForest:
             node = self.nodes.get(h)
             if node is None:
                 pnode = self.nodes.get(parent) if parent is not None else None
-                node = Node(len(self._order), h, parent, tokens, 0 if pnode is None else pnode.depth + 1, t, t,
-                            lora_name=event.lora_name)
-                if parent is not None and pnode is None:
-                    node.depth = 1  # parent never seen (joined late): at least one block above
+                # a parent never seen (joined late) still means at least one block above
+                depth = pnode.depth + 1 if pnode is not None else int(parent is not None)
+                node = Node(len(self._order), h, parent, tokens, depth, t, t, lora_name=event.lora_name)
                 self.nodes[h] = node
                 self._order.append(h)
                 self.children.setdefault(parent, {}).setdefault(tokens, []).append(h)
-            else:
-                if h in self.live:
-                    node.times_stored += 1
-                    node.stored_s = t
-                    node.history.append((t, STORED))
-                    self.num_stored += 1
-                    out.append(node)
-                    continue
+            else:  # a re-store after an eviction, or a re-report of a live block (removed_s is None already)
                 node.times_stored += 1
                 node.stored_s = t
-                node.removed_s = None
-                node.how_removed = None
+                node.removed_s = node.how_removed = None
             node.history.append((t, STORED))
             self.live.add(h)
             self.num_stored += 1

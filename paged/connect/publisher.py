@@ -24,11 +24,8 @@ import zmq
 
 from paged.errors import ConfigError
 
+from .settings import is_bind as _is_bind
 from .wire import END_SEQ, KVEvent, encode_batch, encode_frames
-
-
-def _is_bind(endpoint: str) -> bool:
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 class KVEventPublisher:

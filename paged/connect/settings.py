@@ -16,6 +16,11 @@ EVENT_KEYS = ("endpoint", "replay_endpoint", "topic", "buffer_steps", "hwm", "in
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
+def is_bind(endpoint: str) -> bool:
+    """Whether vLLM's publisher binds ``endpoint`` (``*`` or ``::`` in it, or ipc/inproc) rather than connects."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 def events_settings(value: Any, error: Callable[[str], Exception] = ConfigError) -> dict | None:
     """``kv_events_endpoint`` as a dict of publisher settings; ``error(message)`` is raised when wrong."""
     if value is None:
@@ -37,7 +42,7 @@ def events_settings(value: Any, error: Callable[[str], Exception] = ConfigError)
             raise error(f"kv_events_endpoint: {key} must be tcp://HOST:PORT (tcp://*:PORT binds), ipc://PATH "
                         f"or inproc://NAME, got {v!r}")
     r = value.get("replay_endpoint")
-    if r is not None and not ("*" in r or "::" in r or r.startswith(("ipc://", "inproc://"))):
+    if r is not None and not is_bind(r):
         raise error(f"kv_events_endpoint: the replay endpoint {r!r} is bound, so it needs '*' (tcp://*:PORT) or ipc://")
     return {k: v for k, v in value.items() if k in EVENT_KEYS}
 
