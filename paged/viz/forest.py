@@ -23,6 +23,7 @@ from plotly.subplots import make_subplots
 
 from paged.connect import misses as M
 
+from .pool_figures import legend_squares, state_colorscale
 from .sizing import count_axis
 
 STATE_COLORS = {"live": "#3b6fb6", "evicted": "#e6550d", "cleared": "#bdbdbd"}
@@ -145,17 +146,12 @@ def miss_map(misses: pd.DataFrame, *, max_requests: int = 40, title: str = "why 
         z[i, j] = code[r.status]
         text[i][j] = f"{r.request_id} block {j}: {r.status}" + (f"<br>{r.detail}" if r.detail else "")
     n = max(len(statuses), 1)
-    scale = []
-    for i, s in enumerate(statuses):
-        c = MISS_COLORS.get(s, "#999999")
-        scale += [[i / n, c], [(i + 1) / n, c]]
+    colors = [(s, MISS_COLORS.get(s, "#999999")) for s in statuses]
     zl = np.where(np.isnan(z), None, z).tolist()
     fig = go.Figure(go.Heatmap(z=zl, x=list(range(nblk)), y=reqs, text=text, hoverinfo="text",
-                               colorscale=scale or [[0, "#fff"], [1, "#fff"]], zmin=-0.5, zmax=n - 0.5,
-                               showscale=False, xgap=1, ygap=1))
-    for s in statuses:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=s, showlegend=True,
-                                 marker=dict(size=10, color=MISS_COLORS.get(s, "#999999"), symbol="square")))
+                               colorscale=state_colorscale([c for _, c in colors]) or [[0, "#fff"], [1, "#fff"]],
+                               zmin=-0.5, zmax=n - 0.5, showscale=False, xgap=1, ygap=1))
+    fig.add_traces(legend_squares(colors))
     fig.update_layout(title=title, xaxis_title="prompt block", yaxis=dict(autorange="reversed"),
                       height=max(220, 24 * len(reqs) + 120), margin=dict(l=80, r=10, t=50, b=40),
                       plot_bgcolor="#ffffff")

@@ -27,17 +27,16 @@ import plotly.graph_objects as go
 
 from paged.telemetry import STEP_COLUMNS
 from . import figures as F
-from .buffers import CachedDecoder, RingBuffer, counts_text as _counts, widgets_available
-from .dashboard_views import VIEWS, build_views, table_rows, update_series
+from .buffers import CachedDecoder, RingBuffer, widgets_available
+from .dashboard_views import VIEWS, build_views, redraw_pool, table_rows, update_series
 from .replay_view import ReplayView
 
 SNAPSHOT_BUDGET_BYTES = 64 << 20
+"""What a dashboard lets its run keep in snapshots (for the story of the finished run)."""
 STORY_EVERY_S = 1.0
 """How often a live frame also redraws the key-moments strip (it reads all the run's rows)."""
-"""What a dashboard lets its run keep in snapshots (for the story of the finished run)."""
 
 __all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "widgets_available"]
-
 
 
 class Dashboard:
@@ -170,20 +169,9 @@ class Dashboard:
         if snap is None:
             return
         when = f"step {snap.step}" if step is None else f"step {snap.step} (replayed)"  # the snapshot's own step
-        if "grid" in figs:
-            g = F.grid_data(snap, self.cols, self.page, self._decoder, self.selected)
-            with figs["grid"].batch_update():
-                figs["grid"].data[0].z, figs["grid"].data[0].text = g["z"], g["text"]
-                figs["grid"].data[1].x, figs["grid"].data[1].y = g["hl_x"], g["hl_y"]
-                # the counts as a subtitle: on one line they ran past the figure's edge and under the modebar
-                figs["grid"].layout.title.text = f"pool at {when} ({snap.num_blocks}×{snap.block_size} tokens)"
-                figs["grid"].layout.title.subtitle.text = _counts(snap)
-        if "tables" in figs:
-            t = F.tables_data(snap, table_rows(run, self.max_requests), self.selected)
-            with figs["tables"].batch_update():
-                tr = figs["tables"].data[0]
-                tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
-                figs["tables"].layout.title.text = f"block tables at {when} (cell = physical block id)"
+        redraw_pool(figs, snap, f"pool at {when} ({snap.num_blocks}×{snap.block_size} tokens)",
+                    f"block tables at {when} (cell = physical block id)", cols=self.cols, page=self.page,
+                    decoder=self._decoder, selected=self.selected, max_requests=table_rows(run, self.max_requests))
 
     def show_step(self, step: int) -> None:
         """Show the pool as it was after `step` (its kept snapshot; the nearest earlier one if it

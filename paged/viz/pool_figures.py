@@ -33,17 +33,18 @@ NAN = float("nan")
 def state_colorscale(colors: Sequence[str] = STATE_COLORS) -> list[list]:
     """A stepped colourscale: code i (with zmin=-0.5, zmax=len-0.5) gets colors[i] exactly."""
     n = len(colors)
-    scale = []
-    for i, c in enumerate(colors):
-        scale += [[i / n, c], [(i + 1) / n, c]]
-    return scale
+    return [x for i, c in enumerate(colors) for x in ([i / n, c], [(i + 1) / n, c])]
+
+
+def legend_squares(items: Sequence[tuple[str, str]]) -> list[go.Scatter]:
+    """Invisible markers that give a heatmap a discrete legend: one square per (name, colour)."""
+    return [go.Scatter(x=[None], y=[None], mode="markers", name=name, showlegend=True,
+                       marker=dict(size=10, color=color, symbol="square")) for name, color in items]
 
 
 def _legend_traces(states: Sequence[int] = PAGED_STATES) -> list[go.Scatter]:
-    """Invisible markers that give the heatmap a discrete legend: one per state that can occur."""
-    return [go.Scatter(x=[None], y=[None], mode="markers", name=STATE_NAMES[i], showlegend=True,
-                       marker=dict(size=10, color=STATE_COLORS[i], symbol="square"))
-            for i in states]
+    """The legend of the states that can occur."""
+    return legend_squares([(STATE_NAMES[i], STATE_COLORS[i]) for i in states])
 
 
 def blocks_per_cell(num_blocks: int) -> int:
@@ -167,8 +168,7 @@ def block_grid(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokeniz
                                          line=dict(width=2)),
                              name="selected request"))
     if not d["dense"]:
-        for t in _legend_traces():
-            fig.add_trace(t)
+        fig.add_traces(_legend_traces())
     pages = f" · page {page + 1}/{d['num_pages']} (blocks {d['first']}-{d['last'] - 1})" if d["num_pages"] > 1 else ""
     per = f" · {k} blocks per cell" if k > 1 else ""
     fig.update_layout(title=title or f"block pool at step {snap.step}: {snap.num_blocks:,} blocks of "
@@ -231,8 +231,7 @@ def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int |
     fig = go.Figure(go.Heatmap(z=_json_grid(z.reshape(rows, cols)), zmin=-0.5, zmax=len(STATE_COLORS) - 0.5,
                                colorscale=state_colorscale(), showscale=False, xgap=1, ygap=1,
                                hovertemplate="cell %{x},%{y}: %{z}<extra></extra>"))
-    for t in _legend_traces(CONTIGUOUS_STATES):
-        fig.add_trace(t)
+    fig.add_traces(_legend_traces(CONTIGUOUS_STATES))
     pct = 100 * snap.num_filled / snap.num_reserved if snap.num_reserved else 0.0
     fig.update_layout(title=title or f"contiguous reservations: {snap.num_reserved:,} slots reserved, "
                       f"{snap.num_filled:,} hold tokens ({pct:.0f}%)",

@@ -198,13 +198,10 @@ class SweepView:
         if self.no_widgets is None:
             from .panels import ScrollAnchor
             self.anchor = ScrollAnchor()  # the first point brings the view into the window (Run All)
-        self.figures: dict[str, Any] = {}
-        for k, fig in self._static().items():
-            if self.no_widgets is None:
-                from .liveplot import LivePlot
-                self.figures[k] = LivePlot(fig)
-            else:
-                self.figures[k] = fig
+        self.figures: dict[str, Any] = self._static()
+        if self.no_widgets is None:
+            from .liveplot import LivePlot
+            self.figures = {k: LivePlot(f) for k, f in self.figures.items()}
 
     def frame(self) -> pd.DataFrame:
         """The rows so far as a DataFrame (all statuses)."""
