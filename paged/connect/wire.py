@@ -1,23 +1,17 @@
 """vLLM's KV-event wire format: decoded leniently, encoded exactly as vLLM 0.32 does.
 
-A message is three ZMQ frames (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``):
-
-1. the topic (utf-8, may be empty);
-2. the sequence number, 8 bytes big-endian (per publisher start from 0; the replay socket ends
-   its answer with -1, signed);
-3. a msgpack ``KVEventBatch``: ``[ts, events, data_parallel_rank]``.
-
-Each event is ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``. vLLM 0.32 encodes an
-event as a map tagged ``{"type": "BlockStored", ...}``; older versions encoded it as an array
-``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...]``.
-Both are decoded. Block hashes are ints (the low 64 bits of the digest, vLLM's default with
-``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or raw bytes (32 for sha256); either is kept as is.
+A message is three ZMQ frames (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``): the topic
+(utf-8, may be empty); the sequence number, 8 bytes big-endian (from 0 per publisher start; the
+replay socket ends its answer with -1, signed); a msgpack ``KVEventBatch`` ``[ts, events, rank]``.
+Events are ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``: vLLM 0.32 encodes a map tagged
+``{"type": ...}``, older versions an array ``[tag, block_hashes, parent_block_hash, ...]``; both are
+decoded. Hashes are ints (the digest's low 64 bits, ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or
+raw bytes, kept as is.
 
 Lenient by design (vLLM marks the feature experimental and keeps adding fields): unknown event
-types are counted per type and skipped, unknown extra fields are ignored, an event that lacks a
-required field is counted as malformed and skipped; only a batch that cannot be a batch at all
-raises ``WireFormatError``. ``encode_batch`` writes what vLLM's own typed decoder
-(``msgspec.msgpack.Decoder(KVEventBatch)``) reads (tests/test_connect_vllm_decoder.py).
+types are counted and skipped, unknown fields ignored, an event lacking a required field counted
+as malformed; only what cannot be a batch raises ``WireFormatError``. ``encode_batch`` writes what
+vLLM's typed decoder (``msgspec.msgpack.Decoder(KVEventBatch)``) reads (tests/test_connect_vllm_decoder.py).
 """
 from __future__ import annotations
 

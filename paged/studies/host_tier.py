@@ -1,25 +1,12 @@
-"""Host-tier studies (issue 13): recompute evicted prefixes vs keep them in host memory, and
-the seeds' eviction score vs LRU, on the simulator (a model/GPU preset at scale) and on the
-real engine (small scale).
+"""Host-tier studies (issue 13): recompute evicted prefixes vs keep them in host memory, and the
+seeds' eviction score vs LRU, on the simulator (a preset at scale) and the real engine (small scale):
+``shared_prefix_trace`` (Zipf-popular shared prefixes, so a frequency-aware policy has something to
+find), ``tier_metrics``, ``tier_study`` (one row per variant on one trace), ``swap_claim`` (the
+seeds' "cuts swaps by 40% on a 70B model", measured) and ``engine_tier_study`` (same requests and
+checked greedy outputs per variant, side by side).
 
-- ``shared_prefix_trace``: requests that share one of ``num_prefixes`` long prefixes with
-  Zipf popularity, so a frequency-aware policy has something to find;
-- ``tier_metrics``: per-tier hit rates, blocks/bytes moved and swap frequency of a run's step
-  frame (engine or simulator: the same columns);
-- ``tier_study``: one row per variant (tier off = recompute, tier on with LRU, with the score
-  policy, proactive demotion at a threshold) on the same trace;
-- ``swap_claim``: the seeds' "cuts swaps by 40% on a 70B model", measured: swaps (blocks
-  moved between the tiers) of the score policy over LRU's, on the same trace;
-- ``engine_tier_study``: the same question on the real engine at small scale, same requests,
-  same greedy outputs (checked), measured side by side. It runs one workload (requests sharing
-  one of ``num_prefixes`` prefixes of ``prefix_blocks`` blocks, Zipf popularity, submitted in
-  waves of ``max_num_seqs``) under each variant on one loaded model (default: a tiny random
-  Llama; ``model="smollm2"`` for the real one) and returns one row per variant: ``tier_metrics``
-  plus prefill tokens computed, wall time and throughput, and whether the outputs equal the
-  first variant's.
-
-"Swaps" here are host-tier moves (tier-out + tier-in blocks) plus preemption swaps; bytes are
-blocks x the simulator's per-GPU block bytes.
+"Swaps" are host-tier moves (tier-out + tier-in blocks) plus preemption swaps; bytes are blocks x
+the per-GPU block bytes.
 """
 from __future__ import annotations
 

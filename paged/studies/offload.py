@@ -1,24 +1,17 @@
 """When does CPU offload pay? Simulated studies of the seed's swap claims for a 70B model on A100s.
 
-Two questions, two studies (each returns a tidy DataFrame; notebook 08 draws them):
-
-- :func:`offload_study`: swap *preemption* (what the engine does: a preempted request's blocks go
-  to the host and come back) against recompute, synchronous or overlapped, uncompressed or
-  fp8/int4-compressed, under memory pressure (``num_blocks`` below what fits), on the simulator
-  with the same scheduler and KV manager as the engine. Saturating arrivals measure throughput,
-  a Poisson rate measures TBT/TTFT.
-- :func:`streaming_study`: KV *streaming* (FlexGen-style offload, the setting the seed's
-  "prefetch the next layer's blocks, overlap, compress" describes): a decode batch larger than
-  the device KV cache holds keeps the surplus sequences' KV on the host and streams it to the
-  GPU every step; per-step cost from :class:`~paged.sim.cost_model.CostModel` (link time of the
-  streamed bytes, summed with the forward or overlapped, compressed or not). The best batch
-  per variant gives its throughput; the step time at that batch is its TBT.
+- :func:`offload_study`: swap *preemption* (a preempted request's blocks go to the host and back)
+  vs recompute, sync or overlapped, uncompressed or fp8/int4, under memory pressure, on the simulator
+  (the engine's scheduler and KV manager). Saturating arrivals give throughput, Poisson TBT/TTFT.
+- :func:`streaming_study`: KV *streaming* (FlexGen-style, what the seed's "prefetch the next layer's
+  blocks, overlap, compress" describes): a decode batch larger than the device cache keeps the
+  surplus KV on the host and streams it every step (:class:`~paged.sim.cost_model.CostModel`); the
+  best batch per variant gives its throughput, its step time the TBT.
 
 The seed claims "an asynchronous swap pipeline with prefetch, overlap and compression gives 2-3x
 throughput on A100" and "CPU offloading only for throughput-first, latency-tolerant offline work"
 (PCIe 4.0 x16 ~32 GB/s vs HBM ~2 TB/s). :func:`verdicts` states what our numbers say;
-:func:`claim_table` puts the seed's numbers beside ours (these studies and the engine's,
-``paged.studies.preemption.engine_swap_study``), with conditions, one row per claim.
+:func:`claim_table` puts the seed's numbers beside ours, with conditions, one row per claim.
 """
 from __future__ import annotations
 

@@ -1,19 +1,15 @@
 """Live dashboards: live plots that follow a run (paged.runs) while it steps.
 
-    dash = Dashboard(run, views=("grid", "tables", "usage", "timeline"))
-    dash                       # panel + figures; press play (a background asyncio task)
+    dash = Dashboard(run, views=("grid", "tables", "usage", "timeline")); dash   # press play
     dash.run_to_completion()   # or step it to the end from the cell (headless execution)
 
-Invariants: at most `fps` frames per second are drawn whatever the step rate, and drawing takes
-at most about `draw_share` of the wall time (a frame is due when both 1/fps and
-(1/draw_share - 1) x the last frame's cost have passed since it; the last step is always drawn); every frame is one
-`batch_update()` per figure; time series come from fixed-size ring buffers whose arrays are
-assigned whole (never appended to). Counting never depends on drawing: the run records every
-step whether or not a frame is drawn. Plots are `liveplot.LivePlot`s, not plotly's FigureWidget
-(whose 5 MB-per-model ESM can miss anywidget's 2-s start-up window on a busy machine, after which
-the browser drops all of that plot's data: an empty plot for good; see liveplot.py). They are
-displayed one by one, never inside a Box (plotly #4998). Without ipywidgets/anywidget the dashboard
-shows static figures and says so.
+Invariants: at most `fps` frames a second whatever the step rate, and drawing about `draw_share`
+of the wall time (a frame is due when 1/fps and (1/draw_share - 1) x the last frame's cost have both
+passed; the last step is always drawn); one `batch_update()` per figure per frame; time series from
+fixed-size ring buffers assigned whole. Counting never depends on drawing: the run records every
+step. Plots are `liveplot.LivePlot`s, not FigureWidgets (whose 5 MB ESM can miss anywidget's 2-s
+start-up window on a busy machine: an empty plot for good; see liveplot.py), displayed one by one,
+never inside a Box (plotly #4998). Without ipywidgets/anywidget: static figures, and a note.
 """
 from __future__ import annotations
 

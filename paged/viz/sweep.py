@@ -1,21 +1,14 @@
-"""Figures of a sweep (``paged.sweep``'s table) and a live view that fills them as points arrive.
-
-Pure figures (DataFrame -> ``go.Figure``; failed points are left out, "ok" rows only)::
+"""Figures of a sweep (``paged.sweep``'s table; "ok" rows only) and a live view that fills them::
 
     heatmap(df, x="rate", y="block_size", z="throughput_tok_s", agg="max")   # best over the other axes
     parallel_coordinates(df, dims=["rate", "block_size", "kv_cache_dtype"], color="tbt_p99_s")
     pareto(df, x="tbt_p99_s", y="throughput_tok_s", minimize=["tbt_p99_s"], maximize=["throughput_tok_s"])
+    view = SweepView("throughput_tok_s", x="rate", y="block_size", grid=grid); view
+    df = paged.sweep("simulate", grid, on_result=view.add); view.draw()      # or live_sweep(...) in one call
 
-Live (the conventions of ``paged.viz.live``: ``liveplot.LivePlot``s displayed one by one, each
-frame one ``batch_update()``, at most ``fps`` frames per second and about ``draw_share`` of the
-wall time spent drawing; the last point is drawn by ``draw()``; static figures, with a note, where
-widgets are unavailable)::
-
-    view = SweepView("throughput_tok_s", x="rate", y="block_size", dims=[...], grid=grid)
-    view                                                   # displays the (empty) figures
-    df = paged.sweep("simulate", grid, on_result=view.add) # they fill as points finish
-    view.draw()                                            # the final frame
-    df = live_sweep("simulate", grid, "throughput_tok_s", x="rate", y="block_size")  # all three in one call
+The live view keeps ``paged.viz.live``'s conventions: ``LivePlot``s displayed one by one, one
+``batch_update()`` per frame, at most ``fps`` frames a second and about ``draw_share`` of the wall
+time drawing; static figures, with a note, where widgets are unavailable.
 """
 from __future__ import annotations
 
