@@ -1,13 +1,11 @@
 """Record and replay: a run's records in one .npz file, and a Chrome-trace / Perfetto timeline.
 
     run.keep_snapshots(stride=1)         # before stepping, to replay the block grid too
-    ...; replay.save(run, "run.npz")
-    rec = replay.load("run.npz")         # rec.rows, rec.events, rec.request_rows(), rec.snapshot(step)
-    replay.to_chrome_trace(rec, "run.trace.json")   # open in ui.perfetto.dev or chrome://tracing
+    replay.save(run, "run.npz"); rec = replay.load("run.npz"); replay.to_chrome_trace(rec, "run.trace.json")
 
-The file holds plain arrays and one JSON metadata string (no pickles): step columns, events
-(kinds and request ids as indices into string tables), request rows, and each kept snapshot's
-arrays. Loading is deterministic: `load(save(x))` gives equal rows, events and snapshots.
+The file holds plain arrays and one JSON metadata string (no pickles): step columns, events (kinds
+and request ids as indices into string tables), request rows and kept snapshots' arrays.
+Deterministic: `load(save(x))` gives equal rows, events and snapshots.
 """
 from __future__ import annotations
 

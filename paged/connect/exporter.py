@@ -1,14 +1,11 @@
 """Serve our engine's counters as Prometheus metrics under vLLM's names (prometheus_client).
 
     m = MetricsExporter(model_name="smollm2", block_size=32, num_gpu_blocks=64, port=8001)
-    m.update(running=2, waiting=0, usage=0.3, queries=640, hits=320, preemptions=0)
-    m.finished(rows)     # paged.telemetry request rows of requests that finished
-    m.url                # http://127.0.0.1:8001/metrics
+    m.update(running=2, waiting=0, usage=0.3, queries=640, hits=320, preemptions=0); m.finished(rows)
 
-Each exporter has its own ``CollectorRegistry`` (several engines in one process do not clash)
-and its own HTTP server thread (``prometheus_client.start_http_server``, bound to ``host``;
-port 0 takes a free port). Counters are set from our cumulative counters by their increase, so
-they only ever grow, as Prometheus requires. Labels as vLLM's: ``model_name``, ``engine``.
+Each exporter has its own ``CollectorRegistry`` (engines in one process do not clash) and HTTP
+thread (``start_http_server`` on ``host``; port 0: any free one). Counters advance by the increase
+of our cumulative counters, so they only grow, as Prometheus requires. Labels: ``model_name``, ``engine``.
 """
 from __future__ import annotations
 

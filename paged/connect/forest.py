@@ -1,15 +1,13 @@
 """The prefix forest: a server's cached blocks as a tree of hashes, built from its KV events.
 
-Each ``BlockStored`` block becomes a node under its parent hash (roots: the first block of a
-prompt); ``BlockRemoved`` marks nodes evicted, ``AllBlocksCleared`` marks every live node
-cleared. Nodes are never deleted, so the forest also answers "what was cached at time t" and
-"when did this block go" (``history``). Times are seconds on the caller's clock.
+``BlockStored`` blocks become nodes under their parent hash (roots: a prompt's first block);
+``BlockRemoved`` marks nodes evicted, ``AllBlocksCleared`` every live node cleared. Nodes are never
+deleted, so the forest also answers "what was cached at time t" and "when did this block go".
 
-Invariants: ``live`` is exactly the set of hashes stored and not removed since (what the server
-holds in its prefix cache for ``medium``); a node's ``times_stored`` counts every ``BlockStored``
-naming it (re-stores after an eviction, and vLLM's re-reports); each node gets a small integer
-``node_id`` in order of first appearance (stable for a recording). Events of other media or
-removals of hashes never stored are counted, not applied.
+Invariants: ``live`` is exactly the hashes stored and not removed since (the server's prefix cache
+for ``medium``); ``times_stored`` counts every ``BlockStored`` naming a node (re-stores, vLLM's
+re-reports); ``node_id``s are small integers in order of first appearance. Events of other media
+and removals of hashes never stored are counted, not applied.
 """
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
 """Save, load and export a live source's records, like any run.
 
-    save(src, "server.npz")          # paged.replay's file (rows, events) + the KV-event log
-    rec = load("server.npz")         # ServerRecording: rows, events, server_rows, wire, forest
-    rec.forest_at(12.5)              # the prefix forest as it was 12.5 s after the source started
+    save(src, "server.npz"); rec = load("server.npz"); rec.forest_at(12.5)   # the forest 12.5 s in
     chrome_trace(src_or_rec, "server.trace.json")   # counters + KV-event markers for ui.perfetto.dev
 
-The file is ``paged.replay``'s ``.npz`` (``paged.replay.load`` reads it as a plain Recording)
-with two more JSON arrays: ``connect/wire`` (every applied batch: arrival time, sequence, server
-time stamp, events) and ``connect/server`` (the per-scrape server rows). Replaying the wire log
-into a new ``PrefixForest`` gives the same forest (``load(save(src)).forest`` equals
-``src.forest`` node for node: tests/test_connect_source.py).
+The file is ``paged.replay``'s ``.npz`` (``paged.replay.load`` reads it as a plain Recording) plus
+JSON arrays ``connect/wire`` (every applied batch: arrival time, sequence, server time stamp,
+events) and ``connect/server`` (per-scrape rows). Replaying the wire log gives the same forest
+(``load(save(src)).forest`` equals ``src.forest`` node for node: tests/test_connect_source.py).
 """
 from __future__ import annotations
 

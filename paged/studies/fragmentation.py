@@ -1,15 +1,12 @@
-"""Fragmentation: how much reserved KV memory holds tokens, contiguous allocators vs paging.
+"""Fragmentation: how much reserved KV memory holds tokens, contiguous allocators vs paging, on the
+simulator (every allocator on one shared trace) and the real engine (small scale); records here,
+figures in ``paged.viz.fragmentation``.
 
-The simulator runs every allocator on one shared trace, and the real engine runs at small scale;
-each function returns records (``paged.telemetry.STEP_COLUMNS`` rows, summaries, tables). Their
-figures are in ``paged.viz.fragmentation``.
-
-Invariants:
-- every allocator of ``run_allocators`` sees the same trace, scheduler settings and pool size
-  (``num_blocks x block_size`` token slots; contiguous allocators count the same slots);
-- "token share" = slots holding tokens / slots reserved by requests (``token_usage``), time-weighted
-  over steps with memory in use: the vLLM paper's "share of KV memory holding token states";
-- internal fragmentation of paging = 1 - token share; it lives only in each request's last block.
+Invariants: every allocator of ``run_allocators`` sees the same trace, scheduler settings and pool
+(``num_blocks x block_size`` token slots; contiguous allocators count the same slots); "token share"
+= slots holding tokens / slots reserved (``token_usage``), time-weighted over steps with memory in
+use: the vLLM paper's "share of KV memory holding token states"; paging's internal fragmentation =
+1 - token share, only in each request's last block.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Prefix caching: shared system prompts, what hits save, LRU eviction under pressure, verified hits.
+"""Prefix caching: shared system prompts, what hits save, LRU eviction under pressure, verified hits
+(records here; figures in ``paged.viz.prefix``).
 
-Runs return records (``paged.telemetry.STEP_COLUMNS`` rows, summaries); their figures are in
-``paged.viz.prefix``.
-
-Invariants:
-- ``compare_caching`` runs the same prompts and sampling parameters with caching on and off on
-  one loaded model; ``outputs_identical`` compares every generated token id;
-- hit rate = ``prefix_cache_hits / prefix_cache_queries`` (cumulative, in tokens, as vLLM counts);
-- ``collision_demo`` uses a *constant* hash: every block has the same key, so any lookup finds
-  some block; only token-by-token (and parent) verification decides whether it is a hit.
+Invariants: ``compare_caching`` runs the same prompts and sampling with caching on and off on one
+loaded model (``outputs_identical`` compares every token); hit rate = ``prefix_cache_hits /
+prefix_cache_queries`` (cumulative tokens, as vLLM counts); ``collision_demo``'s *constant* hash
+makes every lookup find some block, so only token (and parent) verification decides a hit.
 """
 
 from __future__ import annotations

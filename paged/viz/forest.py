@@ -1,13 +1,9 @@
 """Views of a real server (paged.connect): the prefix forest, usage and hit rate beside our engine,
-the miss map; and ``ServerView``, the live dashboard that redraws them while the server runs.
+the miss map (pure: DataFrames -> ``go.Figure``), and ``ServerView``, the live dashboard of them.
 
     fig = prefix_forest(src.forest_frame())              # icicle: the cache on top, one cell per block
     fig = server_vs_engine(src.server_frame(), {"ours": engine_steps_df})
     fig = miss_map(ledger.frame())                        # requests x blocks, colored by reason
-    view = ServerView(src, engine_run=run); view          # LivePlots, redrawn at <= fps
-
-Pure builders take DataFrames (``PrefixForest.frame``, ``ServerSource.server_frame``, a
-``paged.telemetry`` steps frame, ``paged.connect.misses.MISS_COLUMNS``) and return ``go.Figure``s.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""Figures of the pool itself, from a snapshot: the block grid, the block tables, a contiguous
-cache's grid (pure: snapshot -> plotly `go.Figure`; each `*_data` returns the arrays a live view
-assigns in place).
+"""Figures of the pool from a snapshot: the block grid, the block tables, a contiguous cache's grid
+(pure: snapshot -> `go.Figure`; each `*_data` returns the arrays a live view assigns in place).
 
-Every figure sizes itself from its content (`paged.viz.sizing`): heatmap rows at least 12 px. A
-block grid draws at most `MAX_CELLS` cells: a larger pool is drawn whole with `blocks_per_cell`
-consecutive blocks per cell, coloured by the share of them in use (a density), so a 30,000-block
-pool is one readable picture, not 8 pages of 64 x 64.
+Figures size themselves from their content (`paged.viz.sizing`; heatmap rows >= 12 px). A grid
+draws at most `MAX_CELLS` cells: a larger pool is drawn whole, `blocks_per_cell` blocks per cell
+coloured by the share in use, so a 30,000-block pool is one readable picture, not 8 pages of 64 x 64.
 """
 from __future__ import annotations
 
