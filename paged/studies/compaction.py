@@ -242,17 +242,17 @@ def engine_table(model=None, *, layers: int = 2, requests: int = 16, max_tokens:
     df = pd.DataFrame(rows)
     best = df.groupby("compaction")[["wall_s", "cpu_s", "forward_ms", "cache_ops_ms"]].min()
     off_rows, on_rows = df[~df.compaction].reset_index(drop=True), df[df.compaction].reset_index(drop=True)
+
+    def ratios(col: str, name: str) -> dict[str, float]:  # off/on of each back-to-back pair: median, min, max
+        r = off_rows[col] / on_rows[col]
+        return {name: float(r.median()), f"{name}_min": float(r.min()), f"{name}_max": float(r.max())}
+
     summary = dict(identical=outputs[False] == outputs[True], steps=int(df["steps"].iloc[0]),
                    passes=int(on_rows["passes"].iloc[0]), copies=int(on_rows["copies"].iloc[0]),
                    forward_ms_off=best.loc[False, "forward_ms"], forward_ms_on=best.loc[True, "forward_ms"],
-                   forward_ratio=float((off_rows["forward_ms"] / on_rows["forward_ms"]).median()),
-                   forward_ratio_min=float((off_rows["forward_ms"] / on_rows["forward_ms"]).min()),
-                   forward_ratio_max=float((off_rows["forward_ms"] / on_rows["forward_ms"]).max()),
+                   **ratios("forward_ms", "forward_ratio"),
                    cache_ops_ms_off=best.loc[False, "cache_ops_ms"], cache_ops_ms_on=best.loc[True, "cache_ops_ms"],
-                   cpu_s_off=best.loc[False, "cpu_s"], cpu_s_on=best.loc[True, "cpu_s"],
-                   cpu_ratio=float((off_rows["cpu_s"] / on_rows["cpu_s"]).median()),
-                   cpu_ratio_min=float((off_rows["cpu_s"] / on_rows["cpu_s"]).min()),
-                   cpu_ratio_max=float((off_rows["cpu_s"] / on_rows["cpu_s"]).max()),
+                   cpu_s_off=best.loc[False, "cpu_s"], cpu_s_on=best.loc[True, "cpu_s"], **ratios("cpu_s", "cpu_ratio"),
                    wall_ratio=float((off_rows["wall_s"] / on_rows["wall_s"]).median()))
     return pd.DataFrame([summary])
 

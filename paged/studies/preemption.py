@@ -126,7 +126,6 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
 LOSSLESS = ("recompute", "swap sync", "swap overlap")
 
 
-
 def engine_swap_study(model: str | None = None, *, num_requests: int = 12, prompt_len: int = 96,
                       max_tokens: int = 48, block_size: int = 16, num_blocks: int | None = None,
                       max_num_seqs: int = 8, variants: dict[str, dict[str, Any]] | None = None, seed: int = 0,

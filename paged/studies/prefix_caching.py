@@ -30,7 +30,6 @@ QUESTIONS = ("virtual memory", "page tables", "copy-on-write", "caches", "schedu
              "swapping", "hash tables", "queues", "batching", "attention", "tokenizers")
 
 
-
 def constant_hash(parent, token_ids, extra_keys) -> int:
     """The worst hash function: every block collides with every other (for demonstrations)."""
     return 0
