@@ -40,12 +40,11 @@ _STORE, _EVICT, _TIER_OUT, _HOST_EVICT, _CLEAR = "stored", "evicted", "tier_out"
 
 
 class MissLedger:
-    """Per-request prefix-cache explanations for an engine (see the module docstring).
-
-    Attach before the requests run (``MissLedger(llm)``: an ``LLM``, ``LLMEngine`` or
-    ``Simulator``); ``frame()`` then has one row per looked-up block of every admission.
-    Invariant: rows with status ``hit``/``hit (host tier)`` per admission add up to the tokens the
-    engine counted as cached for it (``num_cached_tokens`` of its first admission)."""
+    """Per-request prefix-cache explanations for an engine (see the module docstring). Attach before the
+    requests run (``MissLedger(llm)``: an ``LLM``, ``LLMEngine`` or ``Simulator``); ``frame()`` then has one row
+    per looked-up block of every admission. Invariant: rows with status ``hit``/``hit (host tier)`` per
+    admission add up to the tokens the engine counted as cached for it (``num_cached_tokens`` of its first
+    admission)."""
 
     def __init__(self, engine: Any) -> None:
         engine = getattr(engine, "engine", engine)

@@ -22,11 +22,8 @@ from .rope import RotaryEmbedding
 
 
 class AttentionBackend(Protocol):
-    """Computes attention for one layer on packed tokens.
-
-    q ``[T, num_heads, head_dim]``, k/v ``[T, num_kv_heads, head_dim]`` (after RoPE),
-    returns ``[T, num_heads, head_dim]``.
-    """
+    """Computes attention for one layer on packed tokens. q ``[T, num_heads, head_dim]``, k/v
+    ``[T, num_kv_heads, head_dim]`` (after RoPE), returns ``[T, num_heads, head_dim]``."""
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor: ...

@@ -45,11 +45,9 @@ def pressure_workload(prompts, max_tokens: int = 32, arrive_every: int = 1) -> l
 def compare_modes(loaded_model, prompts, max_tokens: int = 32, num_blocks: int = 12,
                   modes: Sequence[str] = ("recompute", "swap"), block_size: int = 16,
                   **engine) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
-    """Reference run (pool for everything) then one run per preemption mode in ``num_blocks`` blocks.
-
-    Table columns: preemptions, blocks swapped out / in, prefill tokens computed (recompute pays
-    the evicted tokens again), extra prefill vs the reference, steps, wall seconds, outputs identical.
-    """
+    """Reference run (pool for everything) then one run per preemption mode in ``num_blocks`` blocks. Table
+    columns: preemptions, blocks swapped out / in, prefill tokens computed (recompute pays the evicted tokens
+    again), extra prefill vs the reference, steps, wall seconds, outputs identical."""
     import paged
 
     need = sum(-(-(len(p) + max_tokens) // block_size) for p in prompts)

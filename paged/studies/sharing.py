@@ -188,18 +188,15 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
                   ks: Sequence[int] = (3, 6, 9, 12), orders: Sequence[str] = ("cost", "similarity"),
                   divergence_tokens: int = 16, engine_budget: int | None = 64 << 20, bos: bool | None = None,
                   progress: bool = False) -> pd.DataFrame:
-    """Measure cross-layer sharing configs against the unshared base (see the module docstring).
-
-    ``model``: None (embedded SmolLM2, fp32), a name/path, or a LoadedModel/LLM. ``pairs``: the
-    ``i`` of the adjacent pairs ``{i + 1: i}`` measured alone (None = all); the k-pair configs
-    rank only these (a ``k`` with fewer disjoint pairs in that order is left out: 15 pairs of 30
-    layers need a perfect tiling). ``engine_budget``: bytes given to a real engine per config to
-    report the blocks it fits (None skips it). One row per config, texts pooled; columns ``kind``
-    (base, pair, k_pairs), ``order``, ``k`` (shared layers), ``share_with``, memory (fp16 cache
-    bytes per token, % saved), the predictors ``js_head``, ``js_headavg``, ``js_shared``,
+    """Measure cross-layer sharing configs against the unshared base (see the module docstring). ``model``: None
+    (embedded SmolLM2, fp32), a name/path, or a LoadedModel/LLM. ``pairs``: the ``i`` of the adjacent pairs
+    ``{i + 1: i}`` measured alone (None = all); the k-pair configs rank only these (a ``k`` with fewer disjoint
+    pairs in that order is left out: 15 pairs of 30 layers need a perfect tiling). ``engine_budget``: bytes
+    given to a real engine per config to report the blocks it fits (None skips it). One row per config, texts
+    pooled; columns ``kind`` (base, pair, k_pairs), ``order``, ``k`` (shared layers), ``share_with``, memory
+    (fp16 cache bytes per token, % saved), the predictors ``js_head``, ``js_headavg``, ``js_shared``,
     ``k_rel_err``, ``v_rel_err`` (pairs), :func:`paged.quant.metrics.summarize`'s columns and
-    ``first_div_*``.
-    """
+    ``first_div_*``."""
     lm = load(model)
     m, cfg = lm.model, lm.config
     L = cfg.num_layers

@@ -36,11 +36,9 @@ __all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "w
 
 
 class Dashboard:
-    """Live figures and a control panel over `run` (an EngineRun or SimRun).
-
-    `settings`: cache settings shown in the panel (name -> initial value; applied on reset
-    via `run.fresh(**settings)`); `workload`: (builder, kwargs) whose int kwargs get sliders,
-    rebuilt on reset as `builder(run.tokenizer, **kwargs)`."""
+    """Live figures and a control panel over `run` (an EngineRun or SimRun). `settings`: cache settings shown in
+    the panel (name -> initial value; applied on reset via `run.fresh(**settings)`); `workload`: (builder,
+    kwargs) whose int kwargs get sliders, rebuilt on reset as `builder(run.tokenizer, **kwargs)`."""
 
     def __init__(self, run, views: Sequence[str] = ("grid", "tables", "usage", "timeline"), *, fps: float = 15.0,
                  steps_per_second: float | None = None, history: int = 4096, cols: int | None = None,

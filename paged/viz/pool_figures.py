@@ -80,13 +80,11 @@ def _row_px(rows: int) -> int:
 
 def grid_data(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokenizer=None,
               highlight: str | None = None) -> dict:
-    """z, hover text and cell coordinates of the grid of `snap`'s pool.
-
-    One block per cell: z is the state code (STATE_*). Pools above MAX_CELLS blocks: each cell
-    holds `blocks_per_cell` consecutive blocks and z is the share of them holding KV (ref > 0),
-    0..1. `x` (cell centres in block columns) and `y` (rows) place the cells, so a click at
-    (x, y) maps to block y * cols + int(x) either way. Keys: z, text, x, y, rows, cols (cells
-    per row), first, last, hl_x, hl_y, num_pages, blocks_per_cell, dense."""
+    """z, hover text and cell coordinates of the grid of `snap`'s pool. One block per cell: z is the state code
+    (STATE_*). Pools above MAX_CELLS blocks: each cell holds `blocks_per_cell` consecutive blocks and z is the
+    share of them holding KV (ref > 0), 0..1. `x` (cell centres in block columns) and `y` (rows) place the
+    cells, so a click at (x, y) maps to block y * cols + int(x) either way. Keys: z, text, x, y, rows, cols
+    (cells per row), first, last, hl_x, hl_y, num_pages, blocks_per_cell, dense."""
     k = blocks_per_cell(snap.num_blocks)
     rows, bcols = grid_shape(snap.num_blocks, cols)
     if k > 1:

@@ -155,12 +155,11 @@ def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), mi
 
 
 class SweepView:
-    """Figures that fill as a sweep's points arrive (``paged.sweep(..., on_result=view.add)``).
-
-    ``metric``: the result column coloured; ``x``/``y``: the heatmap's axes (``agg`` over the
-    other parameters); ``dims``: the parallel-coordinates axes (default: ``x``, ``y``, ``metric``);
-    ``grid``: the sweep's dict-of-lists grid, so the heatmap shows every cell from the start.
-    Invariant: ``rows`` holds every row added, whether or not a frame was drawn."""
+    """Figures that fill as a sweep's points arrive (``paged.sweep(..., on_result=view.add)``). ``metric``: the
+    result column coloured; ``x``/``y``: the heatmap's axes (``agg`` over the other parameters); ``dims``: the
+    parallel-coordinates axes (default: ``x``, ``y``, ``metric``); ``grid``: the sweep's dict-of-lists grid, so
+    the heatmap shows every cell from the start. Invariant: ``rows`` holds every row added, whether or not a
+    frame was drawn."""
 
     def __init__(self, metric: str, *, x: str | None = None, y: str | None = None,
                  dims: Sequence[str] | None = None, kinds: Sequence[str] | None = None, agg: str = "mean",
