@@ -31,14 +31,9 @@ class MetricsExporter:
         lab = ["model_name", "engine"]
         self._labels = {"model_name": model_name, "engine": "0"}
 
-        def g(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, lab, registry=r).labels(**self._labels)
-
-        def c(name: str, doc: str) -> Counter:
-            return Counter(name, doc, lab, registry=r).labels(**self._labels)
-
-        def h(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, lab, buckets=_LATENCY_BUCKETS, registry=r).labels(**self._labels)
+        def labelled(kind, **kw):  # a Gauge/Counter/Histogram of this engine, with its labels set
+            return lambda name, doc: kind(name, doc, lab, registry=r, **kw).labels(**self._labels)
+        g, c, h = labelled(Gauge), labelled(Counter), labelled(Histogram, buckets=_LATENCY_BUCKETS)
 
         self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")

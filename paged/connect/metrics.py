@@ -1,9 +1,7 @@
 """Read a vLLM server's Prometheus ``/metrics``: fetch with a timeout, parse with prometheus_client.
-
-``parse_metrics(text)`` -> ``MetricsSample``: every sample by name (summed over label sets such
-as ``engine``), the vLLM series the workbench uses under their record names, and the labels of
-``vllm:cache_config_info`` (block size, pool size, dtype). Counters are cumulative, as vLLM
-reports them; ``paged.connect.source`` turns successive samples into step-like rows.
+``parse_metrics(text)`` -> ``MetricsSample``: every sample summed over label sets, the vLLM series
+under their record names, and ``vllm:cache_config_info``'s labels. Counters stay cumulative, as vLLM
+reports them (``paged.connect.source`` turns samples into step-like rows).
 """
 from __future__ import annotations
 

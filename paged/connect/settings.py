@@ -1,9 +1,7 @@
-"""The engine's two connect settings, checked without importing zmq or prometheus_client.
-
-``kv_events_endpoint``: None, a ZMQ endpoint string (``"tcp://*:5557"`` binds, ``"tcp://HOST:PORT"``
-connects, ``ipc://`` / ``inproc://``), or a dict of vLLM's ``KVEventsConfig`` keys (``endpoint``
-required; ``replay_endpoint``, ``topic``, ``buffer_steps``, ``hwm``; ours also ``int_hashes``).
-``metrics_port``: None, or a TCP port for Prometheus metrics on 127.0.0.1 (0: any free one).
+"""The engine's two connect settings, checked without importing zmq or prometheus_client:
+``kv_events_endpoint`` (None, a ZMQ endpoint: ``"tcp://*:5557"`` binds, ``"tcp://HOST:PORT"``
+connects, ``ipc://`` / ``inproc://``; or a dict of vLLM's ``KVEventsConfig`` keys, ``endpoint``
+required, ours also ``int_hashes``) and ``metrics_port`` (None, or a port on 127.0.0.1; 0: any free one).
 """
 from __future__ import annotations
 

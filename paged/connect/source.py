@@ -242,13 +242,10 @@ class ServerSource(RecordFrames):
         with self.lock:
             out: dict[str, Any] = {"scrapes": len(self.rows), "metrics_failures": self.metrics_failures,
                                    "warnings": len(self.warnings)}
-            if self._sub is not None:
-                st = self._sub.status
-                out.update(connected=st.connected, messages=st.messages, batches=st.batches, gaps=st.gaps,
-                           lost=st.lost, replayed=st.replayed, duplicates=st.duplicates, restarts=st.restarts,
-                           disconnects=st.disconnects, malformed_messages=st.malformed_messages,
-                           malformed_events=st.malformed_events, unknown_events=dict(st.unknown_events),
-                           last_seq=st.last_seq)
+            if self._sub is not None:  # every counter but the raw event count, the clock and the warning list
+                out.update({k: v for k, v in vars(self._sub.status).items()
+                            if k not in ("events", "last_message_s", "warnings")},
+                           unknown_events=dict(self._sub.status.unknown_events))
             out.update({f"forest_{k}": v for k, v in self.forest.counts().items()})
             return out
 

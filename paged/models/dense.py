@@ -1,7 +1,5 @@
-"""Cache-free causal attention: the reference the paged path must reproduce.
-
-Used for perplexity and as an oracle in tests. Not a KV cache: every call sees all
-tokens of every sequence (``query_start_loc`` splits the packed axis).
+"""Cache-free causal attention: the reference the paged path must reproduce (perplexity, test
+oracle). Every call sees all tokens of every sequence (``query_start_loc`` splits the packed axis).
 """
 from __future__ import annotations
 

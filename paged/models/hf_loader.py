@@ -1,7 +1,5 @@
-"""Load a local Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``).
-
-Supported ``model_type``: llama, mistral, qwen2 (Qwen2 has q/k/v biases). Nothing is
-downloaded. Mistral/Qwen2 sliding windows are honoured by capping ``max_model_len``
+"""Load a local Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``; nothing is
+downloaded): llama, mistral, qwen2 (q/k/v biases). Mistral/Qwen2 sliding windows cap ``max_model_len``
 at the window (attention is exact as long as no context exceeds it).
 """
 from __future__ import annotations

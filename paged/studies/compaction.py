@@ -257,9 +257,7 @@ def engine_table(model=None, *, layers: int = 2, requests: int = 16, max_tokens:
     return pd.DataFrame([summary])
 
 
-# ----------------------------------------------------------------------------------------------
-# At scale (the simulator) and on the block pool (one pass, before and after)
-# ----------------------------------------------------------------------------------------------
+# ---- At scale (the simulator) and on the block pool (one pass, before and after) -----------------------------------
 
 
 def compaction_sim_table(requests: int = 400, *, model: str = "llama-2-7b", gpu: str = "a100-80gb",

@@ -125,9 +125,7 @@ def swap_claim(df: pd.DataFrame, policy: str = "host tier, score", baseline: str
             f"{a['throughput_tok_s'] / b['throughput_tok_s']:.3f}x")
 
 
-# ----------------------------------------------------------------------------------------------
-# The real engine, small scale
-# ----------------------------------------------------------------------------------------------
+# ---- The real engine, small scale ----------------------------------------------------------------------------------
 
 ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     "recompute (no host tier)": dict(enable_host_tier=False),

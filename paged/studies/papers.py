@@ -1,9 +1,7 @@
-"""The papers' experiments reproduced on the simulator: each returns a tidy DataFrame (the CLI,
-the demo report and benchmarks print them).
-
-- ``memory_story`` (vLLM paper, Fig. 2): share of KV memory holding tokens per allocator;
-- ``interference_study`` (Sarathi-Serve): prefill/decode interference with and without chunked prefill;
-- ``block_size_ablation`` (vLLM paper, Fig. 18): token usage and throughput per block size.
+"""The papers' experiments reproduced on the simulator, as DataFrames: ``memory_story`` (vLLM paper,
+Fig. 2: share of KV memory holding tokens per allocator), ``interference_study`` (Sarathi-Serve:
+prefill/decode interference with and without chunked prefill), ``block_size_ablation`` (vLLM paper,
+Fig. 18: token usage and throughput per block size).
 """
 from __future__ import annotations
 

@@ -110,9 +110,7 @@ def simulate_modes(modes: Sequence[str] = ("recompute", "swap"), *, num_requests
     return pd.DataFrame(rows)
 
 
-# ----------------------------------------------------------------------------------------------
-# Swap transports on the real engine, small scale
-# ----------------------------------------------------------------------------------------------
+# ---- Swap transports on the real engine, small scale ---------------------------------------------------------------
 
 ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     "recompute": dict(preemption_mode="recompute"),

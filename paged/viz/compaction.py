@@ -1,9 +1,6 @@
-"""Block compaction on the block grid: the pool before and after one pass, coloured by owner.
-
-``compaction_grids`` draws the two snapshots of a ``paged.studies.compaction.CompactionDemo``
-with the block-grid layout and hover text of ``paged.viz.figures.grid_data``: each live block is
-coloured by the request that owns it (first holder), so a contiguous table is one unbroken
-stripe; free blocks are light grey, cached-free blocks light blue.
+"""Block compaction on the block grid: ``compaction_grids`` draws a ``CompactionDemo``'s two
+snapshots with ``grid_data``'s layout and hover text, each live block coloured by its owner (first
+holder), so a contiguous table is one unbroken stripe; free light grey, cached-free light blue.
 """
 from __future__ import annotations
 

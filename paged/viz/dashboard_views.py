@@ -1,8 +1,6 @@
-"""The figures of a dashboard's views: built once (``build_views``), then their time series
-rewritten in place at each frame (``update_series``); the pool views (grid, tables) are drawn by
-``paged.viz.live.Dashboard`` from snapshots.
-
-Views: "grid", "tables", "usage", "timeline", "latency", "prefix".
+"""The figures of a dashboard's views ("grid", "tables", "usage", "timeline", "latency", "prefix"):
+built once (``build_views``), then rewritten in place at each frame (``update_series`` for the time
+series, ``redraw_pool`` for the grid and tables from a snapshot).
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The control panel of a live dashboard: play / pause / step / reset, speed, settings.
 
-`ControlPanel(dash)` builds ipywidgets bound to a `paged.viz.live.Dashboard`; it holds no run
-state itself. Cache settings (EngineConfig / SimConfig field names) and workload settings apply
-on Reset, which builds a fresh run with them; speed applies at once.
+`ControlPanel(dash)` holds no run state: cache settings (EngineConfig / SimConfig field names) and
+workload settings apply on Reset, which builds a fresh run with them; speed applies at once.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """ReplayView: a finished run (or a saved recording) replayed from the snapshots it kept.
 
-The pool and tables at each step, a player that starts by itself once the view is shown and ticks
-in the browser (so it animates after the notebook finished, and in Voilà), the run's key moments
-(click one to jump there) and its summary (``paged.viz.story``). Deterministic: step k always
-shows the snapshot kept at or before step k.
+The pool and tables at each step, a player that starts by itself once shown and ticks in the
+browser (so it animates after the notebook finished, and in Voilà), the run's key moments (click one
+to jump there) and its summary (``paged.viz.story``). Deterministic: step k always shows the
+snapshot kept at or before step k.
 """
 from __future__ import annotations
 
