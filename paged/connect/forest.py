@@ -148,11 +148,9 @@ class PrefixForest:
         return out[::-1]
 
     def match(self, token_ids: Sequence[int], t: float | None = None) -> list[Node | None]:
-        """For each full block of ``token_ids``: the node ever stored for exactly that prefix (the
-        same tokens under the node matched for the previous block), preferring one live at ``t``
-        (None: now); None from the first block never stored on. The caller checks liveness
-        (``node.live`` / ``node.live_at(t)``). Matching by tokens needs no knowledge of the
-        server's hash function."""
+        """For each full block of ``token_ids``: the node ever stored for exactly that prefix (its tokens
+        under the previous block's node), preferring one live at ``t`` (None: now); None from the first block
+        never stored on. The caller checks liveness. Matching by tokens needs no server hash function."""
         bs = self.block_size
         out: list[Node | None] = []
         if not bs:

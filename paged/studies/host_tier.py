@@ -80,10 +80,9 @@ def tier_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parall
                num_prefixes: int = 64, prefix_tokens: int = 1024, zipf: float = 1.0, rate: float = 4.0,
                variants: dict[str, dict[str, Any]] | Sequence[str] | None = None, seed: int = 0,
                **sim_kw: Any) -> pd.DataFrame:
-    """Simulate one ``shared_prefix_trace`` under each variant (name -> ``SimConfig`` overrides;
-    names of ``DEFAULT_VARIANTS``; None: all of them); one row per variant with
-    ``tier_metrics``, throughput and latency. ``num_blocks`` is kept small against the prefix
-    working set (``num_prefixes x prefix_tokens``) so the GPU pool has to evict shared prefixes."""
+    """Simulate one ``shared_prefix_trace`` per variant (name -> ``SimConfig`` overrides, names of
+    ``DEFAULT_VARIANTS`` or None: all): ``tier_metrics``, throughput and latency. ``num_blocks`` is small
+    against the prefixes' working set (``num_prefixes x prefix_tokens``), so shared prefixes are evicted."""
     if variants is None:
         variants = DEFAULT_VARIANTS
     elif not isinstance(variants, dict):

@@ -40,12 +40,10 @@ __all__ = ["SharedKVAttention", "js_distance", "disjoint_pairs", "sharing_memory
 
 class SharedKVAttention:
     """One-sequence fp32 cache with cross-layer sharing (``share = {layer: owner}``, checked by
-    :func:`paged.engine.kv_sharing.check_share_map`): owners store their K/V, a shared layer
-    stores nothing and attends over its owner's. Calls append (prefill, then decode steps).
-    With ``map_rows`` a prefill from empty also keeps each layer's attention probabilities of
-    those query rows in ``maps[layer]`` (``[Hq, rows, T]`` float32), the same rows over the previous
-    layer's keys in ``prev_maps[layer]``, and ``kv_err[layer]`` (relative K and V error of the previous
-    layer's K/V against this layer's)."""
+    :func:`paged.engine.kv_sharing.check_share_map`): owners store their K/V, a shared layer stores nothing
+    and attends over its owner's; calls append. With ``map_rows`` a prefill from empty also keeps those
+    query rows' attention probabilities (``maps[layer]``, ``[Hq, rows, T]`` float32), the same rows over the
+    previous layer's keys (``prev_maps``) and the previous layer's relative K and V error (``kv_err``)."""
 
     def __init__(self, num_layers: int, share: Mapping[int, int] | None = None, *,
                  map_rows: slice | None = None) -> None:

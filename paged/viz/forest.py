@@ -169,10 +169,9 @@ def status_panel(source: Any) -> str:
 
 
 class ServerView:
-    """Live figures over a ``ServerSource`` (and optionally an engine run on the same workload):
-    the prefix forest, usage/hit rate beside our engine, the status line. ``refresh()`` redraws
-    once; ``play(fps)`` redraws in a background asyncio task; ``run_for(seconds)`` blocks (headless).
-    Without ipywidgets/anywidget, the figures are static (``figures``)."""
+    """Live figures over a ``ServerSource`` (and optionally an engine run on the same workload): the prefix
+    forest, usage/hit rate beside our engine, the status line; ``refresh()`` once, ``play()`` in an asyncio
+    task, ``run_for(seconds)`` blocking. Without ipywidgets/anywidget the figures are static."""
 
     def __init__(self, source: Any, engine_run: Any = None, *, engine_label: str = "ours", fps: float = 2.0,
                  max_nodes: int = 400) -> None:

@@ -260,14 +260,9 @@ class Dashboard:
         if self._playing or self.run.done:
             return self._task
         try:
-            loop = asyncio.get_running_loop()
+            loop = asyncio.get_event_loop()  # the running loop where there is one (Jupyter)
         except RuntimeError:
             loop = None
-        if loop is None:
-            try:
-                loop = asyncio.get_event_loop()
-            except RuntimeError:
-                loop = None
         if loop is None or not loop.is_running():
             self.run_to_completion()  # no event loop to run in (a script): finish here
             return None
