@@ -34,7 +34,7 @@ def pressure_prompts(num_requests: int = 6, prompt_tokens: int = 48, seed: int =
 
 
 def pressure_workload(prompts, max_tokens: int = 32, arrive_every: int = 1) -> list[dict]:
-    """``paged.runs.EngineRun`` requests of ``prompts`` (greedy, EOS ignored: each grows to its full length)."""
+    """``paged.runs.Run`` requests of ``prompts`` (greedy, EOS ignored: each grows to its full length)."""
     from paged.engine import SamplingParams
 
     return [{"request_id": f"p{i}", "prompt": list(p), "arrival_step": 1 + i * arrive_every,

@@ -1,9 +1,9 @@
 """The scenarios of notebook 00's tour: one workload and engine setting per mechanism to watch.
 
-A scenario is data: `settings` are EngineConfig fields (applied with `EngineRun.fresh`), `builder`
+A scenario is data: `settings` are EngineConfig fields (applied with `Run.fresh`), `builder`
 names a workload function of `paged.runs` called as ``builder(tokenizer, **kwargs)``; each shows its
-mechanism within a few dozen steps on a laptop CPU. ``scenario_run(run, name)`` builds one;
-``sim_burst`` is the simulated 70B trace that fills its pool.
+mechanism within a few dozen steps on a laptop CPU. ``scenario_run(run, name)`` builds one (a fresh
+Run over the same loaded model); ``sim_burst`` is the simulated 70B trace that fills its pool.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def scenario_run(run, name: str):
-    """A fresh `EngineRun` over `run`'s loaded model with scenario `name`'s settings and workload."""
+    """A fresh `Run` over `run`'s loaded model with scenario `name`'s settings and workload."""
     if name not in SCENARIOS:
         raise ConfigError(f"unknown scenario {name!r}; choose one of {sorted(SCENARIOS)}")
     s = SCENARIOS[name]

@@ -36,7 +36,7 @@ __all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "w
 
 
 class Dashboard:
-    """Live figures and a control panel over `run` (an EngineRun or SimRun). `settings`: cache settings shown in
+    """Live figures and a control panel over `run` (a `paged.runs.Run`). `settings`: cache settings shown in
     the panel (name -> initial value; applied on reset via `run.fresh(**settings)`); `workload`: (builder,
     kwargs) whose int kwargs get sliders, rebuilt on reset as `builder(run.tokenizer, **kwargs)`."""
 
