@@ -22,7 +22,7 @@ Both executors (the torch engine and the simulator) produce step rows with exact
   ``queueing_s = first_scheduled_s - arrival_time_s``, ``tbt_mean_s`` the mean gap between the
   steps that produced the request's tokens.
 
-pandas is imported only by the ``*_frame`` functions, so ``step_row`` is cheap to import.
+pandas is imported only by the ``*_frame`` functions, so this module is cheap to import.
 """
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def engine_swap_study(model: str | None = None, *, num_requests: int = 12, promp
             st = eng.step()
             preempt += len(st.preempted)
             blocks += st.num_swapped_out_blocks + st.num_swapped_in_blocks
-            if st.scheduled and all(not c.is_prefill for c in st.scheduled):
+            if st.scheduled and all(c.is_decode for c in st.scheduled):
                 tbt.append(st.total_ms)
             for o in st.finished:
                 outs[o.request_id] = list(o.outputs[0].token_ids)
