@@ -1,13 +1,11 @@
 """Record and replay: a run's records in one .npz file, and a Chrome-trace / Perfetto timeline.
 
     run.keep_snapshots(stride=1)         # before stepping, to replay the block grid too
-    ...; replay.save(run, "run.npz")
-    rec = replay.load("run.npz")         # rec.rows, rec.events, rec.request_rows(), rec.snapshot(step)
-    replay.to_chrome_trace(rec, "run.trace.json")   # open in ui.perfetto.dev or chrome://tracing
+    replay.save(run, "run.npz"); rec = replay.load("run.npz"); replay.to_chrome_trace(rec, "run.trace.json")
 
-The file holds plain arrays and one JSON metadata string (no pickles): step columns, events
-(kinds and request ids as indices into string tables), request rows, and each kept snapshot's
-arrays. Loading is deterministic: `load(save(x))` gives equal rows, events and snapshots.
+The file holds plain arrays and one JSON metadata string (no pickles): step columns, events (kinds
+and request ids as indices into string tables), request rows and kept snapshots' arrays.
+Deterministic: `load(save(x))` gives equal rows, events and snapshots.
 """
 from __future__ import annotations
 
@@ -72,12 +70,12 @@ def _json_default(x):
     return str(x)
 
 
-def save(run, path: str | Path) -> Path:
-    """Write `run`'s (or a Recording's) rows, events, request rows and kept snapshots to `path` (.npz;
-    its folder is created)."""
+def save(run, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> Path:
+    """Write `run`'s (or a Recording's) rows, events, request rows and kept snapshots, and the `extra`
+    named arrays, to `path` (.npz; its folder is created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray] = dict(extra or {})
     rows = run.rows
     for c in STEP_COLUMNS:
         arrays[f"step/{c}"] = np.array([r[c] for r in rows], dtype=float if c.endswith(("_s", "_perc", "usage"))

@@ -1,29 +1,21 @@
 """paged.connect: the workbench and vLLM, both directions.
 
-Watching a real server (it speaks; we listen)::
+Watching a real server::
 
     src = paged.connect.connect(events="tcp://127.0.0.1:5557", metrics="http://127.0.0.1:8000/metrics")
-    src.forest, src.steps_frame(), src.events_frame(), src.server_frame(), src.status, src.warnings
-    paged.connect.save(src, "server.npz"); rec = paged.connect.load("server.npz"); rec.forest_at(t)
-    paged.connect.chrome_trace(src, "server.trace.json")            # ui.perfetto.dev
+    paged.connect.save(src, "server.npz"); paged.connect.chrome_trace(src, "server.trace.json")
 
-Our engine speaking vLLM's protocols (we speak; any vLLM consumer listens)::
+Our engine speaking vLLM's protocols (``hash_fn=paged.connect.vllm_sha256`` gives vLLM's hashes)::
 
-    llm = paged.LLM(block_size=32, kv_events_endpoint="tcp://*:5557", metrics_port=8001,
-                    hash_fn=paged.connect.vllm_sha256)             # hashes equal to vLLM's
-    llm.engine.vllm                                                 # EngineSpeaker: publisher, metrics
+    llm = paged.LLM(block_size=32, kv_events_endpoint="tcp://*:5557", metrics_port=8001)
 
-Why a request missed (``paged.connect.misses``)::
-
-    ledger = paged.connect.MissLedger(llm)     # before the workload; then run it
-    ledger.frame()                             # one row per prompt block: hit, or the reason it missed
-    paged.connect.explain_server_prompt(src.forest, token_ids, sent_s)   # what a server's stream allows
+Why a request missed: ``paged.connect.MissLedger(llm).frame()``, ``explain_server_prompt``.
 
 Modules: ``wire`` (the KV-event format), ``subscriber`` (ZMQ SUB, gaps, replay), ``metrics``
 (Prometheus scrape), ``forest`` (the prefix forest), ``source`` (the live source), ``record``
 (save, load, Perfetto), ``publisher`` / ``exporter`` / ``speak`` / ``tap`` (our engine's side),
-``vllm_hash`` (vLLM's block hashes), ``misses`` (miss explanations), ``server`` (start a vLLM CPU
-server from its own venv, for tests, benchmarks and notebooks). ``paged`` never imports vllm.
+``vllm_hash`` (vLLM's block hashes), ``misses`` (miss explanations), ``server`` (a vLLM CPU
+server from its own venv). ``paged`` never imports vllm.
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Serve our engine's counters as Prometheus metrics under vLLM's names (prometheus_client).
 
     m = MetricsExporter(model_name="smollm2", block_size=32, num_gpu_blocks=64, port=8001)
-    m.update(running=2, waiting=0, usage=0.3, queries=640, hits=320, preemptions=0)
-    m.finished(rows)     # paged.telemetry request rows of requests that finished
-    m.url                # http://127.0.0.1:8001/metrics
+    m.update(running=2, waiting=0, usage=0.3, queries=640, hits=320, preemptions=0); m.finished(rows)
 
-Each exporter has its own ``CollectorRegistry`` (several engines in one process do not clash)
-and its own HTTP server thread (``prometheus_client.start_http_server``, bound to ``host``;
-port 0 takes a free port). Counters are set from our cumulative counters by their increase, so
-they only ever grow, as Prometheus requires. Labels as vLLM's: ``model_name``, ``engine``.
+Each exporter has its own ``CollectorRegistry`` (engines in one process do not clash) and HTTP
+thread (``start_http_server`` on ``host``; port 0: any free one). Counters advance by the increase
+of our cumulative counters, so they only grow, as Prometheus requires. Labels: ``model_name``, ``engine``.
 """
 from __future__ import annotations
 
@@ -34,14 +31,9 @@ class MetricsExporter:
         lab = ["model_name", "engine"]
         self._labels = {"model_name": model_name, "engine": "0"}
 
-        def g(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, lab, registry=r).labels(**self._labels)
-
-        def c(name: str, doc: str) -> Counter:
-            return Counter(name, doc, lab, registry=r).labels(**self._labels)
-
-        def h(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, lab, buckets=_LATENCY_BUCKETS, registry=r).labels(**self._labels)
+        def labelled(kind, **kw):  # a Gauge/Counter/Histogram of this engine, with its labels set
+            return lambda name, doc: kind(name, doc, lab, registry=r, **kw).labels(**self._labels)
+        g, c, h = labelled(Gauge), labelled(Counter), labelled(Histogram, buckets=_LATENCY_BUCKETS)
 
         self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")

@@ -1,15 +1,13 @@
 """The prefix forest: a server's cached blocks as a tree of hashes, built from its KV events.
 
-Each ``BlockStored`` block becomes a node under its parent hash (roots: the first block of a
-prompt); ``BlockRemoved`` marks nodes evicted, ``AllBlocksCleared`` marks every live node
-cleared. Nodes are never deleted, so the forest also answers "what was cached at time t" and
-"when did this block go" (``history``). Times are seconds on the caller's clock.
+``BlockStored`` blocks become nodes under their parent hash (roots: a prompt's first block);
+``BlockRemoved`` marks nodes evicted, ``AllBlocksCleared`` every live node cleared. Nodes are never
+deleted, so the forest also answers "what was cached at time t" and "when did this block go".
 
-Invariants: ``live`` is exactly the set of hashes stored and not removed since (what the server
-holds in its prefix cache for ``medium``); a node's ``times_stored`` counts every ``BlockStored``
-naming it (re-stores after an eviction, and vLLM's re-reports); each node gets a small integer
-``node_id`` in order of first appearance (stable for a recording). Events of other media or
-removals of hashes never stored are counted, not applied.
+Invariants: ``live`` is exactly the hashes stored and not removed since (the server's prefix cache
+for ``medium``); ``times_stored`` counts every ``BlockStored`` naming a node (re-stores, vLLM's
+re-reports); ``node_id``s are small integers in order of first appearance. Events of other media
+and removals of hashes never stored are counted, not applied.
 """
 from __future__ import annotations
 
@@ -48,12 +46,8 @@ class Node:
 
     def live_at(self, t: float) -> bool:
         """Whether the node was cached at time ``t`` (its last transition at or before t was a store)."""
-        state = False
-        for when, what in self.history:
-            if when > t:
-                break
-            state = what == STORED
-        return state
+        last = self.last_change_before(t)
+        return last is not None and last[1] == STORED
 
     def last_change_before(self, t: float) -> tuple[float, str] | None:
         last = None
@@ -101,25 +95,16 @@ class PrefixForest:
             node = self.nodes.get(h)
             if node is None:
                 pnode = self.nodes.get(parent) if parent is not None else None
-                node = Node(len(self._order), h, parent, tokens, 0 if pnode is None else pnode.depth + 1, t, t,
-                            lora_name=event.lora_name)
-                if parent is not None and pnode is None:
-                    node.depth = 1  # parent never seen (joined late): at least one block above
+                # a parent never seen (joined late) still means at least one block above
+                depth = pnode.depth + 1 if pnode is not None else int(parent is not None)
+                node = Node(len(self._order), h, parent, tokens, depth, t, t, lora_name=event.lora_name)
                 self.nodes[h] = node
                 self._order.append(h)
                 self.children.setdefault(parent, {}).setdefault(tokens, []).append(h)
-            else:
-                if h in self.live:
-                    node.times_stored += 1
-                    node.stored_s = t
-                    node.history.append((t, STORED))
-                    self.num_stored += 1
-                    out.append(node)
-                    continue
+            else:  # a re-store after an eviction, or a re-report of a live block (removed_s is None already)
                 node.times_stored += 1
                 node.stored_s = t
-                node.removed_s = None
-                node.how_removed = None
+                node.removed_s = node.how_removed = None
             node.history.append((t, STORED))
             self.live.add(h)
             self.num_stored += 1
@@ -163,11 +148,9 @@ class PrefixForest:
         return out[::-1]
 
     def match(self, token_ids: Sequence[int], t: float | None = None) -> list[Node | None]:
-        """For each full block of ``token_ids``: the node ever stored for exactly that prefix (the
-        same tokens under the node matched for the previous block), preferring one live at ``t``
-        (None: now); None from the first block never stored on. The caller checks liveness
-        (``node.live`` / ``node.live_at(t)``). Matching by tokens needs no knowledge of the
-        server's hash function."""
+        """For each full block of ``token_ids``: the node ever stored for exactly that prefix (its tokens
+        under the previous block's node), preferring one live at ``t`` (None: now); None from the first block
+        never stored on. The caller checks liveness. Matching by tokens needs no server hash function."""
         bs = self.block_size
         out: list[Node | None] = []
         if not bs:

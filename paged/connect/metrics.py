@@ -1,9 +1,7 @@
 """Read a vLLM server's Prometheus ``/metrics``: fetch with a timeout, parse with prometheus_client.
-
-``parse_metrics(text)`` -> ``MetricsSample``: every sample by name (summed over label sets such
-as ``engine``), the vLLM series the workbench uses under their record names, and the labels of
-``vllm:cache_config_info`` (block size, pool size, dtype). Counters are cumulative, as vLLM
-reports them; ``paged.connect.source`` turns successive samples into step-like rows.
+``parse_metrics(text)`` -> ``MetricsSample``: every sample summed over label sets, the vLLM series
+under their record names, and ``vllm:cache_config_info``'s labels. Counters stay cumulative, as vLLM
+reports them (``paged.connect.source`` turns samples into step-like rows).
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from paged.errors import ConnectError, WireFormatError
+from paged.errors import ConfigError, ConnectError, WireFormatError
 
 # record name -> vLLM sample name (counters with their _total suffix, as exposed)
 VLLM_SERIES = {
@@ -45,15 +43,17 @@ class MetricsSample:
     samples: dict[str, float]
     cache_config: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def num_gpu_blocks(self) -> int | None:
-        v = self.cache_config.get("num_gpu_blocks")
+    def _int(self, key: str) -> int | None:
+        v = self.cache_config.get(key)
         return int(v) if v not in (None, "", "None") else None
 
     @property
+    def num_gpu_blocks(self) -> int | None:
+        return self._int("num_gpu_blocks")
+
+    @property
     def block_size(self) -> int | None:
-        v = self.cache_config.get("block_size")
-        return int(v) if v not in (None, "", "None") else None
+        return self._int("block_size")
 
 
 def parse_metrics(text: str, t: float | None = None) -> MetricsSample:
@@ -76,7 +76,6 @@ def fetch_metrics(url: str, timeout: float = 5.0) -> MetricsSample:
     """GET ``url`` (e.g. ``http://127.0.0.1:8000/metrics``) and parse it. ConnectError when the
     server cannot be reached in ``timeout`` seconds or answers with an HTTP error."""
     if not url.startswith(("http://", "https://")):
-        from paged.errors import ConfigError
         raise ConfigError(f"metrics URL {url!r} must start with http:// or https:// "
                           "(e.g. http://127.0.0.1:8000/metrics)")
     try:

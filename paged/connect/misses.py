@@ -1,31 +1,18 @@
 """Why a request missed the prefix cache: one row per prompt block, hit or the reason it was not.
 
-Our engine (``MissLedger``): attached before the workload, it follows the cache's events as
-they happen (``paged.connect.tap``) and, at each admission, classifies every block of the tokens
-the request looked up:
-
-- ``hit`` / ``hit (host tier)``: taken from the cache (GPU, or brought back from the host tier);
-- ``partial block``: the last block is not full, and only full blocks are cached;
-- ``last block recomputed``: all of it was cached, but at least one prompt token is computed (to
-  get logits), so a prompt ending on a block boundary recomputes its last block;
-- ``never seen``: no block with this hash was ever stored;
-- ``evicted``: it was stored and evicted before the lookup (detail: when, which policy, for whom);
-- ``evicted from host tier``: demoted to the host tier, then dropped there;
-- ``cleared``: dropped by ``reset_prefix_cache``;
-- ``different salt/adapter``: the same tokens after the same prefix are cached, but under other
-  extra keys (``cache_salt``, LoRA adapter), which change every hash;
-- ``refused by verification``: a block with the hash was there, but its tokens or its parent
-  differed (a hash collision, or a prefix computed after different content), so it was not used;
-- ``after the miss at block k``: the lookup stops at the first miss; the detail says whether the
-  block itself was cached (unreachable) or not;
-- ``caching disabled``.
+Our engine (``MissLedger``, attached before the workload) follows the cache's events as they
+happen (``paged.connect.tap``) and classifies each looked-up block at admission: ``hit`` / ``hit
+(host tier)``; ``partial block`` (only full blocks are cached); ``last block recomputed`` (one
+prompt token is always computed for logits); ``never seen``; ``evicted`` (when, which policy, for
+whom); ``evicted from host tier``; ``cleared`` (``reset_prefix_cache``); ``different salt/adapter``
+(same tokens cached under other extra keys, which change every hash); ``refused by verification``
+(a block with the hash held other tokens or followed another parent); ``after the miss at block
+k`` (the lookup stops at the first miss); ``caching disabled``.
 
 A vLLM server (``explain_server_prompt``): only what its KV-event stream says. Prompt blocks are
-matched to the prefix forest by tokens (no hash function needed); each block is "cached" at the
-time the request was sent, "evicted at t", "cleared at t", "never stored", "partial block" or
-"after the break at block k"; a block stored after the send time is "stored later".
-
-Both give a pandas DataFrame (``MISS_COLUMNS``) that ``paged.viz.forest.miss_table`` draws.
+matched to the prefix forest by tokens (no hash function needed): "cached" at the send time,
+"evicted at t", "cleared at t", "never stored", "partial block", "after the break at block k",
+or "stored later". Both give a DataFrame (``MISS_COLUMNS``) that ``paged.viz.forest.miss_table`` draws.
 """
 from __future__ import annotations
 
@@ -53,12 +40,11 @@ _STORE, _EVICT, _TIER_OUT, _HOST_EVICT, _CLEAR = "stored", "evicted", "tier_out"
 
 
 class MissLedger:
-    """Per-request prefix-cache explanations for an engine (see the module docstring).
-
-    Attach before the requests run (``MissLedger(llm)``: an ``LLM``, ``LLMEngine`` or
-    ``Simulator``); ``frame()`` then has one row per looked-up block of every admission.
-    Invariant: rows with status ``hit``/``hit (host tier)`` per admission add up to the tokens the
-    engine counted as cached for it (``num_cached_tokens`` of its first admission)."""
+    """Per-request prefix-cache explanations for an engine (see the module docstring). Attach before the
+    requests run (``MissLedger(llm)``: an ``LLM``, ``LLMEngine`` or ``Simulator``); ``frame()`` then has one row
+    per looked-up block of every admission. Invariant: rows with status ``hit``/``hit (host tier)`` per
+    admission add up to the tokens the engine counted as cached for it (``num_cached_tokens`` of its first
+    admission)."""
 
     def __init__(self, engine: Any) -> None:
         engine = getattr(engine, "engine", engine)

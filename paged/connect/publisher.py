@@ -2,16 +2,12 @@
 
     pub = KVEventPublisher("tcp://*:5557", replay_endpoint="tcp://*:5558", topic="kv-events")
     pub.publish([BlockStored(...), BlockRemoved(...)])   # one batch, the next sequence number
-    pub.close()
 
-Semantics follow vLLM's ``ZmqEventPublisher`` (documented in ``vllm/distributed/kv_events.py``):
-an endpoint containing ``*`` or ``::`` (or ipc/inproc) is bound, any other is connected; every
-message is ``[topic, seq (8-byte big-endian), msgpack batch]`` with seq 0, 1, 2, ...; the last
-``buffer_steps`` batches stay in memory, and a replay request ``[b"", start]`` on the ROUTER
-socket gets each buffered batch with seq >= start and then ``[b"", b"", -1, b""]``.
-
-``publish`` runs on the caller's thread and never blocks (PUB drops at its high-water mark, as
-ZMQ does); one daemon thread serves replay requests, polling with a timeout.
+As vLLM's ``ZmqEventPublisher`` (``vllm/distributed/kv_events.py``): an endpoint with ``*`` or ``::``
+(or ipc/inproc) is bound, others connected; messages ``[topic, seq (8-byte big-endian), msgpack
+batch]``, seq 0, 1, 2, ...; the last ``buffer_steps`` batches stay in memory, and a replay request
+``[b"", start]`` gets each with seq >= start, then ``[b"", b"", -1, b""]``. ``publish`` never blocks
+(PUB drops at its high-water mark); one daemon thread serves replay requests, polling with a timeout.
 """
 from __future__ import annotations
 
@@ -24,11 +20,8 @@ import zmq
 
 from paged.errors import ConfigError
 
+from .settings import is_bind as _is_bind
 from .wire import END_SEQ, KVEvent, encode_batch, encode_frames
-
-
-def _is_bind(endpoint: str) -> bool:
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 class KVEventPublisher:

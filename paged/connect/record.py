@@ -1,18 +1,16 @@
 """Save, load and export a live source's records, like any run.
 
-    save(src, "server.npz")          # paged.replay's file (rows, events) + the KV-event log
-    rec = load("server.npz")         # ServerRecording: rows, events, server_rows, wire, forest
-    rec.forest_at(12.5)              # the prefix forest as it was 12.5 s after the source started
+    save(src, "server.npz"); rec = load("server.npz"); rec.forest_at(12.5)   # the forest 12.5 s in
     chrome_trace(src_or_rec, "server.trace.json")   # counters + KV-event markers for ui.perfetto.dev
 
-The file is ``paged.replay``'s ``.npz`` (``paged.replay.load`` reads it as a plain Recording)
-with two more JSON arrays: ``connect/wire`` (every applied batch: arrival time, sequence, server
-time stamp, events) and ``connect/server`` (the per-scrape server rows). Replaying the wire log
-into a new ``PrefixForest`` gives the same forest (``load(save(src)).forest`` equals
-``src.forest`` node for node: tests/test_connect_source.py).
+The file is ``paged.replay``'s ``.npz`` (``paged.replay.load`` reads it as a plain Recording) plus
+JSON arrays ``connect/wire`` (every applied batch: arrival time, sequence, server time stamp,
+events) and ``connect/server`` (per-scrape rows). Replaying the wire log gives the same forest
+(``load(save(src)).forest`` equals ``src.forest`` node for node: tests/test_connect_source.py).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -57,19 +55,12 @@ class ServerRecording(replay.Recording):
 
 
 def _clean(x: Any) -> Any:
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    return x
+    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def save(source: Any, path: str | Path) -> Path:
     """Write a ``ServerSource`` (or ``ServerRecording``) to ``path`` (.npz)."""
-    path = Path(path)
-    lock = getattr(source, "lock", None)
-    if lock is not None:
-        lock.acquire()
-    try:
-        replay.save(source, path)  # rows, events, request rows; the KV-event log is added below
+    with getattr(source, "lock", None) or contextlib.nullcontext():
         wire = json.dumps(source.wire)
         server = json.dumps([{k: _clean(v) for k, v in r.items()} for r in source.server_rows])
         meta = json.dumps({"format": FORMAT, "medium": getattr(source, "medium", MEDIUM_GPU),
@@ -77,17 +68,9 @@ def save(source: Any, path: str | Path) -> Path:
                            "status": {k: v for k, v in getattr(source, "status", {}).items()
                                       if isinstance(v, (int, float, str, bool, dict, type(None)))}
                            if not isinstance(source, ServerRecording) else source.connect_meta.get("status", {})})
-    finally:
-        if lock is not None:
-            lock.release()
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    arrays["connect/wire"] = np.array(wire)
-    arrays["connect/server"] = np.array(server)
-    arrays["connect/meta"] = np.array(meta)
-    with open(path, "wb") as f:
-        np.savez_compressed(f, **arrays)
-    return path
+        # rows, events, request rows, and the KV-event log beside them
+        return replay.save(source, path, extra={"connect/wire": np.array(wire), "connect/server": np.array(server),
+                                                "connect/meta": np.array(meta)})
 
 
 def load(path: str | Path) -> ServerRecording:

@@ -1,9 +1,7 @@
-"""The engine's two connect settings, checked without importing zmq or prometheus_client.
-
-``kv_events_endpoint``: None, a ZMQ endpoint string (``"tcp://*:5557"`` binds, ``"tcp://HOST:PORT"``
-connects, ``ipc://`` / ``inproc://``), or a dict of vLLM's ``KVEventsConfig`` keys (``endpoint``
-required; ``replay_endpoint``, ``topic``, ``buffer_steps``, ``hwm``; ours also ``int_hashes``).
-``metrics_port``: None, or a TCP port for Prometheus metrics on 127.0.0.1 (0: any free one).
+"""The engine's two connect settings, checked without importing zmq or prometheus_client:
+``kv_events_endpoint`` (None, a ZMQ endpoint: ``"tcp://*:5557"`` binds, ``"tcp://HOST:PORT"``
+connects, ``ipc://`` / ``inproc://``; or a dict of vLLM's ``KVEventsConfig`` keys, ``endpoint``
+required, ours also ``int_hashes``) and ``metrics_port`` (None, or a port on 127.0.0.1; 0: any free one).
 """
 from __future__ import annotations
 
@@ -14,6 +12,11 @@ from paged.errors import ConfigError
 
 EVENT_KEYS = ("endpoint", "replay_endpoint", "topic", "buffer_steps", "hwm", "int_hashes")
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+def is_bind(endpoint: str) -> bool:
+    """Whether vLLM's publisher binds ``endpoint`` (``*`` or ``::`` in it, or ipc/inproc) rather than connects."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 def events_settings(value: Any, error: Callable[[str], Exception] = ConfigError) -> dict | None:
@@ -37,7 +40,7 @@ def events_settings(value: Any, error: Callable[[str], Exception] = ConfigError)
             raise error(f"kv_events_endpoint: {key} must be tcp://HOST:PORT (tcp://*:PORT binds), ipc://PATH "
                         f"or inproc://NAME, got {v!r}")
     r = value.get("replay_endpoint")
-    if r is not None and not ("*" in r or "::" in r or r.startswith(("ipc://", "inproc://"))):
+    if r is not None and not is_bind(r):
         raise error(f"kv_events_endpoint: the replay endpoint {r!r} is bound, so it needs '*' (tcp://*:PORT) or ipc://")
     return {k: v for k, v in value.items() if k in EVENT_KEYS}
 

@@ -2,27 +2,20 @@
 
     src = paged.connect.connect(events="tcp://127.0.0.1:5557", metrics="http://127.0.0.1:8000/metrics")
     src.wait_until(lambda s: s.forest.live, timeout=30)
-    src.forest                  # PrefixForest: the cached blocks as a tree (paged.connect.forest)
-    src.steps_frame()           # one STEP_COLUMNS row per metrics scrape
-    src.events_frame()          # cache_block / evict / reset events (block_id: the forest's node id)
-    src.server_frame()          # per scrape: usage, hit rate, running/waiting, preemptions, live blocks
-    src.status, src.warnings    # counters (gaps, lost, malformed, unknown types, disconnects) and warnings
-    src.close()
+    src.forest, src.steps_frame(), src.events_frame(), src.server_frame(), src.status, src.warnings
 
-Records follow ``paged.telemetry`` where the server reports the data: a row per scrape with
-``time_s`` (seconds since the source started), ``step_time_s`` (since the previous scrape),
-``kv_cache_usage_perc``, ``num_running``/``num_waiting``, ``num_preempted`` (preemptions since the
-previous scrape), cumulative ``prefix_cache_queries``/``prefix_cache_hits`` (tokens),
-``num_prefill_tokens``/``num_decode_tokens`` (prompt / generation tokens counted since the
-previous scrape), ``num_used_blocks``/``num_free_blocks`` (from the usage and
-``vllm:cache_config_info``'s pool size) and ``num_finished``. What vLLM does not report (block
-copies, swaps, token usage, host tier) is 0, or NaN for ``token_usage``. Events: ``cache_block``
-(value: tokens) per stored block, ``evict`` per removed block, ``reset`` (value: blocks cleared)
-per ``AllBlocksCleared`` or publisher restart; ``step`` is the index of the next row.
+Records follow ``paged.telemetry`` where the server reports the data: a row per scrape (``time_s``
+since the source started, ``step_time_s`` since the previous scrape; ``num_preempted``,
+``num_prefill_tokens``/``num_decode_tokens`` (prompt/generation tokens) and ``num_finished`` counted
+since it; cumulative ``prefix_cache_queries``/``hits`` in tokens; ``num_used_blocks``/
+``num_free_blocks`` from the usage and ``vllm:cache_config_info``'s pool size). What vLLM does not
+report (copies, swaps, host tier) is 0, ``token_usage`` NaN. Events: ``cache_block`` (value:
+tokens) per stored block, ``evict`` per removed one, ``reset`` (value: blocks cleared) per
+``AllBlocksCleared`` or publisher restart; ``step`` is the index of the next row.
 
-Threading: with ``background=True`` (default) a daemon thread polls; read under ``src.lock`` for
-a consistent view (the ``*_frame`` methods do). Nothing blocks longer than ``timeout``; errors
-after start-up are warnings (``src.warnings``), and the records keep what they had.
+Threading: with ``background=True`` a daemon thread polls; read under ``src.lock`` (the ``*_frame``
+methods do). Nothing blocks longer than ``timeout``; errors after start-up are warnings and the
+records keep what they had.
 """
 from __future__ import annotations
 
@@ -249,13 +242,10 @@ class ServerSource(RecordFrames):
         with self.lock:
             out: dict[str, Any] = {"scrapes": len(self.rows), "metrics_failures": self.metrics_failures,
                                    "warnings": len(self.warnings)}
-            if self._sub is not None:
-                st = self._sub.status
-                out.update(connected=st.connected, messages=st.messages, batches=st.batches, gaps=st.gaps,
-                           lost=st.lost, replayed=st.replayed, duplicates=st.duplicates, restarts=st.restarts,
-                           disconnects=st.disconnects, malformed_messages=st.malformed_messages,
-                           malformed_events=st.malformed_events, unknown_events=dict(st.unknown_events),
-                           last_seq=st.last_seq)
+            if self._sub is not None:  # every counter but the raw event count, the clock and the warning list
+                out.update({k: v for k, v in vars(self._sub.status).items()
+                            if k not in ("events", "last_message_s", "warnings")},
+                           unknown_events=dict(self._sub.status.unknown_events))
             out.update({f"forest_{k}": v for k, v in self.forest.counts().items()})
             return out
 

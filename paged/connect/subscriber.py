@@ -1,24 +1,19 @@
 """Subscribe to a publisher of vLLM KV events (ZMQ SUB), with gap detection and replay catch-up.
 
-    sub = KVEventSubscriber("tcp://127.0.0.1:5557", replay_endpoint="tcp://127.0.0.1:5558")
-    sub.connect()                  # ConnectError if nothing speaking ZMTP answers in connect_timeout
+    sub = KVEventSubscriber("tcp://127.0.0.1:5557", replay_endpoint="tcp://127.0.0.1:5558").connect()
     batches = sub.poll(0.2)        # decoded batches in sequence order (replayed ones included)
-    sub.status                     # counters: messages, gaps, lost, replayed, malformed, unknown, ...
-    sub.close()
 
-Sequence rules (vLLM numbers its batches 0, 1, 2, ... per publisher start): the next expected
-number is applied; a jump ahead is a gap, caught up from the replay socket (ROUTER: we send
-``[b"", start (8-byte big-endian)]``, it answers ``[b"", topic, seq, payload]`` per buffered batch
-and ``[b"", b"", -1, b""]`` at the end) or, without one, counted as lost with a warning; a repeated
-number (same sequence and time stamp as a batch already applied) is a duplicate (skipped); a
-number going back otherwise is a publisher restart (its cache starts empty: the batch is flagged
-``after_restart``). With a replay endpoint, ``connect()`` first catches up on everything the
-publisher still buffers (joining a running server late), handed out by the first ``poll``.
-Malformed messages are counted with a warning and skipped. Every socket operation has a timeout: nothing here blocks longer than asked.
+Sequence rules (vLLM numbers its batches 0, 1, 2, ... per publisher start): a jump ahead is a gap,
+caught up from the replay socket (ROUTER: we send ``[b"", start (8-byte big-endian)]``, it answers
+``[b"", topic, seq, payload]`` per buffered batch, then ``[b"", b"", -1, b""]``) or counted lost
+with a warning; the same sequence and time stamp again is a duplicate (skipped); going back
+otherwise is a publisher restart (its cache starts empty: ``after_restart``). With a replay
+endpoint ``connect()`` first catches up on what the publisher still buffers (joining late).
+Malformed messages are counted with a warning and skipped. Every socket operation has a timeout.
 
 Connection state comes from a ZMQ monitor socket: ``connect()`` waits for a ZMTP handshake, so a
-wrong port (nothing listening, or a non-ZMQ server) is a clear error rather than a silent wait;
-a disconnect (server died) is a visible warning, and ZMQ reconnects by itself when it returns.
+wrong port (nothing listening, or not ZMQ) is a clear error rather than a silent wait; a
+disconnect is a warning, and ZMQ reconnects by itself.
 """
 from __future__ import annotations
 
@@ -134,14 +129,12 @@ class KVEventSubscriber:
             time.sleep(self.SUBSCRIBE_DELAY)  # ZMQ's slow joiner: the subscription reaches the PUB just after
         if self.replay_endpoint is not None:  # join: what the publisher still buffers, before live messages
             try:
-                history = sorted({b.seq: b for b in self.replay(0)}.values(), key=lambda b: b.seq)
+                history = self._replayed(self.replay(0))
             except ConnectError as e:
                 history = []
                 self._note(f"could not catch up at connect: {e}")
             for b in history:
-                b.replayed = True
                 self._pending.extend(self._sequence(b, replaying=True))
-            self.status.replayed += len(history)
             if history and history[0].seq > 0:
                 self.status.lost += history[0].seq
                 self._note(f"joined at sequence {history[0].seq}: {history[0].seq} earlier batch(es) were no longer "
@@ -259,17 +252,21 @@ class KVEventSubscriber:
                 got = [b for b in self.replay(start) if start <= b.seq < stop]
             except ConnectError as e:
                 self._note(str(e))
-        seen = {b.seq for b in got}
-        got = sorted({b.seq: b for b in got}.values(), key=lambda b: b.seq)
-        for b in got:
-            b.replayed = True
-        self.status.replayed += len(got)
-        lost = want - len(seen)
+        got = self._replayed(got)
+        lost = want - len(got)
         if lost:
             self.status.lost += lost
             what = f"joined at sequence {stop}" if joined else f"sequence gap {start}..{stop - 1}"
             how = "no replay endpoint" if self.replay_endpoint is None else "the replay buffer did not have them"
             self._note(f"{what}: {lost} batch(es) lost ({how}); blocks they stored are unknown to the view")
+        return got
+
+    def _replayed(self, batches: list[Batch]) -> list[Batch]:
+        """``batches`` from the replay socket, one per sequence number in order, marked and counted replayed."""
+        got = sorted({b.seq: b for b in batches}.values(), key=lambda b: b.seq)
+        for b in got:
+            b.replayed = True
+        self.status.replayed += len(got)
         return got
 
     def replay(self, start: int) -> list[Batch]:

@@ -1,13 +1,12 @@
 """Listen to a running engine's (or simulator's) cache events as they are emitted.
 
-``install(engine, listener)`` puts a ``TapRecorder`` in place of the recorder the engine, its
-KV manager, block pool, host tier and scheduler share; every ``emit`` then also calls
-``listener(step, kind, request_id, block_id, value)`` synchronously, while the block pool still
-holds the state the event is about (an ``evict`` is emitted before the block loses its hash).
-Recording is unchanged: the tap appends to the same event list (nothing, for a NullRecorder).
+``install(engine, listener)`` puts a ``TapRecorder`` in place of the recorder the engine, its KV
+manager, block pool, host tier and scheduler share; every ``emit`` also calls ``listener(step,
+kind, request_id, block_id, value)`` synchronously, while the pool still holds the state the event
+is about (an ``evict`` comes before the block loses its hash). Recording is unchanged.
 
-Invariant: after ``install`` every holder of the old recorder holds the tap (checked), so no
-event bypasses the listeners; installing twice adds a listener to the same tap.
+Invariant: after ``install`` every holder of the old recorder holds the tap (checked), so no event
+bypasses the listeners; installing twice adds a listener to the same tap.
 """
 from __future__ import annotations
 

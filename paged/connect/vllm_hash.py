@@ -1,23 +1,17 @@
 """Block hashes equal to vLLM's, for the same tokens: ``LLM(hash_fn=vllm_sha256)``.
 
-vLLM 0.32 hashes block i as ``H((hash(block i-1), tuple(token ids of block i), extra_keys))``
-with block 0's parent ``NONE_HASH = H(seed)`` (``vllm/v1/core/kv_cache_utils.py``), where H is
-its ``prefix_caching_hash_algo``:
+vLLM 0.32 hashes block i as ``H((hash(block i-1), tuple(token ids of block i), extra_keys))`` with
+block 0's parent ``NONE_HASH = H(seed)`` (``vllm/v1/core/kv_cache_utils.py``), H its
+``prefix_caching_hash_algo``: ``sha256`` (default; SHA-256 of ``pickle.dumps(obj, HIGHEST_PROTOCOL)``,
+seed ``PYTHONHASHSEED`` or ``"vllm-none-hash"``; reproducible across processes with the same pickle
+protocol, 5 on Python 3.8+): ``vllm_sha256``; ``sha256_cbor`` (canonical CBOR, across languages):
+``vllm_sha256_cbor`` (needs ``cbor2``); ``xxhash`` / ``xxhash_cbor``: random per-process seed unless
+``PYTHONHASHSEED`` is set, not reproducible by design.
 
-- ``sha256`` (the default): SHA-256 of ``pickle.dumps(obj, HIGHEST_PROTOCOL)``; the seed is
-  ``PYTHONHASHSEED`` if set, else the fixed string ``"vllm-none-hash"``. Reproducible with the
-  same pickle protocol (5 on Python 3.8+), so across processes and restarts, not across pickle
-  changes; ``vllm_sha256`` below.
-- ``sha256_cbor``: SHA-256 of canonical CBOR (``cbor2.dumps(obj, canonical=True)``), reproducible
-  across languages; ``vllm_sha256_cbor`` (needs the ``cbor2`` package).
-- ``xxhash`` / ``xxhash_cbor``: a random per-process seed unless ``PYTHONHASHSEED`` is set: not
-  reproducible by design.
-
-Published as ints, a hash is its low 64 bits (``wire.to_int_hash``). Our engine puts a request's
-extra keys (cache salt, adapter) into block 0's seed while vLLM adds them to each block's key,
-so only requests without extra keys get vLLM's hashes (others get distinct, still chained ones).
-These functions take our ``HashFn`` arguments ``(parent, token_ids, extra_keys)``; ours calls
-``hash_fn(b"", (), ("seed", *extra_keys))`` for the seed, which maps to ``NONE_HASH``.
+Published as ints, a hash is its low 64 bits (``wire.to_int_hash``). Our engine puts extra keys
+(cache salt, adapter) into block 0's seed while vLLM adds them to each block's key, so only
+requests without extra keys get vLLM's hashes (others get distinct, still chained ones). Our
+seed call ``hash_fn(b"", (), ("seed", *extra_keys))`` maps to ``NONE_HASH``.
 """
 from __future__ import annotations
 

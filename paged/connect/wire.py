@@ -1,23 +1,17 @@
 """vLLM's KV-event wire format: decoded leniently, encoded exactly as vLLM 0.32 does.
 
-A message is three ZMQ frames (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``):
-
-1. the topic (utf-8, may be empty);
-2. the sequence number, 8 bytes big-endian (per publisher start from 0; the replay socket ends
-   its answer with -1, signed);
-3. a msgpack ``KVEventBatch``: ``[ts, events, data_parallel_rank]``.
-
-Each event is ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``. vLLM 0.32 encodes an
-event as a map tagged ``{"type": "BlockStored", ...}``; older versions encoded it as an array
-``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...]``.
-Both are decoded. Block hashes are ints (the low 64 bits of the digest, vLLM's default with
-``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or raw bytes (32 for sha256); either is kept as is.
+A message is three ZMQ frames (``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``): the topic
+(utf-8, may be empty); the sequence number, 8 bytes big-endian (from 0 per publisher start; the
+replay socket ends its answer with -1, signed); a msgpack ``KVEventBatch`` ``[ts, events, rank]``.
+Events are ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``: vLLM 0.32 encodes a map tagged
+``{"type": ...}``, older versions an array ``[tag, block_hashes, parent_block_hash, ...]``; both are
+decoded. Hashes are ints (the digest's low 64 bits, ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or
+raw bytes, kept as is.
 
 Lenient by design (vLLM marks the feature experimental and keeps adding fields): unknown event
-types are counted per type and skipped, unknown extra fields are ignored, an event that lacks a
-required field is counted as malformed and skipped; only a batch that cannot be a batch at all
-raises ``WireFormatError``. ``encode_batch`` writes what vLLM's own typed decoder
-(``msgspec.msgpack.Decoder(KVEventBatch)``) reads (tests/test_connect_vllm_decoder.py).
+types are counted and skipped, unknown fields ignored, an event lacking a required field counted
+as malformed; only what cannot be a batch raises ``WireFormatError``. ``encode_batch`` writes what
+vLLM's typed decoder (``msgspec.msgpack.Decoder(KVEventBatch)``) reads (tests/test_connect_vllm_decoder.py).
 """
 from __future__ import annotations
 
@@ -195,22 +189,20 @@ def decode_frames(frames: Sequence[bytes]) -> Batch:
 def event_map(e: KVEvent) -> dict:
     """An event as vLLM 0.32 encodes it: a map tagged with ``type``, required fields always
     present, optional ones only when set (msgspec's ``omit_defaults``)."""
+    if isinstance(e, AllBlocksCleared):
+        return {"type": "AllBlocksCleared"}
     if isinstance(e, BlockStored):
         m = {"type": "BlockStored", "block_hashes": list(e.block_hashes), "parent_block_hash": e.parent_block_hash,
              "token_ids": list(e.token_ids), "block_size": e.block_size, "lora_id": e.lora_id,
              "medium": e.medium, "lora_name": e.lora_name}
         m["extra_keys"] = list(e.extra_keys) if e.extra_keys is not None else [None] * len(e.block_hashes)
-        if e.group_idx is not None:
-            m["group_idx"] = e.group_idx
-        return m
-    if isinstance(e, BlockRemoved):
+    elif isinstance(e, BlockRemoved):
         m = {"type": "BlockRemoved", "block_hashes": list(e.block_hashes), "medium": e.medium}
-        if e.group_idx is not None:
-            m["group_idx"] = e.group_idx
-        return m
-    if isinstance(e, AllBlocksCleared):
-        return {"type": "AllBlocksCleared"}
-    raise TypeError(f"not a KV event: {e!r}")
+    else:
+        raise TypeError(f"not a KV event: {e!r}")
+    if e.group_idx is not None:
+        m["group_idx"] = e.group_idx
+    return m
 
 
 def encode_batch(ts: float, events: Iterable[KVEvent], data_parallel_rank: int | None = 0) -> bytes:
@@ -225,9 +217,7 @@ def encode_frames(topic: str, seq: int, payload: bytes) -> list[bytes]:
 
 def to_int_hash(h: BlockHash) -> int:
     """vLLM's int form of a block hash: the low 64 bits of the digest read big-endian."""
-    if isinstance(h, int):
-        return h & ((1 << 64) - 1)
-    return int.from_bytes(h, "big") & ((1 << 64) - 1)
+    return (h if isinstance(h, int) else int.from_bytes(h, "big")) & ((1 << 64) - 1)
 
 
 def hash_text(h: BlockHash | None) -> str:
@@ -237,28 +227,25 @@ def hash_text(h: BlockHash | None) -> str:
     return f"{h & ((1 << 64) - 1):016x}" if isinstance(h, int) else h.hex()[-16:]
 
 
+def _map_hashes(m: dict, f) -> dict:
+    """A copy of event map ``m`` with ``f`` applied to its block hashes and parent hash."""
+    m = dict(m)
+    if "block_hashes" in m:
+        m["block_hashes"] = [f(h) for h in m["block_hashes"]]
+    if m.get("parent_block_hash") is not None:
+        m["parent_block_hash"] = f(m["parent_block_hash"])
+    return m
+
+
 def event_json(e: KVEvent) -> dict:
     """A JSON-safe map of an event (bytes hashes as ``"hex:..."``), for recordings."""
-    def j(h):
-        return f"hex:{h.hex()}" if isinstance(h, bytes) else h
-    m = event_map(e)
-    if "block_hashes" in m:
-        m["block_hashes"] = [j(h) for h in m["block_hashes"]]
-    if m.get("parent_block_hash") is not None:
-        m["parent_block_hash"] = j(m["parent_block_hash"])
-    return m
+    return _map_hashes(event_map(e), lambda h: f"hex:{h.hex()}" if isinstance(h, bytes) else h)
 
 
 def event_from_json(m: dict) -> KVEvent:
     """Inverse of ``event_json``."""
-    def u(h):
-        return bytes.fromhex(h[4:]) if isinstance(h, str) and h.startswith("hex:") else h
-    m = dict(m)
-    if "block_hashes" in m:
-        m["block_hashes"] = [u(h) for h in m["block_hashes"]]
-    if m.get("parent_block_hash") is not None:
-        m["parent_block_hash"] = u(m["parent_block_hash"])
-    e = decode_event(m)
+    e = decode_event(_map_hashes(m, lambda h: bytes.fromhex(h[4:]) if isinstance(h, str) and h.startswith("hex:")
+                                 else h))
     if e is None or isinstance(e, str):
         raise WireFormatError(f"not a recorded KV event: {str(m)[:80]}")
     return e

@@ -1,8 +1,6 @@
-"""LLaMA-family models on the paged KV cache, and their loaders.
-
-``load_model("smollm2")`` loads the embedded SmolLM2-135M-Instruct (4-bit Q4_1 weights in
-the GGUF file, dequantized to the compute dtype), ``load_model(path)`` a local GGUF file
-or Hugging Face directory (llama, mistral, qwen2).
+"""LLaMA-family models on the paged KV cache, and their loaders: ``load_model("smollm2")`` (the embedded
+SmolLM2-135M-Instruct, Q4_1 weights dequantized to the compute dtype) or ``load_model(path)`` (a local
+GGUF file or Hugging Face directory: llama, mistral, qwen2).
 """
 from .config import ModelConfig
 from .dense import DenseCausalAttention, dense_logits, mean_nll

@@ -1,10 +1,9 @@
-"""Cache-free causal attention: the reference the paged path must reproduce.
-
-Used for perplexity and as an oracle in tests. Not a KV cache: every call sees all
-tokens of every sequence (``query_start_loc`` splits the packed axis).
+"""Cache-free causal attention: the reference the paged path must reproduce (perplexity, test
+oracle). Every call sees all tokens of every sequence (``query_start_loc`` splits the packed axis).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -37,9 +36,7 @@ def dense_logits(model: torch.nn.Module, token_ids: list[list[int]]) -> list[tor
     dev = next(model.parameters()).device
     ids = torch.tensor([t for seq in token_ids for t in seq], dtype=torch.long, device=dev)
     pos = torch.tensor([p for seq in token_ids for p in range(len(seq))], dtype=torch.long, device=dev)
-    qsl = [0]
-    for seq in token_ids:
-        qsl.append(qsl[-1] + len(seq))
+    qsl = [0, *itertools.accumulate(len(seq) for seq in token_ids)]
     hidden = model(ids, pos, DenseCausalAttention(qsl))
     logits = model.compute_logits(hidden)
     return [logits[s:e] for s, e in zip(qsl[:-1], qsl[1:])]

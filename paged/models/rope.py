@@ -1,7 +1,5 @@
-"""Rotary position embeddings in the rotate-half (GPT-NeoX / HF) convention.
-
-``inverse_frequencies`` applies the checkpoint's theta and scaling; ``RotaryEmbedding``
-caches cos/sin per position and rotates q/k in place-free fashion.
+"""Rotary position embeddings in the rotate-half (GPT-NeoX / HF) convention: ``inverse_frequencies``
+applies the checkpoint's theta and scaling; ``RotaryEmbedding`` caches cos/sin per position.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Tiny random-weight Hugging Face checkpoints for tests, benchmarks and notebooks.
-
-``make_tiny_checkpoint(dir, "llama"|"qwen2"|"mistral", ...)`` saves config.json +
-model.safetensors with ``transformers`` (imported lazily; a test dependency only).
+"""Tiny random-weight Hugging Face checkpoints for tests, benchmarks and notebooks:
+``make_tiny_checkpoint(dir, "llama"|"qwen2"|"mistral", ...)`` (``transformers``, a test dependency).
 """
 from __future__ import annotations
 

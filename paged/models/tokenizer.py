@@ -1,12 +1,10 @@
 """Tokenizers built from a GGUF file's metadata or a HF directory's ``tokenizer.json``.
 
-For GGUF ``tokenizer.ggml.model == "gpt2"`` we build a byte-level BPE with the
-``tokenizers`` library from the vocabulary and merges stored in the file. The
-pre-tokenizer follows ``tokenizer.ggml.pre``: ``smollm`` (SmolLM2) splits every digit
-first and then applies the GPT-2 byte-level regex, *without* a prefix space (the
-``tokenizers`` default ``add_prefix_space=True`` would silently change ids).
-Control tokens (token_type 3) are added as special tokens so ``<|im_start|>`` in
-text stays one token; user-defined tokens (type 4) stay one token too but decode as text.
+GGUF ``tokenizer.ggml.model == "gpt2"``: a byte-level BPE (``tokenizers``) from the file's vocabulary
+and merges, pre-tokenized per ``tokenizer.ggml.pre``: ``smollm`` splits every digit, then the GPT-2
+regex *without* a prefix space (``add_prefix_space=True`` would silently change ids). Control tokens
+(type 3) are special tokens, so ``<|im_start|>`` stays one token; user-defined ones (type 4) too, but
+decode as text.
 """
 from __future__ import annotations
 

@@ -1,37 +1,25 @@
 """Does block compaction pay on this engine? The measurements behind ``benchmarks/compaction.py``
-and notebook 08 (each returns a DataFrame; the two sides of every ratio run in the same call,
-alternating, best of ``rounds`` thread-CPU times, so drifting load on shared cores hits both alike),
-what the passes cost at scale in the simulator, and one pass shown on the block pool.
+and notebook 08 (DataFrames; the two sides of every ratio run in the same call, alternating, best of
+``rounds`` thread-CPU times, so drifting load on shared cores hits both alike).
 
-- ``read_table``: the same K/V read through scattered block tables (a random permutation: the worst
-  fragmentation) and contiguous ones (what a pass produces). ``slots`` = the engine's CPU path
-  (``paged.engine.torch_attention``: ``index_select`` of token slots), ``decode`` =
-  ``kernels.paged_decode_attention`` (torch reference), ``memcpy`` = one slice copy of a contiguous
-  table's K/V (the floor of any read of those bytes; the engine has no path that exploits
-  contiguity). With CUDA, ``triton_*``: the Triton decode kernel, scattered vs contiguous.
-  ratio = median over rounds of scattered / contiguous timed back to back (> 1: contiguity is
-  faster); ``*_ms`` are best-of-rounds times.
-- ``copy_table``: a synthetic workload (no model) under the scheduler with compaction on and off
-  (the same schedule): passes, copies per pass, fragmentation before/after, the planning time, and
-  the time ``kernels.copy_blocks`` takes to apply a pass to a cache of ``layers`` x ``kv_heads`` x
-  ``head_dim`` (default SmolLM2-135M's shape) in float32.
-- ``engine_table``: the real engine (a random model of SmolLM2-135M's layer shape, fewer layers)
-  on one workload with compaction off and on, ``repeats`` times each, alternating: forward and
-  cache-op time (best, wall), the off/on ratio of each back-to-back pair of forward (wall) and
-  whole-run thread CPU time (``cpu_ratio``: robust to neighbours on shared cores) (median, min, max),
-  copies, and whether the greedy outputs are identical.
-- ``verdict``: read time saved per step (linear in the breaks a pass removes) x steps a pass serves,
-  against the pass's cost.
-- ``compaction_sim_table``: the simulator, where the same scheduler and manager run the passes and
-  the cost model charges each copied block like a copy-on-write copy (HBM read + write of the
-  block's bytes); it credits no speed-up for contiguous tables (none was measured on this engine,
-  above), so the simulated question is only what the copies cost at scale.
-- ``compaction_snapshots``: a small workload under the scheduler (no model: block tables only)
-  run until its running requests are fragmented, the pool snapshotted, one pass run and the pool
-  snapshotted again (``CompactionDemo``; drawn by ``paged.viz.compaction.compaction_grids``);
-  ``runs_frame`` lists each request's own-block runs before and after. The "after" snapshot
-  holds the same requests, tokens and ref counts as "before" (only block ids change); a
-  request's runs after the pass are 1 unless the pass skipped it.
+- ``read_table``: one K/V read through scattered (random permutation: the worst fragmentation) and
+  contiguous block tables: ``slots`` (the engine's CPU path, ``index_select`` of token slots),
+  ``decode`` (``kernels.paged_decode_attention``, torch reference), ``memcpy`` (one slice copy: the
+  floor of any read; no engine path exploits contiguity), with CUDA ``triton_*``. ratio = median
+  over rounds of scattered / contiguous back to back (> 1: contiguity is faster).
+- ``copy_table``: a synthetic workload under the scheduler, compaction on vs off (same schedule):
+  passes, copies, fragmentation before/after, planning time, and ``kernels.copy_blocks`` applying
+  a pass to a float32 cache of ``layers`` x ``kv_heads`` x ``head_dim`` (default SmolLM2-135M's).
+- ``engine_table``: the real engine (random model of SmolLM2-135M's layer shape, fewer layers),
+  off and on ``repeats`` times alternating: forward and cache-op time, off/on ratios of forward
+  (wall) and thread CPU (``cpu_ratio``, robust to neighbours), copies, identical greedy outputs.
+- ``verdict``: read time saved per step (linear in breaks removed) x steps a pass serves, vs its cost.
+- ``compaction_sim_table``: the simulator charges each copied block like a copy-on-write copy
+  (HBM read + write) and credits no speed-up (none was measured above): what copies cost at scale.
+- ``compaction_snapshots``: a fragmented pool snapshotted before and after one pass
+  (``CompactionDemo``, drawn by ``paged.viz.compaction``); ``runs_frame`` lists each request's
+  own-block runs. "After" holds the same requests, tokens and ref counts (only block ids change);
+  a request's runs after the pass are 1 unless the pass skipped it.
 """
 from __future__ import annotations
 
@@ -255,24 +243,22 @@ def engine_table(model=None, *, layers: int = 2, requests: int = 16, max_tokens:
     df = pd.DataFrame(rows)
     best = df.groupby("compaction")[["wall_s", "cpu_s", "forward_ms", "cache_ops_ms"]].min()
     off_rows, on_rows = df[~df.compaction].reset_index(drop=True), df[df.compaction].reset_index(drop=True)
+
+    def ratios(col: str, name: str) -> dict[str, float]:  # off/on of each back-to-back pair: median, min, max
+        r = off_rows[col] / on_rows[col]
+        return {name: float(r.median()), f"{name}_min": float(r.min()), f"{name}_max": float(r.max())}
+
     summary = dict(identical=outputs[False] == outputs[True], steps=int(df["steps"].iloc[0]),
                    passes=int(on_rows["passes"].iloc[0]), copies=int(on_rows["copies"].iloc[0]),
                    forward_ms_off=best.loc[False, "forward_ms"], forward_ms_on=best.loc[True, "forward_ms"],
-                   forward_ratio=float((off_rows["forward_ms"] / on_rows["forward_ms"]).median()),
-                   forward_ratio_min=float((off_rows["forward_ms"] / on_rows["forward_ms"]).min()),
-                   forward_ratio_max=float((off_rows["forward_ms"] / on_rows["forward_ms"]).max()),
+                   **ratios("forward_ms", "forward_ratio"),
                    cache_ops_ms_off=best.loc[False, "cache_ops_ms"], cache_ops_ms_on=best.loc[True, "cache_ops_ms"],
-                   cpu_s_off=best.loc[False, "cpu_s"], cpu_s_on=best.loc[True, "cpu_s"],
-                   cpu_ratio=float((off_rows["cpu_s"] / on_rows["cpu_s"]).median()),
-                   cpu_ratio_min=float((off_rows["cpu_s"] / on_rows["cpu_s"]).min()),
-                   cpu_ratio_max=float((off_rows["cpu_s"] / on_rows["cpu_s"]).max()),
+                   cpu_s_off=best.loc[False, "cpu_s"], cpu_s_on=best.loc[True, "cpu_s"], **ratios("cpu_s", "cpu_ratio"),
                    wall_ratio=float((off_rows["wall_s"] / on_rows["wall_s"]).median()))
     return pd.DataFrame([summary])
 
 
-# ----------------------------------------------------------------------------------------------
-# At scale (the simulator) and on the block pool (one pass, before and after)
-# ----------------------------------------------------------------------------------------------
+# ---- At scale (the simulator) and on the block pool (one pass, before and after) -----------------------------------
 
 
 def compaction_sim_table(requests: int = 400, *, model: str = "llama-2-7b", gpu: str = "a100-80gb",

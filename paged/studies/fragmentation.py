@@ -1,15 +1,12 @@
-"""Fragmentation: how much reserved KV memory holds tokens, contiguous allocators vs paging.
+"""Fragmentation: how much reserved KV memory holds tokens, contiguous allocators vs paging, on the
+simulator (every allocator on one shared trace) and the real engine (small scale); records here,
+figures in ``paged.viz.fragmentation``.
 
-The simulator runs every allocator on one shared trace, and the real engine runs at small scale;
-each function returns records (``paged.telemetry.STEP_COLUMNS`` rows, summaries, tables). Their
-figures are in ``paged.viz.fragmentation``.
-
-Invariants:
-- every allocator of ``run_allocators`` sees the same trace, scheduler settings and pool size
-  (``num_blocks x block_size`` token slots; contiguous allocators count the same slots);
-- "token share" = slots holding tokens / slots reserved by requests (``token_usage``), time-weighted
-  over steps with memory in use: the vLLM paper's "share of KV memory holding token states";
-- internal fragmentation of paging = 1 - token share; it lives only in each request's last block.
+Invariants: every allocator of ``run_allocators`` sees the same trace, scheduler settings and pool
+(``num_blocks x block_size`` token slots; contiguous allocators count the same slots); "token share"
+= slots holding tokens / slots reserved (``token_usage``), time-weighted over steps with memory in
+use: the vLLM paper's "share of KV memory holding token states"; paging's internal fragmentation =
+1 - token share, only in each request's last block.
 """
 
 from __future__ import annotations
@@ -42,11 +39,9 @@ def shared_trace(workload: str = "sharegpt", num_requests: int = 300, max_model_
 
 def run_allocators(trace: pd.DataFrame, allocators: Sequence[str] = ALLOCATORS, *, model: str = "llama-13b",
                    gpu: str = "a100-40gb", block_size: int = 16, **config) -> dict:
-    """Simulate ``trace`` once per allocator (same scheduler, same memory); ``{allocator: SimResult}``.
-
-    Defaults are the vLLM paper's setting: LLaMA-13B on one A100-40GB, prefix caching off.
-    ``config``: other ``SimConfig`` fields (``num_blocks``, ``max_num_seqs``, ...).
-    """
+    """Simulate ``trace`` once per allocator (same scheduler, same memory); ``{allocator: SimResult}``. Defaults
+    are the vLLM paper's setting: LLaMA-13B on one A100-40GB, prefix caching off. ``config``: other
+    ``SimConfig`` fields (``num_blocks``, ``max_num_seqs``, ...)."""
     from paged.sim.simulator import SimConfig, Simulator
 
     bad = [a for a in allocators if a not in ALLOCATORS]
@@ -58,12 +53,10 @@ def run_allocators(trace: pd.DataFrame, allocators: Sequence[str] = ALLOCATORS, 
 
 
 def pool_share_under_load(steps: pd.DataFrame) -> float:
-    """Slots holding tokens / all slots of the pool, time-weighted over steps with requests waiting.
-
-    While requests wait, memory is what limits the batch: the regime of the vLLM paper's Fig. 2,
-    whose bars are shares of the whole KV memory (tokens, reservations, internal and external
-    fragmentation add up to 100%). NaN when no step had a queue.
-    """
+    """Slots holding tokens / all slots of the pool, time-weighted over steps with requests waiting. While
+    requests wait, memory is what limits the batch: the regime of the vLLM paper's Fig. 2, whose bars are shares
+    of the whole KV memory (tokens, reservations, internal and external fragmentation add up to 100%). NaN when
+    no step had a queue."""
     m = np.asarray(steps["num_waiting"]) > 0
     w = np.asarray(steps["step_time_s"], float)[m]
     if not m.any() or w.sum() <= 0:
@@ -107,10 +100,8 @@ def block_size_sweep(block_sizes: Sequence[int] = (1, 8, 16, 32, 64, 128, 256), 
 
 def engine_workload(num_requests: int = 8, prompt_tokens: tuple[int, int] = (20, 120),
                     output_tokens: tuple[int, int] = (8, 48), seed: int = 0, vocab: tuple[int, int] = (17, 49152)):
-    """Seeded requests of token-id prompts with varied lengths for ``paged.runs.Run``.
-
-    Outputs ignore EOS so every request produces exactly its drawn length (fixed memory footprint).
-    """
+    """Seeded requests of token-id prompts with varied lengths for ``paged.runs.Run``. Outputs ignore EOS
+    so every request produces exactly its drawn length (fixed memory footprint)."""
     from paged.engine import SamplingParams
 
     rng = np.random.default_rng(seed)
@@ -125,12 +116,10 @@ def engine_workload(num_requests: int = 8, prompt_tokens: tuple[int, int] = (20,
 
 def engine_block_sizes(loaded_model, workload, block_sizes: Sequence[int] = (4, 16, 64), pool_tokens: int = 4096,
                        max_model_len: int = 1024) -> pd.DataFrame:
-    """Run ``workload`` on the real engine once per block size, same pool of ``pool_tokens`` slots.
-
-    Returns every step row (STEP_COLUMNS) plus ``block_size``, ``held`` (slots holding tokens),
-    ``reserved`` (slots of blocks in use) and ``contiguous_reserved`` (the counterfactual: each
-    running request reserving ``max_model_len`` slots, as a contiguous allocator would).
-    """
+    """Run ``workload`` on the real engine once per block size, same pool of ``pool_tokens`` slots. Returns
+    every step row (STEP_COLUMNS) plus ``block_size``, ``held`` (slots holding tokens), ``reserved`` (slots of
+    blocks in use) and ``contiguous_reserved`` (the counterfactual: each running request reserving
+    ``max_model_len`` slots, as a contiguous allocator would)."""
     import paged
     from paged import runs
 

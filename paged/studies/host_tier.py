@@ -1,25 +1,12 @@
-"""Host-tier studies (issue 13): recompute evicted prefixes vs keep them in host memory, and
-the seeds' eviction score vs LRU, on the simulator (a model/GPU preset at scale) and on the
-real engine (small scale).
+"""Host-tier studies (issue 13): recompute evicted prefixes vs keep them in host memory, and the
+seeds' eviction score vs LRU, on the simulator (a preset at scale) and the real engine (small scale):
+``shared_prefix_trace`` (Zipf-popular shared prefixes, so a frequency-aware policy has something to
+find), ``tier_metrics``, ``tier_study`` (one row per variant on one trace), ``swap_claim`` (the
+seeds' "cuts swaps by 40% on a 70B model", measured) and ``engine_tier_study`` (same requests and
+checked greedy outputs per variant, side by side).
 
-- ``tier_metrics``: per-tier hit rates, blocks/bytes moved and swap frequency of a run's step
-  frame (engine or simulator: the same columns);
-- ``tier_study``: one row per variant (tier off = recompute, tier on with LRU, with the score
-  policy, proactive demotion at a threshold) on the same trace: requests that share one of
-  ``num_prefixes`` long prefixes with Zipf popularity (``synthetic_trace(prefix_zipf=...)``), so a
-  frequency-aware policy has something to find;
-- ``swap_claim``: the seeds' "cuts swaps by 40% on a 70B model", measured: swaps (blocks
-  moved between the tiers) of the score policy over LRU's, on the same trace;
-- ``engine_tier_study``: the same question on the real engine at small scale, same requests,
-  same greedy outputs (checked), measured side by side. It runs one workload (requests sharing
-  one of ``num_prefixes`` prefixes of ``prefix_blocks`` blocks, Zipf popularity, submitted in
-  waves of ``max_num_seqs``) under each variant on one loaded model (default: a tiny random
-  Llama; ``model="smollm2"`` for the real one) and returns one row per variant: ``tier_metrics``
-  plus prefill tokens computed, wall time and throughput, and whether the outputs equal the
-  first variant's.
-
-"Swaps" here are host-tier moves (tier-out + tier-in blocks) plus preemption swaps; bytes are
-blocks x the simulator's per-GPU block bytes.
+"Swaps" are host-tier moves (tier-out + tier-in blocks) plus preemption swaps; bytes are blocks x
+the per-GPU block bytes.
 """
 from __future__ import annotations
 
@@ -78,12 +65,10 @@ def tier_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parall
                num_prefixes: int = 64, prefix_tokens: int = 1024, prefix_zipf: float = 1.0, rate: float = 4.0,
                variants: dict[str, dict[str, Any]] | Sequence[str] | None = None, seed: int = 0,
                **sim_kw: Any) -> pd.DataFrame:
-    """Simulate one trace of ``num_requests`` ShareGPT-like requests (Poisson at ``rate``/s), each
-    with one of ``num_prefixes`` shared prefixes of ``prefix_tokens`` (popularity ``prefix_zipf``),
-    under each variant (name -> ``SimConfig`` overrides;
-    names of ``DEFAULT_VARIANTS``; None: all of them); one row per variant with
-    ``tier_metrics``, throughput and latency. ``num_blocks`` is kept small against the prefix
-    working set (``num_prefixes x prefix_tokens``) so the GPU pool has to evict shared prefixes."""
+    """Simulate one trace per variant (name -> ``SimConfig`` overrides, names of ``DEFAULT_VARIANTS`` or
+    None: all): ``num_requests`` ShareGPT-like requests, each with one of ``num_prefixes`` shared prefixes
+    of ``prefix_tokens`` (popularity ``prefix_zipf``); ``tier_metrics``, throughput and latency. ``num_blocks``
+    is small against the prefixes' working set (``num_prefixes x prefix_tokens``), so shared prefixes are evicted."""
     if variants is None:
         variants = DEFAULT_VARIANTS
     elif not isinstance(variants, dict):
@@ -126,9 +111,7 @@ def swap_claim(df: pd.DataFrame, policy: str = "host tier, score", baseline: str
             f"{a['throughput_tok_s'] / b['throughput_tok_s']:.3f}x")
 
 
-# ----------------------------------------------------------------------------------------------
-# The real engine, small scale
-# ----------------------------------------------------------------------------------------------
+# ---- The real engine, small scale ----------------------------------------------------------------------------------
 
 ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     "recompute (no host tier)": dict(enable_host_tier=False),

@@ -1,9 +1,6 @@
-"""Greedy text under each KV format on the real engine, side by side.
-
-``side_by_side`` steps one engine per format in lockstep on the same prompt and reports each
-format's text, token count and the first position where the formats' greedy tokens differ; the
-notebook view that redraws after every step is ``paged.viz.quant.live_side_by_side``. (The demo's
-``kv_format_comparison`` measures the same agreement over several prompts, with capacity.)
+"""Greedy text under each KV format on the real engine, side by side: ``side_by_side`` steps one
+engine per format in lockstep on one prompt (live view: ``paged.viz.quant.live_side_by_side``; the
+demo's ``kv_format_comparison`` measures the same agreement over several prompts, with capacity).
 """
 from __future__ import annotations
 

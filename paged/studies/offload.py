@@ -1,24 +1,17 @@
 """When does CPU offload pay? Simulated studies of the seed's swap claims for a 70B model on A100s.
 
-Two questions, two studies (each returns a tidy DataFrame; notebook 08 draws them):
-
-- :func:`offload_study`: swap *preemption* (what the engine does: a preempted request's blocks go
-  to the host and come back) against recompute, synchronous or overlapped, uncompressed or
-  fp8/int4-compressed, under memory pressure (``num_blocks`` below what fits), on the simulator
-  with the same scheduler and KV manager as the engine. Saturating arrivals measure throughput,
-  a Poisson rate measures TBT/TTFT.
-- :func:`streaming_study`: KV *streaming* (FlexGen-style offload, the setting the seed's
-  "prefetch the next layer's blocks, overlap, compress" describes): a decode batch larger than
-  the device KV cache holds keeps the surplus sequences' KV on the host and streams it to the
-  GPU every step; per-step cost from :class:`~paged.sim.cost_model.CostModel` (link time of the
-  streamed bytes, summed with the forward or overlapped, compressed or not). The best batch
-  per variant gives its throughput; the step time at that batch is its TBT.
+- :func:`offload_study`: swap *preemption* (a preempted request's blocks go to the host and back)
+  vs recompute, sync or overlapped, uncompressed or fp8/int4, under memory pressure, on the simulator
+  (the engine's scheduler and KV manager). Saturating arrivals give throughput, Poisson TBT/TTFT.
+- :func:`streaming_study`: KV *streaming* (FlexGen-style, what the seed's "prefetch the next layer's
+  blocks, overlap, compress" describes): a decode batch larger than the device cache keeps the
+  surplus KV on the host and streams it every step (:class:`~paged.sim.cost_model.CostModel`); the
+  best batch per variant gives its throughput, its step time the TBT.
 
 The seed claims "an asynchronous swap pipeline with prefetch, overlap and compression gives 2-3x
 throughput on A100" and "CPU offloading only for throughput-first, latency-tolerant offline work"
 (PCIe 4.0 x16 ~32 GB/s vs HBM ~2 TB/s). :func:`verdicts` states what our numbers say;
-:func:`claim_table` puts the seed's numbers beside ours (these studies and the engine's,
-``paged.studies.preemption.engine_swap_study``), with conditions, one row per claim.
+:func:`claim_table` puts the seed's numbers beside ours, with conditions, one row per claim.
 """
 from __future__ import annotations
 
@@ -49,14 +42,11 @@ def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_par
                   workload: str = "sharegpt", num_requests: int = 1000,
                   pressures: Sequence[float] = (1.0, 0.5, 0.25), latency_load: float | None = 0.9,
                   swap_space_gib: float = 64.0, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
-    """Recompute vs swap preemption (sync/overlap x none/fp8/int4) per memory pressure and load.
-
-    ``pressures``: fractions of the KV blocks that fit (``kv_cache_sizing``) given to the pool.
-    Each pressure runs saturated (``rate = inf``, all requests at t=0: throughput) and, with
-    ``latency_load``, at that fraction of recompute's saturated request rate (Poisson arrivals:
-    TBT/TTFT of a loaded but not overloaded server). Ratios are against recompute and against
-    synchronous uncompressed swap at the same pressure and rate.
-    """
+    """Recompute vs swap preemption (sync/overlap x none/fp8/int4) per memory pressure and load. ``pressures``:
+    fractions of the KV blocks that fit (``kv_cache_sizing``) given to the pool. Each pressure runs saturated
+    (``rate = inf``, all requests at t=0: throughput) and, with ``latency_load``, at that fraction of
+    recompute's saturated request rate (Poisson arrivals: TBT/TTFT of a loaded but not overloaded server).
+    Ratios are against recompute and against synchronous uncompressed swap at the same pressure and rate."""
     sizing = kv_cache_sizing(model, gpu, 16, tensor_parallel=tensor_parallel)
     fit = sizing.num_blocks
     base = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, workload=workload,
@@ -102,16 +92,13 @@ def _step(cm: CostModel, batch: int, ctx: int, streamed_tokens: float) -> float:
 def streaming_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parallel: int = 2,
                     contexts: Sequence[int] = (512, 1024, 2048, 4000), kv_fractions: Sequence[float] = (1.0, 0.25),
                     max_batch: int = 512, block_size: int = 16) -> pd.DataFrame:
-    """Decode throughput and TBT with KV streamed from the host, per device KV share, context
-    length and variant.
-
-    ``B_dev`` = sequences of ``ctx`` tokens whose KV fits on the device (``kv_fraction`` of the
-    sizing, less a double buffer for one layer's streamed KV); a batch ``B > B_dev`` streams
-    ``(B - B_dev) x ctx`` tokens' KV per step over the link. Each variant's best batch in
-    ``1..max_batch`` (max tokens/s) is reported with its TBT, and the TBT at twice the device
-    batch (``tbt_2x_s``: how steeply latency grows past the best point); ``device only`` caps B
-    at B_dev. Ratios are against ``device only`` at the same context and KV share.
-    """
+    """Decode throughput and TBT with KV streamed from the host, per device KV share, context length and
+    variant. ``B_dev`` = sequences of ``ctx`` tokens whose KV fits on the device (``kv_fraction`` of the sizing,
+    less a double buffer for one layer's streamed KV); a batch ``B > B_dev`` streams ``(B - B_dev) x ctx``
+    tokens' KV per step over the link. Each variant's best batch in ``1..max_batch`` (max tokens/s) is reported
+    with its TBT, and the TBT at twice the device batch (``tbt_2x_s``: how steeply latency grows past the best
+    point); ``device only`` caps B at B_dev. Ratios are against ``device only`` at the same context and KV
+    share."""
     m = get_model(model)
     sizing = kv_cache_sizing(m, gpu, block_size, tensor_parallel=tensor_parallel)
     rows = []

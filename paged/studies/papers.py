@@ -1,9 +1,7 @@
-"""The papers' experiments reproduced on the simulator: each returns a tidy DataFrame (the CLI,
-the demo report and benchmarks print them).
-
-- ``memory_story`` (vLLM paper, Fig. 2): share of KV memory holding tokens per allocator;
-- ``interference_study`` (Sarathi-Serve): prefill/decode interference with and without chunked prefill;
-- ``block_size_ablation`` (vLLM paper, Fig. 18): token usage and throughput per block size.
+"""The papers' experiments reproduced on the simulator, as DataFrames: ``memory_story`` (vLLM paper,
+Fig. 2: share of KV memory holding tokens per allocator), ``interference_study`` (Sarathi-Serve:
+prefill/decode interference with and without chunked prefill), ``block_size_ablation`` (vLLM paper,
+Fig. 18: token usage and throughput per block size).
 """
 from __future__ import annotations
 
@@ -17,11 +15,9 @@ PAPER_TOKEN_SHARE = {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contigu
 
 
 def memory_story(num_requests: int = 2000, block_size: int = 16, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
-    """vLLM paper's memory story: LLaMA-13B on one A100-40GB, ShareGPT-like, all requests at t=0.
-
-    Same scheduler and memory for every allocator; ``kv_token_usage`` = slots holding tokens /
-    slots reserved by requests (time-weighted over busy steps).
-    """
+    """vLLM paper's memory story: LLaMA-13B on one A100-40GB, ShareGPT-like, all requests at t=0. Same scheduler
+    and memory for every allocator; ``kv_token_usage`` = slots holding tokens / slots reserved by requests
+    (time-weighted over busy steps)."""
     base = dict(model="llama-13b", gpu="a100-40gb", block_size=block_size, workload="sharegpt",
                 num_requests=num_requests, rate=float("inf"), trace_seed=seed, prompt_seed=seed,
                 enable_prefix_caching=False)
@@ -47,12 +43,10 @@ def memory_story(num_requests: int = 2000, block_size: int = 16, seed: int = 0, 
 def interference_study(num_requests: int = 600, rate: float = 4.0, budgets: tuple[int, ...] = (2048, 512, 256),
                        model: str = "mistral-7b", gpu: str = "a100-80gb", workload: str = "azure-conv",
                        max_model_len: int = 4096, seed: int = 0, jobs: int = 1) -> pd.DataFrame:
-    """Prefill/decode interference (Sarathi-Serve): p99 TBT and TTFT without and with chunked prefill.
-
-    Without chunking the budget is ``max_model_len + max_num_seqs`` (256), so any prompt fits in one
-    step next to a full decode batch: TTFT then measures interference, not head-of-line blocking
-    of a long prompt behind the decodes.
-    """
+    """Prefill/decode interference (Sarathi-Serve): p99 TBT and TTFT without and with chunked prefill. Without
+    chunking the budget is ``max_model_len + max_num_seqs`` (256), so any prompt fits in one step next to a full
+    decode batch: TTFT then measures interference, not head-of-line blocking of a long prompt behind the
+    decodes."""
     base = dict(model=model, gpu=gpu, workload=workload, num_requests=num_requests, rate=rate,
                 max_model_len=max_model_len, trace_seed=seed, prompt_seed=seed)
     pts = [{**base, "enable_chunked_prefill": False, "max_num_batched_tokens": max_model_len + 256}]

@@ -1,16 +1,11 @@
 """Full-size results of the long studies (notebooks 05 and 08), made once and shipped in data/precomputed/.
 
-A class cannot wait 15 minutes for notebook 05's study or 7 for 08's: their notebooks run a smaller
-"class" preset live and show these full-size tables beside it, labelled as precomputed. Each
-table is one CSV (``data/precomputed/<notebook>_<name>.csv``, plus ``.attrs.json`` when the frame
-carries ``attrs``), written by the same study functions the notebooks call, with the notebook's
-full parameters (``FULL_05``, ``FULL_08``). Remake them with::
+A class cannot wait 15 minutes for 05's study or 7 for 08's: the notebooks run a small "class"
+preset live beside these tables, labelled precomputed. One CSV per table
+(``data/precomputed/<notebook>_<name>.csv``, ``.attrs.json`` beside it for ``attrs``), written by
+the notebooks' own study functions with their full parameters (``FULL_05``, ``FULL_08``)::
 
-    python -m paged.studies.precomputed 05     # ~15 min on a laptop CPU
-    python -m paged.studies.precomputed 08     # ~8 min
-
-`load(notebook, name)` reads one back (a clear `DataError` naming that command if it is missing);
-`describe(notebook)` is the line a notebook prints under a precomputed table.
+    python -m paged.studies.precomputed 05     # ~15 min on a laptop CPU (08: ~8 min)
 """
 from __future__ import annotations
 

@@ -1,24 +1,17 @@
 """Preemption under memory pressure: recompute vs swap, on the engine and in the simulator, and what each costs.
 
 Invariants:
-- ``compare_modes`` runs the same token-id prompts and greedy sampling first in a pool big enough
-  for all of them (the reference, no preemption), then once per preemption mode in ``num_blocks``;
-  ``outputs_identical`` compares every token with the reference;
-- ``cost_table`` prices one preempted request of ``n`` tokens with the package's cost model:
-  recompute = the prefill of its ``n`` tokens (compute parts only, no step overhead); swap = its
-  KV bytes over PCIe out and back in; HBM = reading the same bytes once from GPU memory.
+- ``compare_modes`` runs the same prompts greedily in a pool big enough for all (the reference, no
+  preemption), then once per mode in ``num_blocks``; ``outputs_identical`` compares every token;
+- ``cost_table`` prices one preempted request of ``n`` tokens with the cost model: recompute = its
+  prefill (compute parts only), swap = its KV bytes over PCIe out and in, HBM = one read of them.
 
-``engine_swap_study`` runs one workload (``num_requests`` prompts generating ``max_tokens``
-greedy tokens, ``ignore_eos``) on a pool too small for them all, once per variant (recompute,
-swap sync, swap overlap, swap overlap + fp8/int4), on one loaded model (default: a tiny random
-Llama; ``model="smollm2"`` for the real one). One row per variant: preemptions, blocks and bytes
-swapped, thread CPU seconds (robust to neighbours on shared cores; the engine runs in this thread
-with ``OMP_NUM_THREADS=1``) and wall seconds, output tokens per CPU second and its ratio to
-recompute, p50/p99 step time of decode-only steps (TBT), and whether the outputs equal recompute's
-(they must for the lossless variants). On CPU every copy is synchronous (``paged.engine.swap``):
-overlap can only tie here; the GPU case is the simulated one (``paged.studies.offload``).
-
-Figures: ``paged.viz.preemption``.
+``engine_swap_study``: one pressured workload per variant on one loaded model (default a tiny
+random Llama): preemptions, blocks and bytes swapped, thread CPU seconds (robust to neighbours;
+``OMP_NUM_THREADS=1``), output tokens per CPU second vs recompute, decode-only step times (TBT),
+and whether outputs equal recompute's (they must for lossless variants). On CPU every copy is
+synchronous (``paged.engine.swap``): overlap can only tie; the GPU case is simulated
+(``paged.studies.offload``). Figures: ``paged.viz.preemption``.
 """
 
 from __future__ import annotations
@@ -52,11 +45,9 @@ def pressure_workload(prompts, max_tokens: int = 32, arrive_every: int = 1) -> l
 def compare_modes(loaded_model, prompts, max_tokens: int = 32, num_blocks: int = 12,
                   modes: Sequence[str] = ("recompute", "swap"), block_size: int = 16,
                   **engine) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
-    """Reference run (pool for everything) then one run per preemption mode in ``num_blocks`` blocks.
-
-    Table columns: preemptions, blocks swapped out / in, prefill tokens computed (recompute pays
-    the evicted tokens again), extra prefill vs the reference, steps, wall seconds, outputs identical.
-    """
+    """Reference run (pool for everything) then one run per preemption mode in ``num_blocks`` blocks. Table
+    columns: preemptions, blocks swapped out / in, prefill tokens computed (recompute pays the evicted tokens
+    again), extra prefill vs the reference, steps, wall seconds, outputs identical."""
     import paged
 
     need = sum(-(-(len(p) + max_tokens) // block_size) for p in prompts)
@@ -119,9 +110,7 @@ def simulate_modes(modes: Sequence[str] = ("recompute", "swap"), *, num_requests
     return pd.DataFrame(rows)
 
 
-# ----------------------------------------------------------------------------------------------
-# Swap transports on the real engine, small scale
-# ----------------------------------------------------------------------------------------------
+# ---- Swap transports on the real engine, small scale ---------------------------------------------------------------
 
 ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     "recompute": dict(preemption_mode="recompute"),
@@ -131,7 +120,6 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     "swap overlap int4": dict(preemption_mode="swap", swap_mode="overlap", swap_compression="int4"),
 }
 LOSSLESS = ("recompute", "swap sync", "swap overlap")
-
 
 
 def engine_swap_study(model: str | None = None, *, num_requests: int = 12, prompt_len: int = 96,

@@ -1,14 +1,10 @@
-"""Prefix caching: shared system prompts, what hits save, LRU eviction under pressure, verified hits.
+"""Prefix caching: shared system prompts, what hits save, LRU eviction under pressure, verified hits
+(records here; figures in ``paged.viz.prefix``).
 
-Runs return records (``paged.telemetry.STEP_COLUMNS`` rows, summaries); their figures are in
-``paged.viz.prefix``.
-
-Invariants:
-- ``compare_caching`` runs the same prompts and sampling parameters with caching on and off on
-  one loaded model; ``outputs_identical`` compares every generated token id;
-- hit rate = ``prefix_cache_hits / prefix_cache_queries`` (cumulative, in tokens, as vLLM counts);
-- ``collision_demo`` uses a *constant* hash: every block has the same key, so any lookup finds
-  some block; only token-by-token (and parent) verification decides whether it is a hit.
+Invariants: ``compare_caching`` runs the same prompts and sampling with caching on and off on one
+loaded model (``outputs_identical`` compares every token); hit rate = ``prefix_cache_hits /
+prefix_cache_queries`` (cumulative tokens, as vLLM counts); ``collision_demo``'s *constant* hash
+makes every lookup find some block, so only token (and parent) verification decides a hit.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ QUESTIONS = ("virtual memory", "page tables", "copy-on-write", "caches", "schedu
              "swapping", "hash tables", "queues", "batching", "attention", "tokenizers")
 
 
-
 def constant_hash(parent, token_ids, extra_keys) -> int:
     """The worst hash function: every block collides with every other (for demonstrations)."""
     return 0
@@ -50,12 +45,10 @@ def shared_prompt_requests(tokenizer, num_requests: int = 8, num_system_prompts:
 
 def compare_caching(loaded_model, prompts, max_tokens: int = 8, settings: Sequence[tuple[str, dict]] | None = None,
                     **engine) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
-    """Generate ``prompts`` once per setting (default: caching off, on) on one loaded model.
-
-    Returns a table (prefill tokens computed, hit tokens and rate, peak blocks, wall seconds, outputs
-    identical to the first setting) and the step frames by label. Requests are added together; the
-    first request of each system prompt computes it and the others hit it when they are scheduled later.
-    """
+    """Generate ``prompts`` once per setting (default: caching off, on) on one loaded model. Returns a table
+    (prefill tokens computed, hit tokens and rate, peak blocks, wall seconds, outputs identical to the first
+    setting) and the step frames by label. Requests are added together; the first request of each system prompt
+    computes it and the others hit it when they are scheduled later."""
     import paged
 
     settings = settings or (("caching off", {"enable_prefix_caching": False}),
@@ -77,11 +70,9 @@ def compare_caching(loaded_model, prompts, max_tokens: int = 8, settings: Sequen
 def eviction_sweep(pool_blocks: Sequence[int] = (160, 256, 512, 1024, 2048), *, num_prefixes: int = 8,
                    prefix_tokens: int = 512, num_requests: int = 400, rate: float = 20.0, max_model_len: int = 2048,
                    model: str = "llama-2-7b", gpu: str = "a100-80gb", seed: int = 0) -> pd.DataFrame:
-    """Simulated hit rate vs pool size with ``num_prefixes`` system prompts of ``prefix_tokens`` (LRU).
-
-    A small pool must evict cached-free prefix blocks (least recently used first) to admit new
-    requests, so a prefix that comes back later has to be computed again.
-    """
+    """Simulated hit rate vs pool size with ``num_prefixes`` system prompts of ``prefix_tokens`` (LRU). A small
+    pool must evict cached-free prefix blocks (least recently used first) to admit new requests, so a prefix
+    that comes back later has to be computed again."""
     from paged.sim.simulator import SimConfig, Simulator
     from paged.sim.workload import synthetic_trace
 
@@ -99,12 +90,10 @@ def eviction_sweep(pool_blocks: Sequence[int] = (160, 256, 512, 1024, 2048), *, 
 
 
 def collision_demo(block_size: int = 4, hash_fn: Callable = constant_hash) -> pd.DataFrame:
-    """Three requests on a KVCacheManager whose hash makes every block collide.
-
-    A holds blocks [1..4][5..8] (then finishes: its blocks stay cached-free); B has other tokens;
-    C repeats A's first block. Rows: what the hash index returned for each request's first block,
-    what a cache that trusts the hash alone would reuse, and what the verified lookup reuses.
-    """
+    """Three requests on a KVCacheManager whose hash makes every block collide. A holds blocks [1..4][5..8]
+    (then finishes: its blocks stay cached-free); B has other tokens; C repeats A's first block. Rows: what the
+    hash index returned for each request's first block, what a cache that trusts the hash alone would reuse, and
+    what the verified lookup reuses."""
     from paged.core import KVCacheManager, Request
 
     kv = KVCacheManager(16, block_size, enable_prefix_caching=True, hash_fn=hash_fn)

@@ -1,28 +1,23 @@
 """Cross-layer KV sharing on a pretrained model: memory saved, quality lost, and whether the
 similarity of two layers' attention maps predicts the loss.
 
-The engine switch is ``EngineConfig.kv_share_with = {i: j}`` (:mod:`paged.engine.kv_sharing`):
-layer ``i`` attends with its own queries over layer ``j``'s cached K/V and stores none. This is
-Cross-Layer Attention (Brandon et al. 2024), there trained into the model; SmolLM2 was trained
-without it, so sharing changes what the model computes and the study measures by how much.
+``EngineConfig.kv_share_with = {i: j}`` (:mod:`paged.engine.kv_sharing`): layer ``i`` attends with
+its own queries over layer ``j``'s cached K/V and stores none. This is Cross-Layer Attention
+(Brandon et al. 2024), there trained into the model; SmolLM2 was trained without it, so sharing
+changes what the model computes and the study measures by how much.
 
-:func:`sharing_study` follows the quantization study's protocol (:mod:`paged.quant.study`):
-every config scores the same chunks from an empty fp32 cache (:class:`SharedKVAttention`)
-against the unshared base, token by token over the full vocabulary (ΔNLL, KLD, same top-1;
-:mod:`paged.quant.metrics`), plus the first greedy divergence from the chunk's first half.
-Configs: every adjacent pair ``{i + 1: i}`` alone, then ``k`` disjoint adjacent pairs for each
-``k`` in ``ks``, picked in order of measured one-pair cost (``order="cost"``, an oracle) or of
-attention-map distance (``order="similarity"``, a predictor needing no quality run).
+:func:`sharing_study` follows the quantization study's protocol (:mod:`paged.quant.study`): every
+config scores the same chunks from an empty fp32 cache (:class:`SharedKVAttention`) against the
+unshared base over the full vocabulary (ΔNLL, KLD, same top-1; :mod:`paged.quant.metrics`), plus
+the first greedy divergence. Configs: each adjacent pair ``{i + 1: i}`` alone, then ``k`` disjoint
+pairs per ``k`` in ``ks``, ranked by one-pair cost (``order="cost"``, an oracle) or by attention-map
+distance (``order="similarity"``, a predictor needing no quality run).
 
-Similarity of layers ``i`` and ``i + 1``: the Jensen–Shannon distance (base 2, so in [0, 1];
-the square root of the JS divergence, a metric) between their attention distributions on the
-base run, per query row of the scored half, for query head ``h`` of both layers (under sharing
-head ``h`` of layer ``i + 1`` reads the KV head that head ``h`` of layer ``i`` reads), averaged
-over rows and then heads (``js_head``); ``js_headavg`` compares the head-averaged maps. Two
-more direct predictors from the same base run: ``js_shared``, the JS distance between layer
-``i + 1``'s own attention and the attention it gets under sharing (its queries over layer ``i``'s
-keys), and ``k_rel_err``/``v_rel_err``, ``||K_i - K_{i+1}|| / ||K_{i+1}||`` (the same for V): what
-sharing substitutes for layer ``i + 1``'s keys and values.
+Predictors from the base run: ``js_head``, the Jensen–Shannon distance (base 2, in [0, 1], a metric)
+between the attention of query head ``h`` in layers ``i`` and ``i + 1`` (under sharing they read the
+same KV head), averaged over rows then heads; ``js_headavg`` on head-averaged maps; ``js_shared``,
+layer ``i + 1``'s own attention vs the one it gets under sharing; ``k_rel_err``/``v_rel_err``,
+``||K_i - K_{i+1}|| / ||K_{i+1}||`` (and V): what sharing substitutes for layer ``i + 1``'s K/V.
 """
 from __future__ import annotations
 
@@ -46,12 +41,10 @@ __all__ = ["SharedKVAttention", "js_distance", "disjoint_pairs", "sharing_memory
 
 class SharedKVAttention:
     """One-sequence fp32 cache with cross-layer sharing (``share = {layer: owner}``, checked by
-    :func:`paged.engine.kv_sharing.check_share_map`): owners store their K/V, a shared layer
-    stores nothing and attends over its owner's. Calls append (prefill, then decode steps).
-    With ``map_rows`` a prefill from empty also keeps each layer's attention probabilities of
-    those query rows in ``maps[layer]`` (``[Hq, rows, T]`` float32), the same rows over the previous
-    layer's keys in ``prev_maps[layer]``, and ``kv_err[layer]`` (relative K and V error of the previous
-    layer's K/V against this layer's)."""
+    :func:`paged.engine.kv_sharing.check_share_map`): owners store their K/V, a shared layer stores nothing
+    and attends over its owner's; calls append. With ``map_rows`` a prefill from empty also keeps those
+    query rows' attention probabilities (``maps[layer]``, ``[Hq, rows, T]`` float32), the same rows over the
+    previous layer's keys (``prev_maps``) and the previous layer's relative K and V error (``kv_err``)."""
 
     def __init__(self, num_layers: int, share: Mapping[int, int] | None = None, *,
                  map_rows: slice | None = None) -> None:
@@ -195,18 +188,15 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
                   ks: Sequence[int] = (3, 6, 9, 12), orders: Sequence[str] = ("cost", "similarity"),
                   divergence_tokens: int = 16, engine_budget: int | None = 64 << 20, bos: bool | None = None,
                   progress: bool = False) -> pd.DataFrame:
-    """Measure cross-layer sharing configs against the unshared base (see the module docstring).
-
-    ``model``: None (embedded SmolLM2, fp32), a name/path, or a LoadedModel/LLM. ``pairs``: the
-    ``i`` of the adjacent pairs ``{i + 1: i}`` measured alone (None = all); the k-pair configs
-    rank only these (a ``k`` with fewer disjoint pairs in that order is left out: 15 pairs of 30
-    layers need a perfect tiling). ``engine_budget``: bytes given to a real engine per config to
-    report the blocks it fits (None skips it). One row per config, texts pooled; columns ``kind``
-    (base, pair, k_pairs), ``order``, ``k`` (shared layers), ``share_with``, memory (fp16 cache
-    bytes per token, % saved), the predictors ``js_head``, ``js_headavg``, ``js_shared``,
+    """Measure cross-layer sharing configs against the unshared base (see the module docstring). ``model``: None
+    (embedded SmolLM2, fp32), a name/path, or a LoadedModel/LLM. ``pairs``: the ``i`` of the adjacent pairs
+    ``{i + 1: i}`` measured alone (None = all); the k-pair configs rank only these (a ``k`` with fewer disjoint
+    pairs in that order is left out: 15 pairs of 30 layers need a perfect tiling). ``engine_budget``: bytes
+    given to a real engine per config to report the blocks it fits (None skips it). One row per config, texts
+    pooled; columns ``kind`` (base, pair, k_pairs), ``order``, ``k`` (shared layers), ``share_with``, memory
+    (fp16 cache bytes per token, % saved), the predictors ``js_head``, ``js_headavg``, ``js_shared``,
     ``k_rel_err``, ``v_rel_err`` (pairs), :func:`paged.quant.metrics.summarize`'s columns and
-    ``first_div_*``.
-    """
+    ``first_div_*``."""
     lm = load(model)
     m, cfg = lm.model, lm.config
     L = cfg.num_layers

@@ -1,22 +1,16 @@
-"""The error compressed swap adds, measured on the real engine with the quantization study's
-metrics (:mod:`paged.quant.metrics`).
+"""The error compressed swap adds, measured on the real engine with :mod:`paged.quant.metrics`.
 
-Workload: ``num_requests`` chunks of ``context_length`` tokens of held-out text, each then
-generating ``greedy_tokens`` greedy tokens (``ignore_eos``), on a pool too small for them all
-(``num_blocks``, default 2.5 requests' worth) with ``preemption_mode="swap"`` and a token budget of
-``block_size`` per step: older requests decode and grow, the newest (mid-prefill) is swapped out
-and later back in, so its positions computed after the swap attend over K/V that went through
-the host codec. One engine per compression (None, "fp8", "int4") steps in lockstep with the
-others: with ``ignore_eos`` the schedule depends only on lengths, never on K/V values (checked
-each step), so each step's prompt logits compare position by position with the uncompressed run.
+Workload: ``num_requests`` chunks of held-out text, each generating ``greedy_tokens`` greedy tokens
+(``ignore_eos``), on a pool too small for all (default 2.5 requests' worth), ``preemption_mode="swap"``
+and a budget of ``block_size`` tokens per step: the newest (mid-prefill) request is swapped out and
+back, so its later positions attend over K/V that went through the host codec. One engine per
+compression (None, "fp8", "int4") steps in lockstep: with ``ignore_eos`` the schedule depends only on
+lengths (checked each step), so prompt logits compare position by position with the uncompressed run.
+Teacher-forced: llama.cpp's KLD, ΔNLL, same-top-1, Δp (:func:`summarize`) after each request's first
+swap-out (``scope="after_swap"``) and over all positions (``"all"``); greedy: first divergence.
 
-- Teacher-forced (prompt positions): KLD, ΔNLL, same-top-1 and Δp (llama.cpp's columns,
-  :func:`summarize`) over the positions after each request's first swap-out
-  (``scope="after_swap"``) and over all scored positions (``scope="all"``).
-- Greedy: first divergence of each request's generated tokens from the uncompressed run's.
-
-Invariant checked (``check_lossless``): the uncompressed run under pressure generates exactly
-what a run that never swaps does (the transport is lossless), so every difference is the codec's.
+Invariant checked (``check_lossless``): the uncompressed run under pressure generates exactly what
+a run that never swaps does (the transport is lossless), so every difference is the codec's.
 """
 from __future__ import annotations
 

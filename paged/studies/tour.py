@@ -1,12 +1,9 @@
 """The scenarios of notebook 00's tour: one workload and engine setting per mechanism to watch.
 
-    SCENARIOS[name] -> Scenario(description, settings, builder, kwargs, views)
-    scenario_run(run, name)   # a fresh Run over the same loaded model, set up for `name`
-    sim_burst(...)            # the simulated 70B trace that fills its pool (a burst of chats)
-
 A scenario is data: `settings` are EngineConfig fields (applied with `Run.fresh`), `builder`
-is a workload function of `paged.runs` called as ``builder(tokenizer, **kwargs)``. Each is sized
-to show its mechanism within a few dozen steps on a laptop CPU.
+names a workload function of `paged.runs` called as ``builder(tokenizer, **kwargs)``; each shows its
+mechanism within a few dozen steps on a laptop CPU. ``scenario_run(run, name)`` builds one (a fresh
+Run over the same loaded model); ``sim_burst`` is the simulated 70B trace that fills its pool.
 """
 from __future__ import annotations
 

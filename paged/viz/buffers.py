@@ -13,10 +13,9 @@ SERIES = ("step", "step_time_s", "num_prefill_tokens", "num_decode_tokens", "num
 
 
 def widgets_available() -> str | None:
-    """None if the live views' widgets (ipywidgets, anywidget) work here, else the reason they do not.
-
-    Creates no widget: a throw-away plotly FigureWidget made here once opened a comm whose 5 MB
-    front-end module held up every widget after it on a Voilà page (the dashboard never showed)."""
+    """None if the live views' widgets (ipywidgets, anywidget) work here, else the reason they do not. Creates
+    no widget: a throw-away plotly FigureWidget made here once opened a comm whose 5 MB front-end module held up
+    every widget after it on a Voilà page (the dashboard never showed)."""
     try:
         import anywidget  # noqa: F401  the live plots (paged.viz.liveplot) are anywidgets
         import ipywidgets  # noqa: F401

@@ -1,9 +1,6 @@
-"""Block compaction on the block grid: the pool before and after one pass, coloured by owner.
-
-``compaction_grids`` draws the two snapshots of a ``paged.studies.compaction.CompactionDemo``
-with the block-grid layout and hover text of ``paged.viz.figures.grid_data``: each live block is
-coloured by the request that owns it (first holder), so a contiguous table is one unbroken
-stripe; free blocks are light grey, cached-free blocks light blue.
+"""Block compaction on the block grid: ``compaction_grids`` draws a ``CompactionDemo``'s two
+snapshots with ``grid_data``'s layout and hover text, each live block coloured by its owner (first
+holder), so a contiguous table is one unbroken stripe; free light grey, cached-free light blue.
 """
 from __future__ import annotations
 
@@ -15,6 +12,7 @@ from plotly.subplots import make_subplots
 
 from paged.core.snapshot import STATE_CACHED, STATE_FREE, KVSnapshot
 from .figures import grid_data
+from .pool_figures import legend_squares, state_colorscale
 
 if TYPE_CHECKING:
     from paged.studies.compaction import CompactionDemo
@@ -38,12 +36,6 @@ def _owner_z(snap: KVSnapshot, d: dict) -> np.ndarray:
     return z.reshape(rows, cols)
 
 
-def _colorscale() -> list[list]:
-    colors = (FREE_COLOR, CACHED_COLOR, *OWNER_COLORS)
-    n = len(colors)
-    return [x for i, c in enumerate(colors) for x in ([i / n, c], [(i + 1) / n, c])]
-
-
 def compaction_grids(demo: CompactionDemo, cols: int | None = None, page: int = 0) -> go.Figure:
     """Before/after block-pool grids of one pass (one page each), cells coloured by owner."""
     p = demo.plan
@@ -56,14 +48,13 @@ def compaction_grids(demo: CompactionDemo, cols: int | None = None, page: int = 
         d = grid_data(snap, cols, page)
         fig.add_trace(go.Heatmap(z=_owner_z(snap, d).tolist(), text=d["text"],
                                  hovertemplate="%{text}<extra></extra>", zmin=-0.5, zmax=n - 0.5,
-                                 colorscale=_colorscale(), showscale=False, xgap=1, ygap=1,
+                                 colorscale=state_colorscale((FREE_COLOR, CACHED_COLOR, *OWNER_COLORS)), showscale=False, xgap=1, ygap=1,
                                  name="before" if row == 1 else "after"), row=row, col=1)
         fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, range=[-0.5, d["cols"] - 0.5],
                          row=row, col=1)
         fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False, row=row, col=1)
-    for name, color in (("free", FREE_COLOR), ("cached-free", CACHED_COLOR), ("live: colour = owner", OWNER_COLORS[0])):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
-                                 marker=dict(size=10, color=color, symbol="square")))
+    fig.add_traces(legend_squares((("free", FREE_COLOR), ("cached-free", CACHED_COLOR),
+                                   ("live: colour = owner", OWNER_COLORS[0]))))
     rows = grid_data(demo.before, cols, page)["rows"]
     fig.update_layout(title=f"block compaction: {demo.before.num_blocks} blocks of {demo.before.block_size} tokens, "
                             f"{p.num_requests} running requests",

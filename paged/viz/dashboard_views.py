@@ -1,8 +1,6 @@
-"""The figures of a dashboard's views: built once (``build_views``), then their time series
-rewritten in place at each frame (``update_series``); the pool views (grid, tables) are drawn by
-``paged.viz.live.Dashboard`` from snapshots.
-
-Views: "grid", "tables", "usage", "timeline", "latency", "prefix".
+"""The figures of a dashboard's views ("grid", "tables", "usage", "timeline", "latency", "prefix"):
+built once (``build_views``), then rewritten in place at each frame (``update_series`` for the time
+series, ``redraw_pool`` for the grid and tables from a snapshot).
 """
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from . import figures as F
+from .buffers import counts_text
 
 __all__ = ["VIEWS", "build_views", "update_series"]
 
@@ -27,6 +26,31 @@ def table_rows(run, max_requests: int) -> int:
     return max(1, min(max_requests, n)) if n else max_requests
 
 
+def fix_table_rows(fig, rows: int) -> None:
+    """A fixed frame for a live block-tables figure: rows keep their height as requests come and go."""
+    fig.update_layout(height=26 * rows + 100)
+    fig.update_yaxes(autorange=False, range=[rows - 0.5, -0.5])
+
+
+def redraw_pool(figs: dict, snap, grid_title: str, tables_title: str, *, cols: int | None = None, page: int = 0,
+                decoder=None, selected: str | None = None, max_requests: int = 12) -> None:
+    """Rewrite the "grid" and "tables" figures in ``figs`` (those present) from ``snap``, one batch_update each."""
+    if "grid" in figs:
+        g = F.grid_data(snap, cols, page, decoder, selected)
+        with figs["grid"].batch_update():
+            figs["grid"].data[0].z, figs["grid"].data[0].text = g["z"], g["text"]
+            figs["grid"].data[1].x, figs["grid"].data[1].y = g["hl_x"], g["hl_y"]
+            # the counts as a subtitle: on one line they ran past the figure's edge and under the modebar
+            figs["grid"].layout.title.text = grid_title
+            figs["grid"].layout.title.subtitle.text = counts_text(snap)
+    if "tables" in figs:
+        t = F.tables_data(snap, max_requests, selected)
+        with figs["tables"].batch_update():
+            tr = figs["tables"].data[0]
+            tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
+            figs["tables"].layout.title.text = tables_title
+
+
 def build_views(views: Sequence[str], run, snap, steps, *, cols: int | None, page: int, decoder, selected,
                 max_requests: int) -> dict[str, go.Figure]:
     """One figure per view, from the run's snapshot and step rows so far."""
@@ -37,9 +61,7 @@ def build_views(views: Sequence[str], run, snap, steps, *, cols: int | None, pag
         elif v == "tables":
             rows = table_rows(run, max_requests)
             out[v] = F.block_tables(snap, rows, selected)
-            # a fixed frame: rows keep their height as requests come and go
-            out[v].update_layout(height=26 * rows + 100)
-            out[v].update_yaxes(autorange=False, range=[rows - 0.5, -0.5])
+            fix_table_rows(out[v], rows)
         elif v == "usage":
             out[v] = F.usage_over_time(steps)
         elif v == "timeline":

@@ -1,13 +1,9 @@
 """Views of a real server (paged.connect): the prefix forest, usage and hit rate beside our engine,
-the miss map; and ``ServerView``, the live dashboard that redraws them while the server runs.
+the miss map (pure: DataFrames -> ``go.Figure``), and ``ServerView``, the live dashboard of them.
 
     fig = prefix_forest(src.forest_frame())              # icicle: the cache on top, one cell per block
     fig = server_vs_engine(src.server_frame(), {"ours": engine_steps_df})
     fig = miss_map(ledger.frame())                        # requests x blocks, colored by reason
-    view = ServerView(src, engine_run=run); view          # LivePlots, redrawn at <= fps
-
-Pure builders take DataFrames (``PrefixForest.frame``, ``ServerSource.server_frame``, a
-``paged.telemetry`` steps frame, ``paged.connect.misses.MISS_COLUMNS``) and return ``go.Figure``s.
 """
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ from plotly.subplots import make_subplots
 
 from paged.connect import misses as M
 
+from .pool_figures import legend_squares, state_colorscale
 from .sizing import count_axis
 
 STATE_COLORS = {"live": "#3b6fb6", "evicted": "#e6550d", "cleared": "#bdbdbd"}
@@ -145,17 +142,12 @@ def miss_map(misses: pd.DataFrame, *, max_requests: int = 40, title: str = "why 
         z[i, j] = code[r.status]
         text[i][j] = f"{r.request_id} block {j}: {r.status}" + (f"<br>{r.detail}" if r.detail else "")
     n = max(len(statuses), 1)
-    scale = []
-    for i, s in enumerate(statuses):
-        c = MISS_COLORS.get(s, "#999999")
-        scale += [[i / n, c], [(i + 1) / n, c]]
+    colors = [(s, MISS_COLORS.get(s, "#999999")) for s in statuses]
     zl = np.where(np.isnan(z), None, z).tolist()
     fig = go.Figure(go.Heatmap(z=zl, x=list(range(nblk)), y=reqs, text=text, hoverinfo="text",
-                               colorscale=scale or [[0, "#fff"], [1, "#fff"]], zmin=-0.5, zmax=n - 0.5,
-                               showscale=False, xgap=1, ygap=1))
-    for s in statuses:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=s, showlegend=True,
-                                 marker=dict(size=10, color=MISS_COLORS.get(s, "#999999"), symbol="square")))
+                               colorscale=state_colorscale([c for _, c in colors]) or [[0, "#fff"], [1, "#fff"]],
+                               zmin=-0.5, zmax=n - 0.5, showscale=False, xgap=1, ygap=1))
+    fig.add_traces(legend_squares(colors))
     fig.update_layout(title=title, xaxis_title="prompt block", yaxis=dict(autorange="reversed"),
                       height=max(220, 24 * len(reqs) + 120), margin=dict(l=80, r=10, t=50, b=40),
                       plot_bgcolor="#ffffff")
@@ -177,10 +169,9 @@ def status_panel(source: Any) -> str:
 
 
 class ServerView:
-    """Live figures over a ``ServerSource`` (and optionally an engine run on the same workload):
-    the prefix forest, usage/hit rate beside our engine, the status line. ``refresh()`` redraws
-    once; ``play(fps)`` redraws in a background asyncio task; ``run_for(seconds)`` blocks (headless).
-    Without ipywidgets/anywidget, the figures are static (``figures``)."""
+    """Live figures over a ``ServerSource`` (and optionally an engine run on the same workload): the prefix
+    forest, usage/hit rate beside our engine, the status line; ``refresh()`` once, ``play()`` in an asyncio
+    task, ``run_for(seconds)`` blocking. Without ipywidgets/anywidget the figures are static."""
 
     def __init__(self, source: Any, engine_run: Any = None, *, engine_label: str = "ours", fps: float = 2.0,
                  max_nodes: int = 400) -> None:

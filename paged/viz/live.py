@@ -1,19 +1,15 @@
 """Live dashboards: live plots that follow a run (paged.runs) while it steps.
 
-    dash = Dashboard(run, views=("grid", "tables", "usage", "timeline"))
-    dash                       # panel + figures; press play (a background asyncio task)
+    dash = Dashboard(run, views=("grid", "tables", "usage", "timeline")); dash   # press play
     dash.run_to_completion()   # or step it to the end from the cell (headless execution)
 
-Invariants: at most `fps` frames per second are drawn whatever the step rate, and drawing takes
-at most about `draw_share` of the wall time (a frame is due when both 1/fps and
-(1/draw_share - 1) x the last frame's cost have passed since it; the last step is always drawn); every frame is one
-`batch_update()` per figure; time series come from fixed-size ring buffers whose arrays are
-assigned whole (never appended to). Counting never depends on drawing: the run records every
-step whether or not a frame is drawn. Plots are `liveplot.LivePlot`s, not plotly's FigureWidget
-(whose 5 MB-per-model ESM can miss anywidget's 2-s start-up window on a busy machine, after which
-the browser drops all of that plot's data: an empty plot for good; see liveplot.py). They are
-displayed one by one, never inside a Box (plotly #4998). Without ipywidgets/anywidget the dashboard
-shows static figures and says so.
+Invariants: at most `fps` frames a second whatever the step rate, and drawing about `draw_share`
+of the wall time (a frame is due when 1/fps and (1/draw_share - 1) x the last frame's cost have both
+passed; the last step is always drawn); one `batch_update()` per figure per frame; time series from
+fixed-size ring buffers assigned whole. Counting never depends on drawing: the run records every
+step. Plots are `liveplot.LivePlot`s, not FigureWidgets (whose 5 MB ESM can miss anywidget's 2-s
+start-up window on a busy machine: an empty plot for good; see liveplot.py), displayed one by one,
+never inside a Box (plotly #4998). Without ipywidgets/anywidget: static figures, and a note.
 """
 from __future__ import annotations
 
@@ -27,25 +23,22 @@ import plotly.graph_objects as go
 
 from paged.telemetry import STEP_COLUMNS
 from . import figures as F
-from .buffers import CachedDecoder, RingBuffer, counts_text as _counts, widgets_available
-from .dashboard_views import VIEWS, build_views, table_rows, update_series
+from .buffers import CachedDecoder, RingBuffer, widgets_available
+from .dashboard_views import VIEWS, build_views, redraw_pool, table_rows, update_series
 from .replay_view import ReplayView
 
 SNAPSHOT_BUDGET_BYTES = 64 << 20
+"""What a dashboard lets its run keep in snapshots (for the story of the finished run)."""
 STORY_EVERY_S = 1.0
 """How often a live frame also redraws the key-moments strip (it reads all the run's rows)."""
-"""What a dashboard lets its run keep in snapshots (for the story of the finished run)."""
 
 __all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "widgets_available"]
 
 
-
 class Dashboard:
-    """Live figures and a control panel over `run` (a `paged.runs.Run`).
-
-    `settings`: cache settings shown in the panel (name -> initial value; applied on reset
-    via `run.fresh(**settings)`); `workload`: (builder, kwargs) whose int kwargs get sliders,
-    rebuilt on reset as `builder(run.tokenizer, **kwargs)`."""
+    """Live figures and a control panel over `run` (a `paged.runs.Run`). `settings`: cache settings shown in
+    the panel (name -> initial value; applied on reset via `run.fresh(**settings)`); `workload`: (builder,
+    kwargs) whose int kwargs get sliders, rebuilt on reset as `builder(run.tokenizer, **kwargs)`."""
 
     def __init__(self, run, views: Sequence[str] = ("grid", "tables", "usage", "timeline"), *, fps: float = 15.0,
                  steps_per_second: float | None = None, history: int = 4096, cols: int | None = None,
@@ -170,20 +163,9 @@ class Dashboard:
         if snap is None:
             return
         when = f"step {snap.step}" if step is None else f"step {snap.step} (replayed)"  # the snapshot's own step
-        if "grid" in figs:
-            g = F.grid_data(snap, self.cols, self.page, self._decoder, self.selected)
-            with figs["grid"].batch_update():
-                figs["grid"].data[0].z, figs["grid"].data[0].text = g["z"], g["text"]
-                figs["grid"].data[1].x, figs["grid"].data[1].y = g["hl_x"], g["hl_y"]
-                # the counts as a subtitle: on one line they ran past the figure's edge and under the modebar
-                figs["grid"].layout.title.text = f"pool at {when} ({snap.num_blocks}×{snap.block_size} tokens)"
-                figs["grid"].layout.title.subtitle.text = _counts(snap)
-        if "tables" in figs:
-            t = F.tables_data(snap, table_rows(run, self.max_requests), self.selected)
-            with figs["tables"].batch_update():
-                tr = figs["tables"].data[0]
-                tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
-                figs["tables"].layout.title.text = f"block tables at {when} (cell = physical block id)"
+        redraw_pool(figs, snap, f"pool at {when} ({snap.num_blocks}×{snap.block_size} tokens)",
+                    f"block tables at {when} (cell = physical block id)", cols=self.cols, page=self.page,
+                    decoder=self._decoder, selected=self.selected, max_requests=table_rows(run, self.max_requests))
 
     def show_step(self, step: int) -> None:
         """Show the pool as it was after `step` (its kept snapshot; the nearest earlier one if it
@@ -278,14 +260,9 @@ class Dashboard:
         if self._playing or self.run.done:
             return self._task
         try:
-            loop = asyncio.get_running_loop()
+            loop = asyncio.get_event_loop()  # the running loop where there is one (Jupyter)
         except RuntimeError:
             loop = None
-        if loop is None:
-            try:
-                loop = asyncio.get_event_loop()
-            except RuntimeError:
-                loop = None
         if loop is None or not loop.is_running():
             self.run_to_completion()  # no event loop to run in (a script): finish here
             return None

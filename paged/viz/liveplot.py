@@ -1,27 +1,19 @@
 """LivePlot: a plotly figure in the browser that the kernel redraws, robust to a slow page.
 
-Why not ``go.FigureWidget``: plotly >= 6 builds it on anywidget with a 5 MB ESM (plotly.js
-inside) that each FigureWidget model imports on its own, and anywidget 0.11 gives a model 2 s
-to load its ESM and initialize. On a busy machine (or a CPU-throttled browser) the import takes
-longer; the model's ``ready`` promise rejects and from then on the front end drops every message
-of that model -- including the figure's data, which plotly sends as an update right after the
-comm opens. The plot stays an empty pair of axes for good (seen in JupyterLab on the 2-core CI
-machine; reproduced deterministically with Chromium's CPU throttling x12).
+Why not ``go.FigureWidget``: plotly >= 6 builds it on anywidget with a 5 MB ESM (plotly.js inside)
+that each model imports on its own, and anywidget 0.11 gives a model 2 s to load its ESM. On a busy
+machine (or a CPU-throttled browser) it takes longer, the model's ``ready`` promise rejects and the
+front end drops every later message of that model, the figure's data included: empty axes for good
+(seen in JupyterLab on the 2-core CI machine; reproduced with Chromium's CPU throttling x12).
 
-LivePlot's ESM is a few hundred bytes. plotly.js (the copy plotly.py ships, ~4.8 MB) lives in
-ONE hidden ``PlotlyLibrary`` widget per kernel that every LivePlot references, so it crosses the
-websocket once per page (not once per plot) and is evaluated once, in the first view's render.
-
-A small ESM is not enough on its own: evaluating plotly.js blocks the page's main thread for
-seconds when its CPU is throttled 12-20x, and a LivePlot model that was still starting then
-misses the same 2-s window ("[anywidget] Failed to initialize model."): its view draws the
-opening figure and never another frame. So the frames do not travel as an anywidget trait: the
-figure (one JSON string) is the state of a ``FigureState``, a plain ipywidgets model (the base
-``WidgetModel``, no view, no ESM) that anywidget's start-up cannot gate; the LivePlot references
-it, and its view listens to it. Every frame sends the whole figure as one message
-(``batch_update``); the view redraws with ``Plotly.react`` at most once per animation frame. A
-view created later (a re-render, a second display, Voila) draws the current figure. Clicks come
-back as messages from the view (``on_click``; front-end-to-kernel messages are not gated).
+So LivePlot's ESM is a few hundred bytes, and plotly.js (the copy plotly.py ships, ~4.8 MB) lives in
+ONE hidden ``PlotlyLibrary`` widget per kernel: it crosses the websocket and is evaluated once per
+page. Evaluating it still blocks the page for seconds under 12-20x throttling, and a LivePlot model
+starting then misses the same 2-s window; so frames do not travel as an anywidget trait but as the
+state of a ``FigureState`` (a plain ipywidgets model, no view, no ESM, which anywidget's start-up
+cannot gate) that the LivePlot's view listens to. Each frame is the whole figure in one message
+(``batch_update``), redrawn with ``Plotly.react`` at most once per animation frame; a view created
+later (re-render, Voila) draws the current figure. Clicks come back as messages (not gated).
 
 Invariant: ``self.figure`` (a ``go.Figure``) is the truth; the browser shows the last figure sent.
 """

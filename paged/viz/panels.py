@@ -1,8 +1,7 @@
 """The control panel of a live dashboard: play / pause / step / reset, speed, settings.
 
-`ControlPanel(dash)` builds ipywidgets bound to a `paged.viz.live.Dashboard`; it holds no run
-state itself. Cache settings (EngineConfig / SimConfig field names) and workload settings apply
-on Reset, which builds a fresh run with them; speed applies at once.
+`ControlPanel(dash)` holds no run state: cache settings (EngineConfig / SimConfig field names) and
+workload settings apply on Reset, which builds a fresh run with them; speed applies at once.
 """
 from __future__ import annotations
 
@@ -16,11 +15,10 @@ TOKENS_HINT = "<i>click a block to see its request and tokens</i>"
 
 
 class ScrollAnchor(anywidget.AnyWidget):
-    """An invisible mark at the top of a dashboard: each increment of ``scroll`` scrolls the page
-    so the mark is at the top of the view (a run starting under Run All brings its dashboard in),
-    and keeps it there for a few seconds while the dashboard renders (until the person scrolls).
-    The page records the requests it carried out (``scrolled``), so a view that renders only after
-    the run began (a busy page, a Voilà page still arriving) still scrolls, once."""
+    """An invisible mark at the top of a dashboard: each increment of ``scroll`` scrolls it to the top of
+    the view (Run All brings a starting run's dashboard in) and holds it there while the dashboard renders,
+    until the person scrolls. The page records the requests it carried out (``scrolled``), so a view that
+    renders after the run began (a busy page, a Voilà page still arriving) still scrolls, once."""
 
     _esm = """
     const HOLD_MS = 30000;  // keep the mark at the top while the dashboard below it renders
@@ -126,12 +124,8 @@ class ControlPanel:
         self.widget = W.VBox(rows)
 
     def _on_play(self, change) -> None:
-        if change["new"]:
-            self.play.description, self.play.icon = "pause", "pause"
-            self.dash.play()
-        else:
-            self.play.description, self.play.icon = "play", "play"
-            self.dash.pause()
+        self.play.description = self.play.icon = "pause" if change["new"] else "play"
+        (self.dash.play if change["new"] else self.dash.pause)()
 
     def values(self) -> dict[str, Any]:
         out = {k: w.value for k, w in self.settings.items()}

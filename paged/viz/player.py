@@ -1,11 +1,9 @@
 """Player: a play/pause button and a step slider that tick in the browser.
 
-The ticking happens in the page (a timer in the widget's front end), so a replay keeps moving
-after the notebook finished running and on a Voilà page. Unlike ``ipywidgets.Play``, whose
-timer starts only when ``playing`` *changes* in a rendered view (so ``Play(playing=True)`` made
-in the kernel shows ⏸ and never moves), ``autoplay`` starts this one the first time a view of
-it renders. The kernel reads and writes ``value`` like any widget trait; moving the slider by
-hand pauses the player.
+The timer runs in the page, so a replay keeps moving after the notebook finished and on a Voilà
+page. Unlike ``ipywidgets.Play`` (whose timer starts only when ``playing`` *changes* in a rendered
+view, so ``Play(playing=True)`` never moves), ``autoplay`` starts this one when a view first
+renders. The kernel reads and writes ``value``; moving the slider by hand pauses the player.
 
 Invariants: one timer per widget model whatever the number of views; ``min <= value <= max``.
 """

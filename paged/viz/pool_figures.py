@@ -1,11 +1,9 @@
-"""Figures of the pool itself, from a snapshot: the block grid, the block tables, a contiguous
-cache's grid (pure: snapshot -> plotly `go.Figure`; each `*_data` returns the arrays a live view
-assigns in place).
+"""Figures of the pool from a snapshot: the block grid, the block tables, a contiguous cache's grid
+(pure: snapshot -> `go.Figure`; each `*_data` returns the arrays a live view assigns in place).
 
-Every figure sizes itself from its content (`paged.viz.sizing`): heatmap rows at least 12 px. A
-block grid draws at most `MAX_CELLS` cells: a larger pool is drawn whole with `blocks_per_cell`
-consecutive blocks per cell, coloured by the share of them in use (a density), so a 30,000-block
-pool is one readable picture, not 8 pages of 64 x 64.
+Figures size themselves from their content (`paged.viz.sizing`; heatmap rows >= 12 px). A grid
+draws at most `MAX_CELLS` cells: a larger pool is drawn whole, `blocks_per_cell` blocks per cell
+coloured by the share in use, so a 30,000-block pool is one readable picture, not 8 pages of 64 x 64.
 """
 from __future__ import annotations
 
@@ -33,17 +31,18 @@ NAN = float("nan")
 def state_colorscale(colors: Sequence[str] = STATE_COLORS) -> list[list]:
     """A stepped colourscale: code i (with zmin=-0.5, zmax=len-0.5) gets colors[i] exactly."""
     n = len(colors)
-    scale = []
-    for i, c in enumerate(colors):
-        scale += [[i / n, c], [(i + 1) / n, c]]
-    return scale
+    return [x for i, c in enumerate(colors) for x in ([i / n, c], [(i + 1) / n, c])]
+
+
+def legend_squares(items: Sequence[tuple[str, str]]) -> list[go.Scatter]:
+    """Invisible markers that give a heatmap a discrete legend: one square per (name, colour)."""
+    return [go.Scatter(x=[None], y=[None], mode="markers", name=name, showlegend=True,
+                       marker=dict(size=10, color=color, symbol="square")) for name, color in items]
 
 
 def _legend_traces(states: Sequence[int] = PAGED_STATES) -> list[go.Scatter]:
-    """Invisible markers that give the heatmap a discrete legend: one per state that can occur."""
-    return [go.Scatter(x=[None], y=[None], mode="markers", name=STATE_NAMES[i], showlegend=True,
-                       marker=dict(size=10, color=STATE_COLORS[i], symbol="square"))
-            for i in states]
+    """The legend of the states that can occur."""
+    return legend_squares([(STATE_NAMES[i], STATE_COLORS[i]) for i in states])
 
 
 def blocks_per_cell(num_blocks: int) -> int:
@@ -81,13 +80,11 @@ def _row_px(rows: int) -> int:
 
 def grid_data(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokenizer=None,
               highlight: str | None = None) -> dict:
-    """z, hover text and cell coordinates of the grid of `snap`'s pool.
-
-    One block per cell: z is the state code (STATE_*). Pools above MAX_CELLS blocks: each cell
-    holds `blocks_per_cell` consecutive blocks and z is the share of them holding KV (ref > 0),
-    0..1. `x` (cell centres in block columns) and `y` (rows) place the cells, so a click at
-    (x, y) maps to block y * cols + int(x) either way. Keys: z, text, x, y, rows, cols (cells
-    per row), first, last, hl_x, hl_y, num_pages, blocks_per_cell, dense."""
+    """z, hover text and cell coordinates of the grid of `snap`'s pool. One block per cell: z is the state code
+    (STATE_*). Pools above MAX_CELLS blocks: each cell holds `blocks_per_cell` consecutive blocks and z is the
+    share of them holding KV (ref > 0), 0..1. `x` (cell centres in block columns) and `y` (rows) place the
+    cells, so a click at (x, y) maps to block y * cols + int(x) either way. Keys: z, text, x, y, rows, cols
+    (cells per row), first, last, hl_x, hl_y, num_pages, blocks_per_cell, dense."""
     k = blocks_per_cell(snap.num_blocks)
     rows, bcols = grid_shape(snap.num_blocks, cols)
     if k > 1:
@@ -167,8 +164,7 @@ def block_grid(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokeniz
                                          line=dict(width=2)),
                              name="selected request"))
     if not d["dense"]:
-        for t in _legend_traces():
-            fig.add_trace(t)
+        fig.add_traces(_legend_traces())
     pages = f" · page {page + 1}/{d['num_pages']} (blocks {d['first']}-{d['last'] - 1})" if d["num_pages"] > 1 else ""
     per = f" · {k} blocks per cell" if k > 1 else ""
     fig.update_layout(title=title or f"block pool at step {snap.step}: {snap.num_blocks:,} blocks of "
@@ -231,8 +227,7 @@ def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int |
     fig = go.Figure(go.Heatmap(z=_json_grid(z.reshape(rows, cols)), zmin=-0.5, zmax=len(STATE_COLORS) - 0.5,
                                colorscale=state_colorscale(), showscale=False, xgap=1, ygap=1,
                                hovertemplate="cell %{x},%{y}: %{z}<extra></extra>"))
-    for t in _legend_traces(CONTIGUOUS_STATES):
-        fig.add_trace(t)
+    fig.add_traces(_legend_traces(CONTIGUOUS_STATES))
     pct = 100 * snap.num_filled / snap.num_reserved if snap.num_reserved else 0.0
     fig.update_layout(title=title or f"contiguous reservations: {snap.num_reserved:,} slots reserved, "
                       f"{snap.num_filled:,} hold tokens ({pct:.0f}%)",

@@ -1,26 +1,24 @@
 """ReplayView: a finished run (or a saved recording) replayed from the snapshots it kept.
 
-The pool and tables at each step, a player that starts by itself once the view is shown and ticks
-in the browser (so it animates after the notebook finished, and in Voilà), the run's key moments
-(click one to jump there) and its summary (``paged.viz.story``). Deterministic: step k always
-shows the snapshot kept at or before step k.
+The pool and tables at each step, a player that starts by itself once shown and ticks in the
+browser (so it animates after the notebook finished, and in Voilà), the run's key moments (click one
+to jump there) and its summary (``paged.viz.story``). Deterministic: step k always shows the
+snapshot kept at or before step k.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 from . import figures as F
-from .buffers import counts_text as _counts, widgets_available
+from .buffers import widgets_available
+from .dashboard_views import fix_table_rows, redraw_pool
 
 __all__ = ["ReplayView"]
 
 
 class ReplayView:
-    """Replay the snapshots a finished run kept (`run.keep_snapshots`) or a `paged.replay.Recording`:
-    the pool and tables at each step, a player that starts by itself once the view is shown and
-    ticks in the browser (so it animates after the notebook finished, and in Voilà), the run's key
-    moments (click one to jump there) and its summary. Deterministic: step k always shows the
-    snapshot kept at or before step k."""
+    """Replay the snapshots a finished run kept (`run.keep_snapshots`) or a `paged.replay.Recording`
+    (see the module docstring)."""
 
     def __init__(self, run, views: Sequence[str] = ("grid", "tables"), *, interval_ms: int = 300,
                  autoplay: bool = True, cols: int | None = None, max_requests: int = 12) -> None:
@@ -33,8 +31,7 @@ class ReplayView:
         self.figures = {"grid": F.block_grid(first, cols), "tables": F.block_tables(first, max_requests)}
         self.figures = {k: v for k, v in self.figures.items() if k in self.views}
         if "tables" in self.figures:
-            self.figures["tables"].update_layout(height=26 * max_requests + 100)
-            self.figures["tables"].update_yaxes(autorange=False, range=[max_requests - 0.5, -0.5])
+            fix_table_rows(self.figures["tables"], max_requests)
         self.no_widgets = widgets_available()
         self.story = None
         if self.no_widgets is None:
@@ -47,19 +44,8 @@ class ReplayView:
         self.show_step(self.steps[0] if autoplay else self.steps[-1])
 
     def show_step(self, step: int) -> None:
-        snap = self.run.snapshot_at(step)
-        if "grid" in self.figures:
-            g = F.grid_data(snap, self.cols, 0, None, None)
-            with self.figures["grid"].batch_update():
-                self.figures["grid"].data[0].z, self.figures["grid"].data[0].text = g["z"], g["text"]
-                self.figures["grid"].layout.title.text = f"replay: block pool at step {step}"
-                self.figures["grid"].layout.title.subtitle.text = _counts(snap)
-        if "tables" in self.figures:
-            t = F.tables_data(snap, self.max_requests)
-            with self.figures["tables"].batch_update():
-                tr = self.figures["tables"].data[0]
-                tr.z, tr.text, tr.customdata, tr.y, tr.x = t["z"], t["text"], t["hover"], t["y"], t["x"]
-                self.figures["tables"].layout.title.text = f"replay: block tables at step {step}"
+        redraw_pool(self.figures, self.run.snapshot_at(step), f"replay: block pool at step {step}",
+                    f"replay: block tables at step {step}", cols=self.cols, max_requests=self.max_requests)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

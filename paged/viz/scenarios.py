@@ -1,11 +1,8 @@
 """A scenario picker for the tour (notebook 00): choose a mechanism, press run, watch it live.
 
-    scenario_panel(run)   # ipywidgets: scenario dropdown, its description, a run button; the
-                          # live dashboard of the chosen scenario appears below and plays
-
-Each press builds a fresh run with `paged.studies.tour.scenario_run` (same loaded model, new
-engine) and a `paged.viz.live.Dashboard` over it, replacing the previous one, and plays it in the
-background (the kernel stays responsive). Without widgets it says so and shows nothing else.
+``scenario_panel(run)``: each press builds a fresh run (`paged.studies.tour.scenario_run`, same
+loaded model) and a `paged.viz.live.Dashboard` over it, replacing the previous one, and plays it in
+the background (the kernel stays responsive). Without widgets it says so and shows nothing else.
 """
 from __future__ import annotations
 

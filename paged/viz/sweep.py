@@ -1,21 +1,14 @@
-"""Figures of a sweep (``paged.sweep``'s table) and a live view that fills them as points arrive.
-
-Pure figures (DataFrame -> ``go.Figure``; failed points are left out, "ok" rows only)::
+"""Figures of a sweep (``paged.sweep``'s table; "ok" rows only) and a live view that fills them::
 
     heatmap(df, x="rate", y="block_size", z="throughput_tok_s", agg="max")   # best over the other axes
     parallel_coordinates(df, dims=["rate", "block_size", "kv_cache_dtype"], color="tbt_p99_s")
     pareto(df, x="tbt_p99_s", y="throughput_tok_s", minimize=["tbt_p99_s"], maximize=["throughput_tok_s"])
+    view = SweepView("throughput_tok_s", x="rate", y="block_size", grid=grid); view
+    df = paged.sweep("simulate", grid, on_result=view.add); view.draw()      # or live_sweep(...) in one call
 
-Live (the conventions of ``paged.viz.live``: ``liveplot.LivePlot``s displayed one by one, each
-frame one ``batch_update()``, at most ``fps`` frames per second and about ``draw_share`` of the
-wall time spent drawing; the last point is drawn by ``draw()``; static figures, with a note, where
-widgets are unavailable)::
-
-    view = SweepView("throughput_tok_s", x="rate", y="block_size", dims=[...], grid=grid)
-    view                                                   # displays the (empty) figures
-    df = paged.sweep("simulate", grid, on_result=view.add) # they fill as points finish
-    view.draw()                                            # the final frame
-    df = live_sweep("simulate", grid, "throughput_tok_s", x="rate", y="block_size")  # all three in one call
+The live view keeps ``paged.viz.live``'s conventions: ``LivePlot``s displayed one by one, one
+``batch_update()`` per frame, at most ``fps`` frames a second and about ``draw_share`` of the wall
+time drawing; static figures, with a note, where widgets are unavailable.
 """
 from __future__ import annotations
 
@@ -162,12 +155,11 @@ def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), mi
 
 
 class SweepView:
-    """Figures that fill as a sweep's points arrive (``paged.sweep(..., on_result=view.add)``).
-
-    ``metric``: the result column coloured; ``x``/``y``: the heatmap's axes (``agg`` over the
-    other parameters); ``dims``: the parallel-coordinates axes (default: ``x``, ``y``, ``metric``);
-    ``grid``: the sweep's dict-of-lists grid, so the heatmap shows every cell from the start.
-    Invariant: ``rows`` holds every row added, whether or not a frame was drawn."""
+    """Figures that fill as a sweep's points arrive (``paged.sweep(..., on_result=view.add)``). ``metric``: the
+    result column coloured; ``x``/``y``: the heatmap's axes (``agg`` over the other parameters); ``dims``: the
+    parallel-coordinates axes (default: ``x``, ``y``, ``metric``); ``grid``: the sweep's dict-of-lists grid, so
+    the heatmap shows every cell from the start. Invariant: ``rows`` holds every row added, whether or not a
+    frame was drawn."""
 
     def __init__(self, metric: str, *, x: str | None = None, y: str | None = None,
                  dims: Sequence[str] | None = None, kinds: Sequence[str] | None = None, agg: str = "mean",
@@ -198,13 +190,10 @@ class SweepView:
         if self.no_widgets is None:
             from .panels import ScrollAnchor
             self.anchor = ScrollAnchor()  # the first point brings the view into the window (Run All)
-        self.figures: dict[str, Any] = {}
-        for k, fig in self._static().items():
-            if self.no_widgets is None:
-                from .liveplot import LivePlot
-                self.figures[k] = LivePlot(fig)
-            else:
-                self.figures[k] = fig
+        self.figures: dict[str, Any] = self._static()
+        if self.no_widgets is None:
+            from .liveplot import LivePlot
+            self.figures = {k: LivePlot(f) for k, f in self.figures.items()}
 
     def frame(self) -> pd.DataFrame:
         """The rows so far as a DataFrame (all statuses)."""

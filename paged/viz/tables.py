@@ -1,13 +1,9 @@
-"""Tables that fit a laptop screen: a DataFrame -> a pandas Styler that wraps instead of overflowing.
+"""Tables that fit a laptop screen: ``fit_table(df)`` -> a pandas Styler that wraps instead of overflowing.
 
-    fit_table(df)              # headers wrap at words ('ttft_p50_ms' -> 'ttft p50 ms'), numbers
-                               # to 3 significant digits, long text cells wrap, no truncation
-    fit_table(df, columns=...) # only these columns, in this order
-
-A notebook shows a DataFrame with one column per unbreakable header: 15 snake_case headers are
-wider than a 1366-px screen and the last columns (often the one that matters, such as
-``outputs_identical``) scroll out of sight; pandas also cuts text cells at 50 characters.
-`fit_table` keeps every value, only its layout changes; `table_problems` of `tests/figure_check.py` measures it.
+A DataFrame shows one column per unbreakable header: 15 snake_case headers overflow a 1366-px
+screen and the last columns (often the one that matters, e.g. ``outputs_identical``) scroll out of
+sight; pandas also cuts text at 50 characters. `fit_table` wraps headers at words, shows numbers to
+3 significant digits and wraps long text, keeping every value (`table_problems` of `tests/figure_check.py` measures it).
 """
 from __future__ import annotations
 

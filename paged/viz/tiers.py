@@ -1,11 +1,7 @@
-"""Figures for notebook 08 (tiers, swap, sharing): pure functions, study DataFrame -> go.Figure.
-
-    tier_figure(paged.studies.host_tier.tier_study(...))        blocks moved and hit rates per variant
-    streaming_figure(paged.studies.offload.streaming_study(...)) throughput vs TBT of each streaming variant
-    sharing_figure(paged.studies.sharing.sharing_study(...))    cost vs memory saved (k pairs) and vs JS distance
-
-Each reads only the study's documented columns and draws what it finds (a study run at toy size
-still gives a figure); SVG traces only.
+"""Figures for notebook 08 (tiers, swap, sharing): pure, study DataFrame -> go.Figure, SVG traces only:
+``tier_figure`` (``host_tier.tier_study``), ``streaming_figure`` (``offload.streaming_study``),
+``sharing_figure`` (``sharing.sharing_study``). Each reads only the study's documented columns and
+draws what it finds (a toy-size study still gives a figure).
 """
 from __future__ import annotations
 
