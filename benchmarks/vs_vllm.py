@@ -136,16 +136,17 @@ def _top2_gap(d: dict) -> float:
 # ---- 2. scheduler questions -----------------------------------------------------------------------------
 def scheduler(model_dir, srv, prompts, max_tokens, pool, tmp: Path):
     ev = f"ipc://{tmp}/ours-events"
-    llm = make_ours(model_dir, pool, hash_fn=pc.vllm_sha256, kv_events_endpoint=ev, metrics_port=0)
-    ours_src = pc.connect(events=ev, metrics=llm.engine.vllm.metrics.url, poll_interval=0.2, warn=False)
+    llm = make_ours(model_dir, pool, hash_fn=pc.vllm_sha256)
+    speaker = pc.publish(llm, kv_events_endpoint=ev, metrics_port=0)
+    ours_src = pc.connect(events=ev, metrics=speaker.metrics.url, poll_interval=0.2, warn=False)
     vllm_src = pc.connect(events=srv.events_endpoint, replay=srv.replay_endpoint, topic=srv.topic,
                           metrics=srv.metrics_url, poll_interval=0.2, warn=False)
     try:
-        return scheduler_questions(llm, ours_src, srv, vllm_src, prompts, max_tokens)
+        return scheduler_questions(llm, speaker, ours_src, srv, vllm_src, prompts, max_tokens)
     finally:
         ours_src.close()
         vllm_src.close()
-        llm.engine.vllm.close()
+        speaker.close()
 
 
 # ---- 3. throughput -------------------------------------------------------------------------------------

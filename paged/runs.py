@@ -28,6 +28,7 @@ from paged.core import events as ev
 from paged.errors import ConfigError, PagedError
 
 from paged import telemetry
+from paged.story import MOMENT_COLUMNS
 from paged.telemetry import REQUEST_COLUMNS, STEP_COLUMNS
 
 __all__ = ["EngineRequest", "Run", "STEP_COLUMNS", "REQUEST_COLUMNS", "chat_workload", "interference_workload",
@@ -119,9 +120,7 @@ class Run(RecordFrames):
         peak = u > self._peak + 0.02 or (u > self._peak and u >= 0.999)
         if peak:
             self._peak = u
-        return bool(first_hit or peak or row["num_block_copies"] or row["num_preempted"]
-                    or row["num_swapped_out_blocks"] or row["num_swapped_in_blocks"] or row["num_tier_out_blocks"]
-                    or row["num_tier_in_blocks"] or row["num_compaction_copies"])
+        return bool(first_hit or peak or any(row[c] for c in MOMENT_COLUMNS.values()))
 
     def _after_step(self) -> None:
         k, n = self.snapshot_stride, len(self.rows)

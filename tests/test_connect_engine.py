@@ -1,4 +1,4 @@
-"""Our engine speaking vLLM's protocols (kv_events_endpoint, metrics_port) and explaining its
+"""Our engine speaking vLLM's protocols (paged.connect.speak: kv_events_endpoint, metrics_port) and explaining its
 misses (MissLedger), on a tiny random llama: what a subscriber sees is exactly the engine's
 prefix index; metrics carry vLLM's names and our counters; every miss has its reason."""
 from __future__ import annotations
@@ -33,9 +33,8 @@ def live_hashes(llm):
 
 def test_subscriber_sees_exactly_the_engine_prefix_index_with_evictions_and_reset(tiny, tmp_path):
     ev, rp = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp"
-    llm = paged.LLM(tiny, block_size=4, num_blocks=10, metrics_port=0,
-                    kv_events_endpoint={"endpoint": ev, "replay_endpoint": rp, "topic": "kv"})
-    sp = llm.engine.vllm
+    llm = paged.LLM(tiny, block_size=4, num_blocks=10)
+    sp = pc.publish(llm, metrics_port=0, kv_events_endpoint={"endpoint": ev, "replay_endpoint": rp, "topic": "kv"})
     with pc.connect(events=ev, replay=rp, topic="kv", metrics=sp.metrics.url, background=False) as src:
         llm.generate(prompts_with_prefix(4) + [list(range(200, 216))], GREEDY)
         kinds = [e[1] for e in llm.engine.recorder.events]
@@ -68,12 +67,13 @@ def test_published_blocks_chain_to_their_parents_as_the_engine_hashes_them(tiny,
     the one before it -- not only the same live set."""
     from paged.core.prefix_cache import BlockHasher
     ev = f"ipc://{tmp_path}/ev"
-    llm = paged.LLM(tiny, block_size=4, num_blocks=64, kv_events_endpoint=ev)
+    llm = paged.LLM(tiny, block_size=4, num_blocks=64)
+    speaker = pc.publish(llm, kv_events_endpoint=ev)
     hasher = BlockHasher(4, llm.engine.config.cache.hash_fn)
     prompts = prompts_with_prefix(3) + [list(range(200, 217))]
     with pc.connect(events=ev, background=False) as src:
         outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-        assert src.wait_until(lambda s: s.status["last_seq"] == llm.engine.vllm.publisher.seq - 1, 5)
+        assert src.wait_until(lambda s: s.status["last_seq"] == speaker.publisher.seq - 1, 5)
         f = src.forest
         assert f.live == live_hashes(llm) and f.unknown_removed == 0
         chains = []
@@ -90,33 +90,37 @@ def test_published_blocks_chain_to_their_parents_as_the_engine_hashes_them(tiny,
         # the shared 12-token prefix is one path of three nodes, the three tails below it; two roots in all
         assert chains[0][:3] == chains[1][:3] == chains[2][:3] != chains[3][:3]
         assert len(f.children[chains[0][2]]) == 3 and len(f.children[None]) == 2
-    llm.engine.vllm.close()
+    speaker.close()
 
 
 def test_host_tier_blocks_are_published_as_cpu_medium(tiny, tmp_path):
     ev = f"ipc://{tmp_path}/ev"
-    llm = paged.LLM(tiny, block_size=4, num_blocks=10, num_cpu_blocks=6, enable_host_tier=True,
-                    kv_events_endpoint=ev)
+    llm = paged.LLM(tiny, block_size=4, num_blocks=10, num_cpu_blocks=6, enable_host_tier=True)
+    speaker = pc.publish(llm, kv_events_endpoint=ev)
     with pc.connect(events=ev, background=False, medium=MEDIUM_CPU) as cpu:
         llm.generate(prompts_with_prefix(3, base=20) + prompts_with_prefix(3, base=60), GREEDY)
         assert llm.kv_manager.host.num_tier_out_blocks > 0
-        assert cpu.wait_until(lambda s: s.status["last_seq"] == llm.engine.vllm.publisher.seq - 1, 5)
+        assert cpu.wait_until(lambda s: s.status["last_seq"] == speaker.publisher.seq - 1, 5)
         assert cpu.forest.live == {to_int_hash(h) for h in llm.kv_manager.host.entries}
-    llm.engine.vllm.close()
+    speaker.close()
 
 
 def test_bad_settings_are_config_errors(tiny, tmp_path):
-    with pytest.raises(ConfigError, match="kv_events_endpoint"):
-        paged.LLM(tiny, block_size=4, num_blocks=8, kv_events_endpoint=5557)
-    with pytest.raises(ConfigError, match="unknown: nope"):
-        paged.LLM(tiny, block_size=4, num_blocks=8, kv_events_endpoint={"endpoint": "ipc://x", "nope": 1})
-    with pytest.raises(ConfigError, match="metrics_port"):
-        paged.LLM(tiny, block_size=4, num_blocks=8, metrics_port=-1)
-    with pytest.raises(ConfigError, match="replay endpoint"):
-        paged.LLM(tiny, block_size=4, num_blocks=8,
-                  kv_events_endpoint={"endpoint": f"ipc://{tmp_path}/e", "replay_endpoint": "tcp://127.0.0.1:1"})
     llm = paged.LLM(tiny, block_size=4, num_blocks=8)
-    assert llm.engine.vllm is None  # nothing configured: the engine is untouched
+    recorder = llm.engine.recorder
+    with pytest.raises(ConfigError, match="kv_events_endpoint"):
+        pc.publish(llm, kv_events_endpoint=5557)
+    with pytest.raises(ConfigError, match="unknown: nope"):
+        pc.publish(llm, kv_events_endpoint={"endpoint": "ipc://x", "nope": 1})
+    with pytest.raises(ConfigError, match="metrics_port"):
+        pc.publish(llm, metrics_port=-1)
+    with pytest.raises(ConfigError, match="replay endpoint"):
+        pc.publish(llm, kv_events_endpoint={"endpoint": f"ipc://{tmp_path}/e", "replay_endpoint": "tcp://127.0.0.1:1"})
+    with pytest.raises(ConfigError, match="kv_events_endpoint .* or metrics_port"):
+        pc.publish(llm)
+    assert llm.engine.recorder is recorder  # every refusal left the engine untouched (no tap installed)
+    with pytest.raises(ConfigError, match="kv_events_endpoint"):  # not an engine setting any more
+        paged.LLM(tiny, block_size=4, num_blocks=8, kv_events_endpoint="ipc://x")
 
 
 def test_vllm_sha256_reproduces_the_known_server_hashes():
@@ -216,13 +220,14 @@ def test_entries_dropped_without_an_event_are_published_as_removed(tiny, tmp_pat
     """A failed step's never-written blocks leave the index silently (``BlockPool.uncache``); the
     next plan publishes them as removed, so consumers do not keep blocks the engine no longer has."""
     ev = f"ipc://{tmp_path}/ev"
-    llm = paged.LLM(tiny, block_size=4, num_blocks=32, kv_events_endpoint=ev)
+    llm = paged.LLM(tiny, block_size=4, num_blocks=32)
+    speaker = pc.publish(llm, kv_events_endpoint=ev)
     with pc.connect(events=ev, background=False) as src:
         llm.generate([list(range(10, 27))], GREEDY)
         pool = llm.kv_manager.pool
         victim = next(iter(pool.index.values()))
         assert pool.uncache(victim.block_id)
         llm.generate([[5, 6, 7]], GREEDY)  # any planned step reconciles
-        assert src.wait_until(lambda s: s.status["last_seq"] == llm.engine.vllm.publisher.seq - 1, 5)
+        assert src.wait_until(lambda s: s.status["last_seq"] == speaker.publisher.seq - 1, 5)
         assert src.forest.live == live_hashes(llm) and src.forest.num_removed == 1
-    llm.engine.vllm.close()
+    speaker.close()

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import paged
+import paged.connect as pc
 from paged.connect.wire import to_int_hash
 from paged.engine import SamplingParams
 
@@ -80,8 +81,8 @@ def tiny(tmp_path_factory):
 
 def test_a_consumer_written_for_vllm_reads_our_engine_unchanged(tiny, tmp_path):
     ev, rp, stop = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp", tmp_path / "stop"
-    llm = paged.LLM(tiny, block_size=4, num_blocks=10,
-                    kv_events_endpoint={"endpoint": ev, "replay_endpoint": rp, "topic": "kv-events"})
+    llm = paged.LLM(tiny, block_size=4, num_blocks=10)
+    speaker = pc.publish(llm, kv_events_endpoint={"endpoint": ev, "replay_endpoint": rp, "topic": "kv-events"})
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(VLLM_LOGGING_LEVEL="ERROR", OMP_NUM_THREADS="1")
     p = subprocess.Popen([str(vllm_python()), "-c", CONSUMER, ev, rp, "kv-events", str(stop)],
@@ -97,7 +98,7 @@ def test_a_consumer_written_for_vllm_reads_our_engine_unchanged(tiny, tmp_path):
         llm.generate([prefix + [150 + i] for i in range(3)], sp)
         for i in range(3):  # distinct prompts on a 10-block pool: cached blocks are evicted
             llm.generate([list(range(200 + 20 * i, 214 + 20 * i))], sp)
-        stop.write_text(str(llm.engine.vllm.publisher.seq - 1))
+        stop.write_text(str(speaker.publisher.seq - 1))
         out, err = p.communicate(timeout=240)
     finally:
         if p.poll() is None:
@@ -108,9 +109,9 @@ def test_a_consumer_written_for_vllm_reads_our_engine_unchanged(tiny, tmp_path):
     assert set(got["live"]) == {to_int_hash(h) for h in llm.kv_manager.pool.index}
     assert got["stored"] == kinds.count("cache_block") and got["removed"] == kinds.count("evict") > 0
     assert got["cleared"] == 1 and got["types"] == ["AllBlocksCleared", "BlockRemoved", "BlockStored"]
-    assert got["seqs"] == list(range(llm.engine.vllm.publisher.seq))
-    assert got["replayed"] == llm.engine.vllm.publisher.seq
-    llm.engine.vllm.close()
+    assert got["seqs"] == list(range(speaker.publisher.seq))
+    assert got["replayed"] == speaker.publisher.seq
+    speaker.close()
 
 
 def test_vllm_sha256_equals_vllm_hash_block_tokens():

@@ -7,7 +7,8 @@ Watching a real server::
 
 Our engine speaking vLLM's protocols (``hash_fn=paged.connect.vllm_sha256`` gives vLLM's hashes)::
 
-    llm = paged.LLM(block_size=32, kv_events_endpoint="tcp://*:5557", metrics_port=8001)
+    llm = paged.LLM(block_size=32)
+    speaker = paged.connect.publish(llm, kv_events_endpoint="tcp://*:5557", metrics_port=8001)
 
 Why a request missed: ``paged.connect.MissLedger(llm).frame()``, ``explain_server_prompt``.
 
@@ -25,7 +26,7 @@ _NAMES = {
     "connect": "source", "ServerSource": "source", "SERVER_COLUMNS": "source",
     "ConnectWarning": "subscriber", "KVEventSubscriber": "subscriber",
     "PrefixForest": "forest", "KVEventPublisher": "publisher", "MetricsExporter": "exporter",
-    "EngineSpeaker": "speak", "fetch_metrics": "metrics", "parse_metrics": "metrics",
+    "EngineSpeaker": "speak", "publish": "speak", "fetch_metrics": "metrics", "parse_metrics": "metrics",
     "vllm_sha256": "vllm_hash", "vllm_sha256_cbor": "vllm_hash",
     "save": "record", "load": "record", "chrome_trace": "record", "ServerRecording": "record",
     "MissLedger": "misses", "explain_server_prompt": "misses",

@@ -1,12 +1,13 @@
 """Our engine speaking vLLM's protocols: its prefix cache as vLLM KV events, its counters as vLLM metrics.
 
-    llm = paged.LLM(block_size=32, kv_events_endpoint="tcp://*:5557", metrics_port=8001)
-    llm.engine.vllm.publisher.seq, llm.engine.vllm.metrics.url
+    llm = paged.LLM(block_size=32)
+    speaker = paged.connect.publish(llm, kv_events_endpoint="tcp://*:5557", metrics_port=8001)
+    speaker.publisher.seq, speaker.metrics.url
 
 ``kv_events_endpoint`` is a ZMQ endpoint string, or a dict with vLLM's ``KVEventsConfig`` keys
-(``endpoint``, ``replay_endpoint``, ``topic``, ``buffer_steps``, ``hwm``). The engine calls
-``connect_engine(engine)`` once it is built; without either setting it returns None and the
-engine is untouched.
+(``endpoint``, ``replay_endpoint``, ``topic``, ``buffer_steps``, ``hwm``). The engine knows nothing
+of this: the speaker subscribes to its events from above (``paged.connect.tap``), and ``close()``
+leaves the engine as it was.
 
 What is published (the events vLLM's block pool emits, for the same situations):
 - ``BlockStored`` when full blocks enter the prefix cache (our ``cache_block``): consecutive
@@ -34,7 +35,7 @@ from paged.core import events as ev
 from . import tap as _tap
 from .exporter import MetricsExporter
 from .publisher import KVEventPublisher
-from .settings import events_settings
+from .settings import check_connect_settings, events_settings
 from .wire import MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, to_int_hash
 
 class EngineSpeaker:
@@ -204,10 +205,17 @@ def _close_quietly(publisher: KVEventPublisher | None, metrics: MetricsExporter 
                 pass
 
 
-def connect_engine(engine: Any) -> EngineSpeaker | None:
-    """The engine's hook: an ``EngineSpeaker`` when its config asks for KV events or metrics, else None."""
-    cfg = engine.config
-    events, port = getattr(cfg, "kv_events_endpoint", None), getattr(cfg, "metrics_port", None)
-    if events is None and port is None:
-        return None
-    return EngineSpeaker(engine, events, port)
+def publish(llm_or_engine: Any, kv_events_endpoint: Any = None, metrics_port: int | None = None,
+          metrics_host: str = "127.0.0.1") -> EngineSpeaker:
+    """Make a running ``paged.LLM`` / ``LLMEngine`` speak vLLM's protocols: its prefix cache as KV events
+    on ``kv_events_endpoint`` (a ZMQ endpoint, or a dict of vLLM's ``KVEventsConfig`` keys) and its
+    counters as Prometheus metrics under vLLM's names on ``metrics_port`` (0: any free port). The
+    speaker listens to the engine's events from above (``paged.connect.tap``); ``close()`` stops it and
+    leaves the engine as it was. A ConfigError (nothing started) for a bad or missing setting."""
+    from paged.errors import ConfigError
+    check_connect_settings(kv_events_endpoint, metrics_port, ConfigError)
+    if kv_events_endpoint is None and metrics_port is None:
+        raise ConfigError("give kv_events_endpoint (a ZMQ endpoint such as 'tcp://*:5557') or metrics_port "
+                          "(0: any free port), or both")
+    return EngineSpeaker(getattr(llm_or_engine, "engine", llm_or_engine), kv_events_endpoint, metrics_port,
+                         metrics_host)

@@ -43,10 +43,6 @@ class EngineConfig(ExecutorConfig):
     split_prefill_decode: bool = False
     record_events: bool = True
     warm_up: bool = True
-    # paged.connect.speak: publish the prefix cache as vLLM KV events on this ZMQ endpoint ('tcp://*:5557', or a
-    # dict of vLLM's KVEventsConfig keys) and serve Prometheus metrics under vLLM's names on this port (0: any free)
-    kv_events_endpoint: str | dict | None = None
-    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -56,8 +52,6 @@ class EngineConfig(ExecutorConfig):
             need_flag(name, getattr(self, name), _error)
         if self.attention_backend is not None and not isinstance(self.attention_backend, str):
             raise _error(f"attention_backend must be None or a backend name, got {self.attention_backend!r}")
-        from paged.connect.settings import check_connect_settings  # no zmq/prometheus import here
-        check_connect_settings(self.kv_events_endpoint, self.metrics_port, _error)
 
     @classmethod
     def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":

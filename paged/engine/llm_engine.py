@@ -73,10 +73,6 @@ class LLMEngine:
         self.clock = EngineClock()  # the clock of step and request records: engine time only (paged.core.clock)
         self.loop = StepLoop(self.scheduler, ModelExecutor(self), self.clock, observer=self)
         self.warmup_s = warm_up(self) if c.warm_up else 0.0  # first-call costs, paid before any timed work
-        self.vllm = None  # paged.connect.speak.EngineSpeaker when kv_events_endpoint / metrics_port are set
-        if c.kv_events_endpoint is not None or c.metrics_port is not None:
-            from paged.connect.speak import connect_engine
-            self.vllm = connect_engine(self)
 
     # ---- introspection ---------------------------------------------------------------
     @property

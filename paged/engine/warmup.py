@@ -32,7 +32,7 @@ def warm_up(engine) -> float:
     cfg = dataclasses.replace(engine.config, warm_up=False, record_events=False, num_blocks=prompt // bs + 3,
                               kv_cache_memory_bytes=None, enable_prefix_caching=False, enable_host_tier=False,
                               preemption_mode="recompute", num_cpu_blocks=0, swap_space_gib=None, max_model_len=None,
-                              enable_block_compaction=False, kv_events_endpoint=None, metrics_port=None)
+                              enable_block_compaction=False)
     scratch = type(engine)(engine.loaded, cfg)  # an engine of the same kind, its own pool
     vocab = engine.loaded.config.vocab_size
     scratch.add_request("warm-up", [17 + (i % max(1, vocab - 17)) for i in range(prompt)],

@@ -1,9 +1,9 @@
 """The same scheduler questions through a vLLM server and our engine, measured the same way.
 
     prompts = tenant_prompts(tokenizer, 32, systems=8)         # token ids: both see the same prompts
-    df = scheduler_questions(llm, ours_src, client, server_src, prompts, max_tokens=32)
+    df = scheduler_questions(llm, speaker, ours_src, client, server_src, prompts, max_tokens=32)
 
-``llm`` is our engine speaking vLLM's protocols (``kv_events_endpoint``, ``metrics_port``, best with
+``llm`` is our engine speaking vLLM's protocols through ``speaker`` (``paged.connect.speak``, best with
 ``hash_fn=paged.connect.vllm_sha256`` so equal blocks have equal hashes), ``ours_src`` the
 ``paged.connect`` source on it; ``client`` a ``paged.connect.Client`` (or ``VLLMServer``) and
 ``server_src`` the source on that server. Each mode resets both prefix caches, then runs the
@@ -73,12 +73,12 @@ def measure(source: Any, run: Any) -> dict:
             "preemptions": int(source.server_rows[-1]["num_preemptions"] - pre0), "hashes": hashes}
 
 
-def scheduler_questions(llm: Any, ours_source: Any, client: Any, server_source: Any, prompts: Sequence[Sequence[int]],
+def scheduler_questions(llm: Any, speaker: Any, ours_source: Any, client: Any, server_source: Any,
+                        prompts: Sequence[Sequence[int]],
                         max_tokens: int = 32, modes: Sequence[str] = MODES) -> pd.DataFrame:
     """One row per (mode, engine): queries, hits, stored, distinct, evicted, preemptions, and the
     distinct hashes both engines stored (``shared``); see the module docstring."""
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    speaker = llm.engine.vllm
     rows = []
     for mode in modes:
         client.reset_prefix_cache()
