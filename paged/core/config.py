@@ -25,6 +25,8 @@ from paged.errors import ConfigError
 from kernels import format_table as _formats
 from . import events as ev
 from .eviction import make_policy
+from .hybrid_manager import HybridKVCacheManager
+from .kv_groups import KVLayout
 from .kv_manager import KVCacheManager
 from .prefix_cache import DEFAULT_HASH_FN, resolve_hash_fn
 
@@ -274,9 +276,15 @@ def cpu_pool_blocks(cache: CacheConfig, preemption_mode: str, num_blocks: int, h
 
 
 def build_kv_manager(cache: CacheConfig, num_blocks: int, *, num_cpu_blocks: int, max_model_len: int,
-                     recorder: ev.Recorder | None = None) -> KVCacheManager:
+                     recorder: ev.Recorder | None = None, layout: KVLayout | None = None) -> KVCacheManager:
     """The KV-cache manager of ``cache`` over ``num_blocks`` GPU and ``num_cpu_blocks`` CPU blocks
-    (the one place both executors build theirs)."""
+    (the one place both executors build theirs); a hybrid ``layout`` (several KV-cache groups:
+    sliding windows, state layers) gets the ``HybridKVCacheManager`` over its pages."""
+    if layout is not None and layout.is_hybrid:
+        return HybridKVCacheManager(num_blocks, layout, enable_prefix_caching=cache.enable_prefix_caching,
+                                    hash_fn=cache.hash_fn, eviction=cache.eviction, num_cpu_blocks=num_cpu_blocks,
+                                    max_model_len=max_model_len, recorder=recorder, host_tier=cache.enable_host_tier,
+                                    host_tier_threshold=cache.host_tier_threshold)
     return KVCacheManager(num_blocks, cache.block_size, enable_prefix_caching=cache.enable_prefix_caching,
                           hash_fn=cache.hash_fn, eviction=cache.eviction, num_cpu_blocks=num_cpu_blocks,
                           max_model_len=max_model_len, recorder=recorder, host_tier=cache.enable_host_tier,

@@ -1,0 +1,156 @@
+"""HybridKVCacheManager: the KV manager for a layout of several groups (sliding windows, state layers).
+
+The same manager, the same scheduler calls (``find_cached_prefix``, ``can_allocate``,
+``allocate_slots``, ``free``, ...): its own table is the layout's first group (full attention) and
+``paged.core.window.GroupTables`` keeps the other groups' tables in the same pool. The hook is
+these overrides and nothing else:
+
+- ``num_blocks_to_allocate`` adds the other groups' new pages and subtracts the sliding blocks
+  that fall out of every window (freed first, so they count as free);
+- ``allocate_slots`` frees those blocks, lets the manager do its table, then the groups theirs,
+  and indexes the groups' full blocks; it never half-applies (the same checks come first);
+- ``find_cached_prefix`` trims the manager's verified hit to what every group can continue from
+  (``GroupTables.trim_hit``): a hit never hands out a block whose window content is gone;
+- ``free`` releases the groups' blocks too.
+
+Not offered for hybrid layouts (each raises ``ConfigError`` saying so): fork, swap (``swap_out``
+returns None, so preemption recomputes), compaction, the host tier. Every token takes the
+general allocation path (no decode lane): a window can retire a block at any token.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .block import Block, BlockMapping
+from .kv_groups import FULL, KVLayout
+from .kv_manager import KVCacheManager
+from .request import Request
+from .window import GroupHit, GroupTables
+from paged.errors import BlockStateError, ConfigError, InvalidRequestError
+
+__all__ = ["HybridKVCacheManager"]
+
+
+class HybridKVCacheManager(KVCacheManager):
+    """A ``KVCacheManager`` over ``layout``'s groups in one pool (see module docstring)."""
+
+    def __init__(self, num_blocks: int, layout: KVLayout, **settings: Any) -> None:
+        if not layout.groups or layout.groups[0].kind != FULL:
+            raise ConfigError("a hybrid layout's pool needs a full-attention group first (its table orders the "
+                              "prefix cache); give the model at least one full-attention layer")
+        if settings.get("host_tier") or settings.get("host_tier_threshold", 1.0) != 1.0:
+            raise ConfigError("the host tier is not offered for hybrid (sliding-window / state) layouts; "
+                              "turn enable_host_tier off")
+        super().__init__(num_blocks, layout.block_size, **settings)
+        self.layout = layout
+        self.groups = GroupTables(layout, self.pool, self.recorder)
+        self._hits: dict[str, tuple[int, GroupHit]] = {}  # request id -> its pending trimmed hit
+
+    def _append_tokens(self, *args: Any) -> int:
+        return 0  # no one-token shortcut: each token may retire a window block
+
+    def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int, starts: list[int],
+                            tables: list, last_only: bool = True) -> int:
+        """No decode lane: every request goes the general path (returns ``i``)."""
+        return i
+
+    # ---- input -------------------------------------------------------------------------
+    def check_request(self, request: Request) -> None:
+        super().check_request(request)
+        total = request.max_total_tokens
+        need = -(-total // self.block_size) + self.groups.max_pages(total)
+        if need > self.num_blocks:
+            raise InvalidRequestError(
+                f"request needs up to {need} pages of this hybrid layout (all groups) but the pool has only "
+                f"{self.num_blocks}; give the cache more blocks or lower max_tokens")
+
+    # ---- prefix cache --------------------------------------------------------------------
+    def find_cached_prefix(self, request: Request) -> list[Block]:
+        """The manager's verified hit, trimmed so every group can continue from it."""
+        hit = super().find_cached_prefix(request)
+        rid = request.request_id
+        self._hits.pop(rid, None)
+        if not hit:
+            return hit
+        length, group_hit = self.groups.trim_hit(self.prefix.hashes[rid], request.token_ids, hit)
+        if not length:
+            return []
+        self._hits[rid] = (length, group_hit)
+        return list(hit[:length])
+
+    def _group_hit(self, request: Request, cached_blocks: Sequence[Block]) -> GroupHit | None:
+        if not cached_blocks:
+            return None
+        pending = self._hits.get(request.request_id)
+        if pending is None or pending[0] != len(cached_blocks):
+            raise BlockStateError(f"request {request.request_id!r}: cached blocks must come from this manager's "
+                                  "find_cached_prefix, called just before")
+        return pending[1]
+
+    # ---- allocation ------------------------------------------------------------------------
+    def num_blocks_to_allocate(self, request: Request, num_new_tokens: int,
+                               cached_blocks: Sequence[Block] = ()) -> int:
+        rid = request.request_id
+        end = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        own = super().num_blocks_to_allocate(request, num_new_tokens, cached_blocks)
+        hit = self._group_hit(request, cached_blocks)
+        return own + self.groups.pages_needed(rid, end, hit) \
+            - self.groups.retirable(rid, request.num_computed_tokens)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       cached_blocks: Sequence[Block] = ()) -> BlockMapping | None:
+        rid = request.request_id
+        start = request.num_computed_tokens + len(cached_blocks) * self.block_size
+        if num_new_tokens < 0 or start + num_new_tokens > request.num_tokens:
+            return super().allocate_slots(request, num_new_tokens, cached_blocks)  # raises what it raises
+        if self.swap_space.holds(rid) or (cached_blocks and self.has(rid)):
+            return super().allocate_slots(request, num_new_tokens, cached_blocks)  # raises BlockStateError
+        hit = self._group_hit(request, cached_blocks)
+        if self.num_blocks_to_allocate(request, num_new_tokens, cached_blocks) > self.pool.num_free:
+            return None
+        # ---- commit (nothing below can fail) ----
+        self.groups.retire(rid, request.num_computed_tokens)
+        copies = super().allocate_slots(request, num_new_tokens, cached_blocks)
+        assert copies is not None, "checked above: the pool holds every group"
+        self._hits.pop(rid, None)
+        end = start + num_new_tokens
+        self.groups.allocate(rid, start, end, hit)
+        if self.enable_prefix_caching:
+            self.groups.index(rid, self.prefix.hashes.get(rid, ()), request.token_ids, end, self.blocks_of(rid))
+        return copies
+
+    # ---- release ---------------------------------------------------------------------------
+    def free(self, request_id: str) -> None:
+        super().free(request_id)
+        self.groups.free(request_id)
+        self._hits.pop(request_id, None)
+
+    def release_if_held(self, request_id: str) -> None:
+        super().release_if_held(request_id)
+        self._hits.pop(request_id, None)
+
+    # ---- not offered -------------------------------------------------------------------------
+    def fork(self, parent_id: str, child_id: str) -> None:
+        raise ConfigError("fork (n > 1, beams) is not offered for hybrid layouts; sample one sequence per request")
+
+    def swap_out(self, request_id: str) -> BlockMapping | None:
+        return None  # the scheduler then preempts by recompute
+
+    def compact(self, order=None, **kw: Any) -> BlockMapping:
+        raise ConfigError("block compaction is not offered for hybrid layouts; turn enable_block_compaction off")
+
+    def block_fragmentation(self, order=None) -> float:
+        raise ConfigError("block compaction is not offered for hybrid layouts; turn enable_block_compaction off")
+
+    # ---- checks --------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """The manager's invariants over every group: each used block is held exactly by the
+        table entries that name it (its ref count), and by nothing else."""
+        self.check_parts()
+        holders = self.groups.holders()
+        for rid in self.request_ids():
+            for b in self.blocks_of(rid):
+                holders[b.block_id] = holders.get(b.block_id, 0) + 1
+        for bid, n in holders.items():
+            assert self.pool.blocks[bid].ref_cnt == n, (bid, self.pool.blocks[bid].ref_cnt, n)
+        assert self.pool.num_used == len(holders), (self.pool.num_used, len(holders))
