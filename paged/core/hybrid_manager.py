@@ -45,6 +45,7 @@ class HybridKVCacheManager(KVCacheManager):
         self.layout = layout
         self.groups = GroupTables(layout, self.pool, self.recorder)
         self._hits: dict[str, tuple[int, GroupHit]] = {}  # request id -> its pending trimmed hit
+        self._own_only = False  # inside allocate_slots' commit: the groups were counted already
 
     def _append_tokens(self, *args: Any) -> int:
         return 0  # no one-token shortcut: each token may retire a window block
@@ -93,6 +94,8 @@ class HybridKVCacheManager(KVCacheManager):
         rid = request.request_id
         end = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
         own = super().num_blocks_to_allocate(request, num_new_tokens, cached_blocks)
+        if self._own_only:
+            return own
         hit = self._group_hit(request, cached_blocks)
         return own + self.groups.pages_needed(rid, end, hit) \
             - self.groups.retirable(rid, request.num_computed_tokens)
@@ -110,7 +113,11 @@ class HybridKVCacheManager(KVCacheManager):
             return None
         # ---- commit (nothing below can fail) ----
         self.groups.retire(rid, request.num_computed_tokens)
-        copies = super().allocate_slots(request, num_new_tokens, cached_blocks)
+        self._own_only = True
+        try:
+            copies = super().allocate_slots(request, num_new_tokens, cached_blocks)
+        finally:
+            self._own_only = False
         assert copies is not None, "checked above: the pool holds every group"
         self._hits.pop(rid, None)
         end = start + num_new_tokens

@@ -47,7 +47,8 @@ def _key(group: int, block_hash: Hashable) -> tuple:
 class GroupTables:
     """Tables of ``layout.groups[1:]`` per request over ``pool`` (see the module docstring)."""
 
-    __slots__ = ("layout", "groups", "pool", "block_size", "recorder", "tables", "start", "offered", "need")
+    __slots__ = ("layout", "groups", "pool", "block_size", "recorder", "tables", "start", "offered", "need",
+                 "sliding")
 
     def __init__(self, layout: KVLayout, pool: BlockPool, recorder: ev.Recorder) -> None:
         self.layout, self.pool, self.recorder = layout, pool, recorder
@@ -56,9 +57,10 @@ class GroupTables:
         bs = self.block_size
         # blocks before a hit's end that a sliding group must still have (its next query's window)
         self.need = [-(-(g.window - 1) // bs) if g.kind == SLIDING else 0 for g in self.groups]
+        self.sliding = [(i, g.window) for i, g in enumerate(self.groups) if g.kind == SLIDING]
         self.tables: dict[str, list[list[Block | None]]] = {}
         self.start: dict[str, list[int]] = {}    # first live position of each sliding table
-        self.offered: dict[str, list[int]] = {}  # leading positions offered to the hash index
+        self.offered: dict[str, int] = {}  # leading positions offered to the hash index (every attention group)
 
     # ---- counts ------------------------------------------------------------------------
     def held(self, rid: str) -> int:
@@ -80,10 +82,11 @@ class GroupTables:
         tables = self.tables.get(rid)
         if tables is None:
             return 0
-        n = 0
-        for g, table, first in zip(self.groups, tables, self.start[rid]):
-            if g.kind == SLIDING:
-                n += max(0, min(g.skipped_tokens(num_computed) // self.block_size, len(table)) - first)
+        n, bs, starts = 0, self.block_size, self.start[rid]
+        for i, window in self.sliding:
+            stop = (num_computed - window + 1) // bs  # KVGroupSpec.skipped_tokens, inlined (hot)
+            if stop > starts[i]:
+                n += min(stop, len(tables[i])) - starts[i]
         return n
 
     def pages_needed(self, rid: str, end: int, hit: GroupHit | None) -> int:
@@ -107,18 +110,19 @@ class GroupTables:
         tables = self.tables.get(rid)
         if tables is None:
             return 0
-        freed, starts = 0, self.start[rid]
-        for i, (g, table) in enumerate(zip(self.groups, tables)):
-            if g.kind != SLIDING:
+        freed, starts, bs = 0, self.start[rid], self.block_size
+        for i, window in self.sliding:
+            table = tables[i]
+            stop = min((num_computed - window + 1) // bs, len(table))  # skipped_tokens, inlined
+            if stop <= starts[i]:
                 continue
-            stop = min(g.skipped_tokens(num_computed) // self.block_size, len(table))
             for p in range(starts[i], stop):
                 block = table[p]
                 if block is not None:
                     self.pool.free(block, rid)
                     table[p] = None
                     freed += 1
-            starts[i] = max(starts[i], stop)
+            starts[i] = stop
         return freed
 
     def allocate(self, rid: str, start: int, end: int, hit: GroupHit | None) -> None:
@@ -129,7 +133,7 @@ class GroupTables:
         if tables is None:
             tables = self.tables[rid] = [list(h) for h in hit] if hit else [[] for _ in self.groups]
             self.start[rid] = [next((p for p, b in enumerate(t) if b is not None), len(t)) for t in tables]
-            self.offered[rid] = [len(t) for t in tables]
+            self.offered[rid] = len(hit[0]) if hit else 0  # a hit's blocks are indexed already
             for table in tables:
                 for block in table:
                     if block is not None:
@@ -150,18 +154,18 @@ class GroupTables:
         """Offer the attention-group blocks of ``rid`` full below ``end`` to the pool's index, each
         anchored to ``primary[p]`` (the manager's table) when that block is the indexed one."""
         bs, pool = self.block_size, self.pool
-        last = min(end // bs, len(hashes), len(primary))
-        offered = self.offered[rid]
-        for i, (g, table) in enumerate(zip(self.groups, self.tables[rid])):
-            if g.kind == STATE:
-                continue
-            for p in range(offered[i], last):
-                block, own = table[p], primary[p]
+        last, first = min(end // bs, len(hashes), len(primary)), self.offered[rid]
+        if last <= first:
+            return
+        tables = self.tables[rid]
+        for p in range(first, last):
+            own, ids = primary[p], tuple(token_ids[p * bs:(p + 1) * bs])
+            anchor = own.cid if own.block_hash is not None and pool.lookup(own.block_hash) is own else None
+            for i, g in enumerate(self.groups):
+                block = tables[i][p] if g.kind != STATE else None
                 if block is not None:
-                    anchor = own.cid if own.block_hash is not None and pool.lookup(own.block_hash) is own else None
-                    pool.register(block, _key(i, hashes[p]), tuple(token_ids[p * bs:(p + 1) * bs]), anchor, rid,
-                                  depth=p)
-            offered[i] = max(offered[i], last)
+                    pool.register(block, _key(i, hashes[p]), ids, anchor, rid, depth=p)
+        self.offered[rid] = last
 
     def free(self, rid: str) -> None:
         """Release every block the request's groups hold (tail first, as the manager does)."""
