@@ -191,3 +191,36 @@ def test_hybrid_pool_refuses_what_it_does_not_offer():
         kv.fork("a", "b")
     assert kv.swap_out("a") is None  # preemption recomputes
     kv.check_invariants()
+
+
+@settings(max_examples=40, deadline=None)
+@given(kinds=layouts, bs=st.sampled_from([2, 4]), window=st.integers(2, 24), pool=st.integers(30, 90),
+       seed=st.integers(0, 10_000))
+def test_shared_window_blocks_never_overcommit_the_pool(kinds, bs, window, pool, seed):
+    """Requests sharing a prefix hit decode side by side in a small pool: a retired block that
+    another request still holds frees nothing, so ``allocate_slots`` must not count it as free
+    (it returned a plan and then found the pool short: BlockStateError)."""
+    rng = random.Random(seed)
+    kv = HybridKVCacheManager(pool, _layout(kinds, bs, window))
+    prefix = [rng.randrange(50) for _ in range(rng.randrange(bs * 3, bs * 8))]
+    running: list[Request] = []
+    for k in range(6):
+        req = Request(f"r{k}", prefix + [rng.randrange(50)], max_tokens=40)
+        hit = kv.find_cached_prefix(req)
+        n = req.num_tokens - len(hit) * bs
+        if not kv.can_allocate(req, n, hit) or kv.allocate_slots(req, n, hit) is None:
+            continue
+        req.num_computed_tokens = req.num_tokens
+        running.append(req)
+    for _ in range(40):  # decode in lockstep; a request that does not fit is preempted (freed)
+        for req in list(running):
+            req.append_token(rng.randrange(50))
+            if kv.allocate_slots(req, 1) is None:
+                kv.free(req.request_id)
+                running.remove(req)
+                continue
+            req.num_computed_tokens += 1
+        kv.check_invariants()
+    for req in running:
+        kv.free(req.request_id)
+    assert kv.num_used_blocks == 0

@@ -78,7 +78,7 @@ class GroupTables:
         return total
 
     def retirable(self, rid: str, num_computed: int) -> int:
-        """Blocks ``retire(rid, num_computed)`` would free."""
+        """Blocks ``retire(rid, num_computed)`` would make free (not those another request still holds)."""
         tables = self.tables.get(rid)
         if tables is None:
             return 0
@@ -86,7 +86,8 @@ class GroupTables:
         for i, window in self.sliding:
             stop = (num_computed - window + 1) // bs  # KVGroupSpec.skipped_tokens, inlined (hot)
             if stop > starts[i]:
-                n += min(stop, len(tables[i])) - starts[i]
+                table = tables[i]
+                n += sum(1 for p in range(starts[i], min(stop, len(table))) if table[p].ref_cnt == 1)
         return n
 
     def pages_needed(self, rid: str, end: int, hit: GroupHit | None) -> int:
