@@ -14,8 +14,8 @@ these overrides and nothing else:
 - ``free`` releases the groups' blocks too.
 
 Not offered for hybrid layouts (each raises ``ConfigError`` saying so): fork, swap (``swap_out``
-returns None, so preemption recomputes), compaction, the host tier. Every token takes the
-general allocation path (no decode lane): a window can retire a block at any token.
+returns None, so preemption recomputes), compaction, the host tier. The decode lane runs the
+general allocation per token (a window can retire a block at any token).
 """
 from __future__ import annotations
 
@@ -52,8 +52,21 @@ class HybridKVCacheManager(KVCacheManager):
 
     def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int, starts: list[int],
                             tables: list, last_only: bool = True) -> int:
-        """No decode lane: every request goes the general path (returns ``i``)."""
-        return i
+        """The scheduler's decode lane over every group: for ``requests[i:stop]`` in order, while a
+        request computes exactly its one last token and ``allocate_slots(request, 1)`` fits (it
+        never copies here: no block of a hybrid pool is shared partly filled), allocate it, append
+        its position and table; returns the index of the first request not handled."""
+        j = i
+        for req in requests[i:stop]:
+            start = req.num_computed_tokens
+            if len(req.token_ids) - start != 1 or not self.has(req.request_id):
+                break
+            if self.allocate_slots(req, 1) is None:
+                break  # the general path preempts
+            starts.append(start)
+            tables.append(self.blocks_of(req.request_id))
+            j += 1
+        return j
 
     # ---- input -------------------------------------------------------------------------
     def check_request(self, request: Request) -> None:

@@ -79,7 +79,8 @@ def hybrid_vs_full(trace: pd.DataFrame, model: str = "gpt-oss-120b", gpu: str = 
                    kv_cache_memory: int | None = None, tensor_parallel: int = 1, **sim_kw) -> pd.DataFrame:
     """The trace through the simulator twice on the same KV memory: the hybrid pool and every layer
     full. Rows: ``variant``, ``num_kv_pages``, ``page_bytes``, ``max_running``, ``mean_running``,
-    ``throughput_tok_s``, ``prefix_cache_hit_rate``, ``num_preemptions``, ``duration_s``, and the
+    ``throughput_tok_s``, ``prefix_cache_hit_rate``, ``num_preemptions``, ``duration_s``, ``rejected``
+    (requests too long for the pool), and the
     hybrid pool's ratios over the full one (``*_vs_full``)."""
     from paged.sim.config import SimConfig
     from paged.sim.simulator import Simulator
@@ -92,7 +93,9 @@ def hybrid_vs_full(trace: pd.DataFrame, model: str = "gpt-oss-120b", gpu: str = 
         res = sim.run(trace)
         s, steps = res.summary, res.steps
         rows.append({"variant": variant, "num_kv_pages": sim.num_blocks, "page_bytes": sim.block_bytes,
-                     "max_running": int(steps["num_running"].max()), "mean_running": float(steps["num_running"].mean()),
+                     "max_running": int(steps["num_running"].max()) if len(steps) else 0,
+                     "mean_running": float(steps["num_running"].mean()) if len(steps) else 0.0,
+                     "rejected": int(res.requests["rejected"].sum()),
                      "throughput_tok_s": s["throughput_tok_s"], "prefix_cache_hit_rate": s["prefix_cache_hit_rate"],
                      "num_preemptions": s["num_preemptions"], "duration_s": s["duration_s"],
                      "blocks_in_use_at_end": s["num_blocks_in_use_at_end"]})

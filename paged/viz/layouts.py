@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from paged.studies.layouts import MODERN_MODELS, content_bytes, layout_name
 
-__all__ = ["request_bytes_figure", "hybrid_vs_full_figure"]
+__all__ = ["request_bytes_figure", "hybrid_vs_full_figure", "hybrid_vs_full_prose"]
 
 _COLOURS = ("#264653", "#8ab17d", "#2a9d8f", "#e76f51", "#f4a261", "#7b6d8d", "#e9c46a")
 
@@ -48,3 +48,19 @@ def hybrid_vs_full_figure(df: pd.DataFrame) -> go.Figure:
                       yaxis_title="relative to every layer full", height=380, margin=dict(l=60, r=20, t=50, b=40),
                       yaxis_range=[0, 1.25 * max(df[c].max() / df[c].iloc[1] for c, _ in metrics)])
     return fig
+
+
+def hybrid_vs_full_prose(df: pd.DataFrame):
+    """``hybrid_vs_full``'s result in one paragraph (Markdown): concurrency, throughput and the
+    prefix cache, each with its direction as measured in this run."""
+    from paged.viz.prose import md, times
+
+    h, f = df.iloc[0], df.iloc[1]
+    hits = ("kept" if abs(h["prefix_cache_hit_rate"] - f["prefix_cache_hit_rate"]) < 0.02 else
+            "fell" if h["prefix_cache_hit_rate"] < f["prefix_cache_hit_rate"] else "rose")
+    return md(f"In this run the hybrid pool held **{h['num_kv_pages']:,} pages** where every layer full held "
+              f"{f['num_kv_pages']:,} in the same memory, ran **{times(h['mean_running_vs_full'])}** as many requests "
+              f"at once on average (peak {h['max_running']:.0f} vs {f['max_running']:.0f}) and reached "
+              f"{times(h['throughput_tok_s_vs_full'])} its output tokens per second. The prefix-cache hit "
+              f"rate {hits}: {h['prefix_cache_hit_rate']:.1%} vs {f['prefix_cache_hit_rate']:.1%}, with "
+              f"{h['num_preemptions']:,} preemptions vs {f['num_preemptions']:,}.")
