@@ -19,7 +19,6 @@ from hypothesis import given, settings, strategies as st
 from paged import Request
 from paged.core.hybrid_manager import HybridKVCacheManager
 from paged.core.kv_groups import FULL, SLIDING, STATE, make_layout
-from paged.core.kv_manager import KVCacheManager
 from paged.errors import ConfigError
 
 import pytest
@@ -99,7 +98,7 @@ def test_prefix_hit_never_returns_a_block_whose_window_is_gone(kinds, bs, window
         cut = rng.randrange(1, len(base) + 1)
         req = Request(f"q{step}", base[:cut] + [rng.randrange(50) for _ in range(rng.randrange(0, 12))], max_tokens=1)
         hit = kv.find_cached_prefix(req)
-        own = KVCacheManager.find_cached_prefix(kv, req)  # the manager's table alone, untrimmed
+        own = kv.manager.find_cached_prefix(req)  # the manager's table alone, untrimmed
         assert len(hit) <= len(own) and list(own[:len(hit)]) == hit
         trimmed += len(hit) < len(own)
         L, tables = kv.groups.trim_hit(kv.prefix.hashes[req.request_id], req.token_ids, own)
@@ -177,7 +176,7 @@ def test_state_layers_get_no_prefix_hit_but_keep_their_pages():
     a.num_computed_tokens = 32
     kv.free("a")
     b = Request("b", list(range(32)) + [5], max_tokens=1)
-    assert KVCacheManager.find_cached_prefix(kv, b) and kv.find_cached_prefix(b) == []
+    assert kv.manager.find_cached_prefix(b) and kv.find_cached_prefix(b) == []
 
 
 def test_hybrid_pool_refuses_what_it_does_not_offer():
@@ -224,3 +223,8 @@ def test_shared_window_blocks_never_overcommit_the_pool(kinds, bs, window, pool,
     for req in running:
         kv.free(req.request_id)
     assert kv.num_used_blocks == 0
+
+
+def test_the_hybrid_pool_is_a_kv_cache():
+    from paged.core.kv_cache import KVCache
+    assert isinstance(HybridKVCacheManager(16, _layout(["full", "sliding"], 4, 8)), KVCache)

@@ -1,9 +1,9 @@
 """HybridKVCacheManager: the KV manager for a layout of several groups (sliding windows, state layers).
 
-The same manager, the same scheduler calls (``find_cached_prefix``, ``can_allocate``,
-``allocate_slots``, ``free``, ...): its own table is the layout's first group (full attention) and
-``paged.core.window.GroupTables`` keeps the other groups' tables in the same pool. The hook is
-these overrides and nothing else:
+A ``KVCache`` (``paged.core.kv_cache``) that wraps a ``KVCacheManager`` (``manager``: the table of
+the layout's first group, full attention) and ``paged.core.window.GroupTables`` (the other groups'
+tables, in the same pool). Everything not listed here is the manager's (attribute access falls
+through to it); these calls add the groups:
 
 - ``num_blocks_to_allocate`` adds the other groups' new pages and subtracts the sliding blocks
   that fall out of every window (freed first, so they count as free);
@@ -31,8 +31,8 @@ from paged.errors import BlockStateError, ConfigError, InvalidRequestError
 __all__ = ["HybridKVCacheManager"]
 
 
-class HybridKVCacheManager(KVCacheManager):
-    """A ``KVCacheManager`` over ``layout``'s groups in one pool (see module docstring)."""
+class HybridKVCacheManager:
+    """A KV cache over ``layout``'s groups in one pool (see module docstring)."""
 
     def __init__(self, num_blocks: int, layout: KVLayout, **settings: Any) -> None:
         if not layout.groups or layout.groups[0].kind != FULL:
@@ -41,14 +41,16 @@ class HybridKVCacheManager(KVCacheManager):
         if settings.get("host_tier") or settings.get("host_tier_threshold", 1.0) != 1.0:
             raise ConfigError("the host tier is not offered for hybrid (sliding-window / state) layouts; "
                               "turn enable_host_tier off")
-        super().__init__(num_blocks, layout.block_size, **settings)
+        self.manager = KVCacheManager(num_blocks, layout.block_size, **settings)
         self.layout = layout
-        self.groups = GroupTables(layout, self.pool, self.recorder)
+        self.groups = GroupTables(layout, self.manager.pool, self.manager.recorder)
         self._hits: dict[str, tuple[int, GroupHit]] = {}  # request id -> its pending trimmed hit
-        self._own_only = False  # inside allocate_slots' commit: the groups were counted already
 
-    def _append_tokens(self, *args: Any) -> int:
-        return 0  # no one-token shortcut: each token may retire a window block
+    def __getattr__(self, name: str) -> Any:
+        """Counts, queries and parts (pool, prefix index, block size, ...) are the manager's."""
+        if name == "manager":  # not built yet (during __init__)
+            raise AttributeError(name)
+        return getattr(self.manager, name)
 
     def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int, starts: list[int],
                             tables: list, last_only: bool = True) -> int:
@@ -70,7 +72,7 @@ class HybridKVCacheManager(KVCacheManager):
 
     # ---- input -------------------------------------------------------------------------
     def check_request(self, request: Request) -> None:
-        super().check_request(request)
+        self.manager.check_request(request)
         total = request.max_total_tokens
         need = -(-total // self.block_size) + self.groups.max_pages(total)
         if need > self.num_blocks:
@@ -81,7 +83,7 @@ class HybridKVCacheManager(KVCacheManager):
     # ---- prefix cache --------------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> list[Block]:
         """The manager's verified hit, trimmed so every group can continue from it."""
-        hit = super().find_cached_prefix(request)
+        hit = self.manager.find_cached_prefix(request)
         rid = request.request_id
         self._hits.pop(rid, None)
         if not hit:
@@ -106,31 +108,30 @@ class HybridKVCacheManager(KVCacheManager):
                                cached_blocks: Sequence[Block] = ()) -> int:
         rid = request.request_id
         end = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
-        own = super().num_blocks_to_allocate(request, num_new_tokens, cached_blocks)
-        if self._own_only:
-            return own
+        own = self.manager.num_blocks_to_allocate(request, num_new_tokens, cached_blocks)
         hit = self._group_hit(request, cached_blocks)
         return own + self.groups.pages_needed(rid, end, hit) \
             - self.groups.retirable(rid, request.num_computed_tokens)
+
+    def can_allocate(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[Block] = (),
+                     *, keep_free: int = 0) -> bool:
+        """Whether ``allocate_slots`` fits now, every group counted, leaving ``keep_free`` blocks free."""
+        return self.pool.num_free - self.num_blocks_to_allocate(request, num_new_tokens, cached_blocks) >= keep_free
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        cached_blocks: Sequence[Block] = ()) -> BlockMapping | None:
         rid = request.request_id
         start = request.num_computed_tokens + len(cached_blocks) * self.block_size
         if num_new_tokens < 0 or start + num_new_tokens > request.num_tokens:
-            return super().allocate_slots(request, num_new_tokens, cached_blocks)  # raises what it raises
+            return self.manager.allocate_slots(request, num_new_tokens, cached_blocks)  # raises what it raises
         if self.swap_space.holds(rid) or (cached_blocks and self.has(rid)):
-            return super().allocate_slots(request, num_new_tokens, cached_blocks)  # raises BlockStateError
+            return self.manager.allocate_slots(request, num_new_tokens, cached_blocks)  # raises BlockStateError
         hit = self._group_hit(request, cached_blocks)
         if self.num_blocks_to_allocate(request, num_new_tokens, cached_blocks) > self.pool.num_free:
             return None
         # ---- commit (nothing below can fail) ----
         self.groups.retire(rid, request.num_computed_tokens)
-        self._own_only = True
-        try:
-            copies = super().allocate_slots(request, num_new_tokens, cached_blocks)
-        finally:
-            self._own_only = False
+        copies = self.manager.allocate_slots(request, num_new_tokens, cached_blocks)
         assert copies is not None, "checked above: the pool holds every group"
         self._hits.pop(rid, None)
         end = start + num_new_tokens
@@ -141,12 +142,15 @@ class HybridKVCacheManager(KVCacheManager):
 
     # ---- release ---------------------------------------------------------------------------
     def free(self, request_id: str) -> None:
-        super().free(request_id)
+        self.manager.free(request_id)
         self.groups.free(request_id)
         self._hits.pop(request_id, None)
 
     def release_if_held(self, request_id: str) -> None:
-        super().release_if_held(request_id)
+        if self.manager.has(request_id):
+            self.free(request_id)
+        else:
+            self.manager.release_if_held(request_id)
         self._hits.pop(request_id, None)
 
     # ---- not offered -------------------------------------------------------------------------
@@ -155,6 +159,9 @@ class HybridKVCacheManager(KVCacheManager):
 
     def swap_out(self, request_id: str) -> BlockMapping | None:
         return None  # the scheduler then preempts by recompute
+
+    def swap_in(self, request_id: str) -> BlockMapping | None:
+        raise ConfigError("swap is not offered for hybrid layouts (preemption recomputes)")
 
     def compact(self, order=None, **kw: Any) -> BlockMapping:
         raise ConfigError("block compaction is not offered for hybrid layouts; turn enable_block_compaction off")
