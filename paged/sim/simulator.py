@@ -118,13 +118,18 @@ class Simulator:
         self.block_bytes = self.sizing.bytes_per_block  # kv_bytes_per_token(fmt, tp, block_size) x block_size
         self.num_blocks = self._num_blocks()
         self.recorder: Recorder = Recorder() if cfg.record_events else NullRecorder()
+        self.layout = model.kv_layout(self.kv_format.name, cfg.tensor_parallel, cfg.block_size)  # groups, pages
         if cfg.allocator == "paged":
             host_block = self.block_bytes * swap_bytes_ratio(cfg.swap_compression, model.head_dim,
                                                              self.kv_format.name, cfg.block_size)  # compressed: smaller
             num_cpu = cpu_pool_blocks(cfg.cache, cfg.preemption_mode, self.num_blocks, host_block,
                                       default_swap_space_gib=DEFAULT_SWAP_SPACE_GIB)
             self.kv: KVCache = build_kv_manager(cfg.cache, self.num_blocks, num_cpu_blocks=num_cpu,
-                                                       max_model_len=self.max_model_len, recorder=self.recorder)
+                                                max_model_len=self.max_model_len, recorder=self.recorder,
+                                                layout=self.layout)
+        elif self.layout.is_hybrid:
+            raise ConfigError(f"{model.name} has a hybrid KV layout ({len(self.layout.groups)} groups); the contiguous "
+                              f"baselines reserve full attention only: use allocator='paged'")
         else:
             # same memory, counted in token slots
             self.kv = ContiguousKVCacheManager(self.num_blocks * cfg.block_size, cfg.allocator.split("-")[1],

@@ -29,6 +29,9 @@ from paged.errors import ConfigError
 
 from kernels import format_table as _formats
 from kernels.format_table import KVFormat
+from paged.core.kv_groups import KVLayout
+from paged.sim import layouts as _layouts
+from paged.sim.presets_modern import MODERN_CONFIGS
 
 GiB = 1024**3
 MiB = 1024**2
@@ -82,6 +85,16 @@ class ModelSpec:
     # layers that hold a KV cache: fewer than num_layers under cross-layer KV sharing (the engine's
     # kv_share_with); 0 = num_layers. Capacity (kv_bytes_per_token) counts these; every layer still reads K/V
     kv_layers: int = 0
+    # today's layouts (paged.sim.layouts): MLA latent, sliding/local-global patterns, fixed state layers
+    kv_lora_rank: int = 0            # MLA: the cached latent's width (0: GQA K/V per head)
+    qk_rope_head_dim: int = 0        # MLA: RoPE dims cached beside the latent
+    layer_pattern: str = ""          # per layer, cycled: F full, W sliding window, S fixed state ("": all F)
+    sliding_window: int = 0          # tokens a W layer's query attends, its own included
+    state_bytes_per_layer: int = 0   # S layers: bytes of one layer's state per request (tensor parallel 1)
+    # MoE / quantized checkpoints, from the model card (0: the LLaMA formulas below)
+    total_params: int = 0            # all parameters
+    active_params: int = 0           # parameters one token's matmuls touch, LM head excluded
+    weight_bytes_per_param: float = 0.0  # checkpoint bytes per parameter (0: dtype_bytes)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -98,6 +111,7 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"ModelSpec {self.name!r}: num_heads={self.num_heads} is not a multiple "
                               f"of num_kv_heads={self.num_kv_heads}")
+        _layouts.check_spec(self)
 
     # -- parameter counts ----------------------------------------------------------------------
     @property
@@ -120,36 +134,55 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Total parameters (tied embeddings counted once)."""
+        """Total parameters (tied embeddings counted once); ``total_params`` when the preset gives it."""
+        if self.total_params:
+            return self.total_params
         n = self.num_layers * self.params_per_layer + self.embedding_params + self.hidden_size
         return n if self.tie_word_embeddings else n + self.lm_head_params
 
     @property
     def matmul_params_per_token(self) -> int:
-        """Parameters touched by matmuls for every token (all layers; not the LM head)."""
-        return self.num_layers * self.params_per_layer
+        """Parameters touched by matmuls for every token (all layers; not the LM head);
+        ``active_params`` when the preset gives it (MoE: the routed experts a token uses)."""
+        return self.active_params or self.num_layers * self.params_per_layer
 
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        return int(self.num_params * (self.weight_bytes_per_param or self.dtype_bytes))
 
     # -- KV sizing ------------------------------------------------------------------------------
     def kv_bytes_per_token(self, kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1,
                            block_size: int = 16) -> int:
-        """KV bytes per token on one GPU, all cache layers, as the engine allocates them: ``kv_layers`` x
-        ``kernels.format_table.bytes_per_token`` (2 x kv_heads x head_dim x bytes/element plus
-        per-token scales). ``block_size`` matters only for ``int4_kivi`` (its per-block K scales).
+        """KV bytes per token on one GPU, all attention cache layers (full and sliding; state layers
+        are a fixed cost per request, see ``kv_layout``), as the engine allocates them: attention
+        layers x ``layer_bytes_per_token`` (GQA: ``kernels.format_table.bytes_per_token``, 2 x kv_heads
+        x head_dim x bytes/element plus per-token scales; MLA: the latent + RoPE values).
+        ``block_size`` matters only for ``int4_kivi`` (its per-block K scales). A sliding layer
+        counts here as long as the token is inside its window.
 
         With tensor parallelism the KV heads are split across GPUs (replicated when
-        ``num_kv_heads < tensor_parallel``, as in vLLM).
+        ``num_kv_heads < tensor_parallel``, as in vLLM); an MLA latent is never split.
         """
+        return _layouts.attention_layers(self) * self.layer_bytes_per_token(kv_format, tensor_parallel, block_size)
+
+    def layer_bytes_per_token(self, kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1,
+                              block_size: int = 16) -> int:
+        """One attention layer's KV bytes per token on one GPU: GQA K and V of its share of the KV
+        heads, or MLA's one latent + RoPE vector, whole on every GPU (``paged.sim.layouts``)."""
         fmt = get_kv_format(kv_format, self.dtype_bytes)
         self.check_tensor_parallel(tensor_parallel)
+        if self.kv_lora_rank:
+            return _layouts.mla_bytes_per_token(self, fmt)
         heads = max(1, self.num_kv_heads // tensor_parallel) if tensor_parallel > 1 else self.num_kv_heads
         try:
-            per_layer = _formats.bytes_per_token(fmt, heads, self.head_dim, block_size=block_size)
+            return _formats.bytes_per_token(fmt, heads, self.head_dim, block_size=block_size)
         except _kernels.KernelError as e:
             raise ConfigError(f"{self.name} with kv format {fmt.name!r}: {e}") from e
-        return self.kv_layers * per_layer
+
+    def kv_layout(self, kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1,
+                  block_size: int = 16) -> "KVLayout":
+        """The cache's groups on one GPU (``paged.core.kv_groups.KVLayout``): one full-attention
+        group for a LLaMA-style model, several for sliding-window and state hybrids."""
+        return _layouts.layout_of(self, kv_format, tensor_parallel, block_size)
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
         """Raise ConfigError unless the heads split evenly over ``tensor_parallel`` GPUs (vLLM's rule:
@@ -219,6 +252,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, max_model_len=32768),
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, max_model_len=32768, qkv_bias=True),
         ModelSpec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, max_model_len=8192, tie_word_embeddings=True),
+        *(ModelSpec(**config) for config in MODERN_CONFIGS),  # paged.sim.presets_modern
     )
 }
 
@@ -343,7 +377,7 @@ def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int 
     act = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tensor_parallel) \
         if activation_bytes is None else activation_bytes
     kv = budget - weights - act
-    per_block = model.kv_bytes_per_token(kv_format, tensor_parallel, block_size) * block_size
+    per_block = model.kv_layout(kv_format, tensor_parallel, block_size).page_bytes  # all layers, or one group's
     if 0 < kv < per_block:
         raise SizingError(
             f"one KV block of {block_size} tokens needs {per_block / GiB:.2f} GiB on each GPU but only "

@@ -5,7 +5,9 @@ Invariants:
 - ``kv_bytes(layers, tokens, kv_heads, head_dim, bytes_per_element)`` is exactly
   ``2 x layers x tokens x kv_heads x head_dim x bytes`` (the 2 is K and V): linear in tokens.
 - ``request_kv_bytes(model, tokens, kv_format)`` = ``tokens x ModelSpec.kv_bytes_per_token(kv_format)``
-  (the package's one sizing rule, scale overhead of int8/int4 included).
+  for a full-attention model (the package's one sizing rule, scale overhead of int8/int4 included);
+  for today's layouts (sliding windows, state layers) the layout's content bytes
+  (``paged.core.kv_groups.KVLayout.content_bytes``: a sliding layer holds its window, a state its state).
 - ``reservation_waste(used, reserved)`` = ``1 - used / reserved``: the share of a contiguous
   reservation holding no token; ``paged_waste`` is the same for the last partly filled block only.
 - GB are decimal (1e9 bytes), as articles quote them; GiB = 2**30 where the GPU's driver figure is meant.
@@ -53,7 +55,13 @@ def model_choices() -> list[str]:
 def request_kv_bytes(model: str | ModelSpec, tokens: int | np.ndarray, kv_format: str = "fp16",
                      tensor_parallel: int = 1) -> float | np.ndarray:
     """KV bytes of one request holding ``tokens`` tokens (per GPU under tensor parallelism)."""
-    per_tok = model_spec(model).kv_bytes_per_token(kv_format, tensor_parallel)
+    m = model_spec(model)
+    per_tok = m.kv_bytes_per_token(kv_format, tensor_parallel)
+    if m.layer_pattern:  # windows or state layers: not linear in tokens
+        layout = m.kv_layout(kv_format, tensor_parallel)
+        if isinstance(tokens, np.ndarray):
+            return np.array([layout.content_bytes(int(t)) for t in tokens.ravel()], dtype=np.float64).reshape(tokens.shape)
+        return layout.content_bytes(int(tokens))
     return np.asarray(tokens, dtype=np.float64) * per_tok if isinstance(tokens, np.ndarray) else tokens * per_tok
 
 
@@ -94,14 +102,42 @@ def batch_budget(model: str | ModelSpec, context: int, batch: int, kv_format: st
     """
     m, g = model_spec(model), get_gpu(gpu)
     per_tok = m.kv_bytes_per_token(kv_format, tensor_parallel)
-    heads = max(1, m.num_kv_heads // tensor_parallel)
+    per_request = float(request_kv_bytes(m, context, kv_format, tensor_parallel))
+    heads = 1 if m.kv_lora_rank else max(1, m.num_kv_heads // tensor_parallel)
     room = max(0.0, 0.9 * g.hbm_bytes - m.weight_bytes() / tensor_parallel)
     return {"model": m.name, "kv_format": get_kv_format(kv_format).name, "context": context, "batch": batch,
             "layers": m.num_layers, "kv_heads": m.num_kv_heads, "kv_heads_per_gpu": heads, "head_dim": m.head_dim,
-            "bytes_per_element": per_tok / (2 * m.num_layers * heads * m.head_dim),
-            "bytes_per_token": per_tok, "bytes_per_request": per_tok * context, "bytes_per_batch": per_tok * context * batch,
+            "bytes_per_element": get_kv_format(kv_format, m.dtype_bytes).bits / 8,
+            "bytes_per_token": per_tok, "bytes_per_request": per_request, "bytes_per_batch": per_request * batch,
             "weight_bytes": m.weight_bytes() / tensor_parallel, "gpu": g.name, "tensor_parallel": tensor_parallel, "hbm_bytes": g.hbm_bytes,
-            "kv_room_bytes": room, "requests_fit": room / (per_tok * context) if context else math.inf}
+            "kv_room_bytes": room, "requests_fit": room / per_request if per_request else math.inf,
+            "layout_formula": layout_formula(m, context, kv_format, tensor_parallel)}
+
+
+def layout_formula(m: ModelSpec, context: int, kv_format: str = "fp16", tensor_parallel: int = 1) -> str:
+    """The per-request sizing as one line of arithmetic for ``m``'s layout (plain text), or "" for a
+    plain GQA/MHA model (whose formula is the module's ``kv_bytes``)."""
+    b = get_kv_format(kv_format, m.dtype_bytes).bits / 8
+    if m.kv_lora_rank:
+        return (f"MLA: {m.num_layers} layers x {context:,} tokens x ({m.kv_lora_rank} latent + {m.qk_rope_head_dim} "
+                f"RoPE) x {b:g} bytes, the same on every GPU")
+    if not m.layer_pattern:
+        return ""
+    from paged.sim.layouts import layer_kinds
+
+    kinds = layer_kinds(m)
+    per_layer = m.layer_bytes_per_token(kv_format, tensor_parallel)
+    parts = []
+    if kinds.count("full"):
+        parts.append(f"{kinds.count('full')} full layers x {context:,} tokens")
+    if kinds.count("sliding"):
+        held = min(context, m.sliding_window - 1)
+        parts.append(f"{kinds.count('sliding')} sliding layers x {held:,} tokens (window {m.sliding_window:,})")
+    text = " + ".join(parts) + f", x {per_layer:,} bytes per layer-token"
+    if kinds.count("state"):
+        state = -(-m.state_bytes_per_layer // tensor_parallel)
+        text += f"; + {kinds.count('state')} state layers x {state:,} bytes whatever the length"
+    return text
 
 
 def check_claims() -> pd.DataFrame:
@@ -139,5 +175,5 @@ def workload_lengths(workload: str = "sharegpt", num_requests: int = 1000, max_l
     return (tr["prompt_tokens"] + tr["output_tokens"]).to_numpy()
 
 
-__all__ = ["GB", "LLAMA_65B", "batch_budget", "check_claims", "kv_bytes", "model_choices", "model_spec", "paged_waste",
+__all__ = ["GB", "LLAMA_65B", "batch_budget", "layout_formula", "check_claims", "kv_bytes", "model_choices", "model_spec", "paged_waste",
            "request_kv_bytes", "requests_that_fit", "reservation_waste", "tokens_for_waste", "workload_lengths"]

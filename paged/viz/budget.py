@@ -32,7 +32,7 @@ def kv_growth_figure(model: str | ModelSpec, context: int, batch: int = 1, kv_fo
     b = batch_budget(model, context, batch, kv_format, gpu, tensor_parallel)
     top = max_tokens or max(context * 2, 1024)
     t = np.linspace(0, top, 65)
-    y = t * b["bytes_per_token"] * batch / GB
+    y = request_kv_bytes(model, t.round(), kv_format, tensor_parallel) * batch / GB
     fig = go.Figure([
         go.Scatter(x=t, y=y, mode="lines", name=f"KV of {batch} request(s)", line=dict(color=PAGED_COLOUR),
                    hovertemplate="%{x:.0f} tokens: %{y:.2f} GB<extra></extra>"),
@@ -43,7 +43,9 @@ def kv_growth_figure(model: str | ModelSpec, context: int, batch: int = 1, kv_fo
                    line=dict(dash="dash", color="grey")),
     ])
     tp = f" · tensor parallel {tensor_parallel}" if tensor_parallel > 1 else ""
-    fig.update_layout(title=f"{b['model']} · {b['kv_format']} · batch {batch}{tp}: KV grows linearly with tokens",
+    shape = "KV grows linearly with tokens" if not model_spec(model).layer_pattern else \
+        "past the window only full layers grow"
+    fig.update_layout(title=f"{b['model']} · {b['kv_format']} · batch {batch}{tp}: {shape}",
                       xaxis_title="tokens per request", yaxis_title="KV cache per GPU (GB)", height=380,
                       margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.25))
     return fig
@@ -52,8 +54,15 @@ def kv_growth_figure(model: str | ModelSpec, context: int, batch: int = 1, kv_fo
 def kv_format_figure(model: str | ModelSpec, context: int, batch: int = 1,
                      formats: Sequence[str] = ("fp32", "fp16", "fp8", "int8", "int4"),
                      tensor_parallel: int = 1) -> go.Figure:
-    """KV bytes of the batch per GPU in each storage format (scale overhead included), fp16 as the reference."""
-    gb = [float(request_kv_bytes(model, context, f, tensor_parallel)) * batch / GB for f in formats]
+    """KV bytes of the batch per GPU in each storage format (scale overhead included), fp16 as the
+    reference; formats the model's layout has no size for (MLA with scaled formats) are left out."""
+    sized = []
+    for f in formats:
+        try:
+            sized.append((f, float(request_kv_bytes(model, context, f, tensor_parallel)) * batch / GB))
+        except ConfigError:
+            continue
+    formats, gb = [f for f, _ in sized], [g for _, g in sized]
     ref = float(request_kv_bytes(model, context, "fp16", tensor_parallel)) * batch / GB
     fig = go.Figure(go.Bar(x=list(formats), y=gb, marker_color=PAGED_COLOUR,
                            text=[f"{g:.2f} GB ({g / ref:.2f}x)" for g in gb], textposition="outside"))
@@ -125,8 +134,10 @@ def formula_text(b: dict) -> str:
     split = f" ÷ {tp} GPUs" if tp > 1 else ""
     room = (f"room for {b['requests_fit']:.1f} such requests." if b["kv_room_bytes"] > 0 else
             "no room at all: raise tensor parallelism or pick a larger GPU.")
-    return (f"<b>2 × {b['layers']} layers × {b['context']:,} tokens × {b['kv_heads']} KV heads{split} × {b['head_dim']} "
-            f"× {b['bytes_per_element']:g} bytes = {b['bytes_per_request'] / GB:.3f} GB per request</b>"
+    head = (f"{b['layout_formula']}" if b.get("layout_formula") else
+            f"2 × {b['layers']} layers × {b['context']:,} tokens × {b['kv_heads']} KV heads{split} × {b['head_dim']} "
+            f"× {b['bytes_per_element']:g} bytes")
+    return (f"<b>{head} = {b['bytes_per_request'] / GB:.3f} GB per request</b>"
             f"{' per GPU' if tp > 1 else ''}; × batch {b['batch']} = {b['bytes_per_batch'] / GB:.2f} GB. "
             f"Each {b['gpu']} has {b['kv_room_bytes'] / GB:.1f} GB left after {b['weight_bytes'] / GB:.1f} GB of weights: "
             + room)
@@ -143,7 +154,7 @@ def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8
 
     ctl = dict(
         model=W.Dropdown(options=model_choices(), value=model_spec(model).name, description="model"),
-        context=W.IntSlider(value=context, min=128, max=32768, step=128, description="context", continuous_update=False),
+        context=W.IntSlider(value=context, min=128, max=131072, step=128, description="context", continuous_update=False),
         batch=W.IntSlider(value=batch, min=1, max=256, description="batch", continuous_update=False),
         kv_format=W.Dropdown(options=[f for f in ("fp32", "fp16", "bf16", "fp8", "int8", "int4", "int4_kivi") if f in KV_FORMATS],
                              value=kv_format, description="KV format"),
