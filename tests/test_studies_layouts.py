@@ -46,7 +46,7 @@ def test_figures_build():
 
 def test_hybrid_pool_in_the_simulator_beside_every_layer_full():
     trace = synthetic_trace("sharegpt", 24, max_model_len=8192, num_prefixes=2, prefix_tokens=600)
-    df = L.hybrid_vs_full(trace, "gpt-oss-120b", "h100-sxm", kv_cache_memory=1 << 28, max_model_len=8192).set_index("variant")
+    df = L.hybrid_vs_full(trace, "gpt-oss-120b", "h100-sxm", kv_cache_memory_bytes=1 << 28, max_model_len=8192).set_index("variant")
     assert (df["blocks_in_use_at_end"] == 0).all()
     # the same bytes hold twice the pages (18 of 36 layers per page) ...
     page = 16 * 18 * 2 * 8 * 64 * 2

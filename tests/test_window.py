@@ -183,7 +183,7 @@ def test_hybrid_pool_refuses_what_it_does_not_offer():
     with pytest.raises(ConfigError, match="full-attention group first"):
         HybridKVCacheManager(16, _layout(["sliding"], 4, 8))
     with pytest.raises(ConfigError, match="host tier"):
-        HybridKVCacheManager(16, _layout(["full", "sliding"], 4, 8), host_tier=True, num_cpu_blocks=4)
+        HybridKVCacheManager(16, _layout(["full", "sliding"], 4, 8), enable_host_tier=True, num_cpu_blocks=4)
     kv = HybridKVCacheManager(16, _layout(["full", "sliding"], 4, 8))
     kv.allocate_slots(Request("a", [1, 2, 3], max_tokens=1), 3)
     with pytest.raises(ConfigError, match="fork"):

@@ -76,7 +76,7 @@ def layout_table(models: Sequence[str] = MODERN_MODELS, contexts: Sequence[int] 
 
 
 def hybrid_vs_full(trace: pd.DataFrame, model: str = "gpt-oss-120b", gpu: str = "h100-sxm",
-                   kv_cache_memory: int | None = None, tensor_parallel: int = 1, **sim_kw) -> pd.DataFrame:
+                   kv_cache_memory_bytes: int | None = None, tensor_parallel: int = 1, **sim_kw) -> pd.DataFrame:
     """The trace through the simulator twice on the same KV memory: the hybrid pool and every layer
     full. Rows: ``variant``, ``num_kv_pages``, ``page_bytes``, ``max_running``, ``mean_running``,
     ``throughput_tok_s``, ``prefix_cache_hit_rate``, ``num_preemptions``, ``duration_s``, ``rejected``
@@ -88,7 +88,7 @@ def hybrid_vs_full(trace: pd.DataFrame, model: str = "gpt-oss-120b", gpu: str = 
     m = get_model(model)
     rows = []
     for variant, spec in (("hybrid pool", m), ("every layer full", every_layer_full(m))):
-        cfg = SimConfig(model=spec, gpu=gpu, tensor_parallel=tensor_parallel, kv_cache_memory=kv_cache_memory, **sim_kw)
+        cfg = SimConfig(model=spec, gpu=gpu, tensor_parallel=tensor_parallel, kv_cache_memory_bytes=kv_cache_memory_bytes, **sim_kw)
         sim = Simulator(cfg)
         res = sim.run(trace)
         s, steps = res.summary, res.steps
