@@ -15,6 +15,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 enum { S_F32 = 0, S_F16 = 1, S_BF16 = 2, S_LUT8 = 3, S_INT8 = 4, S_INT4 = 5, S_KIVI = 6, S_CB = 7 };
 #define MAXD 256
@@ -67,45 +70,50 @@ static void load_row(int64_t dtype, const void *base, int64_t idx, int64_t d, fl
     else for (int64_t c = 0; c < d; c++) out[c] = bf2f(r[c]);
 }
 
-/* uniform b-bit codes, channel c at bit c * b (little-endian): 8 codes per b bytes; row padded */
-static inline __attribute__((always_inline)) void unpack_uniform(const uint8_t *row, const int bits, int64_t d,
-                                                                 float *codes) {
-    const uint64_t mask = (1u << bits) - 1u;
-    for (int64_t c0 = 0; c0 < d; c0 += 8) {
-        uint64_t w;
-        memcpy(&w, row + (c0 / 8) * bits, 8);
-        for (int j = 0; j < 8; j++) codes[c0 + j] = (float)((w >> (j * bits)) & mask);
-    }
-}
+/* where each channel's code lies in a row: byte index, shift, mask (0 for a 0-bit channel); uniform
+ * b-bit codes sit at bit c * b, KIVI +alloc widths at their offsets (little-endian, a code may
+ * straddle two bytes) */
+typedef struct { int32_t idx[MAXD], sh[MAXD], mask[MAXD], ubits; } layout_t;  /* ubits: uniform width or 0 */
 
-static void unpack_any(const uint8_t *row, int64_t bits, int64_t d, float *codes) {
-    switch (bits) {
-        case 2: unpack_uniform(row, 2, d, codes); break;
-        case 3: unpack_uniform(row, 3, d, codes); break;
-        case 4: unpack_uniform(row, 4, d, codes); break;
-        case 5: unpack_uniform(row, 5, d, codes); break;
-        case 6: unpack_uniform(row, 6, d, codes); break;
-        case 7: unpack_uniform(row, 7, d, codes); break;
-        default: unpack_uniform(row, 8, d, codes);
-    }
-}
-
-/* per-channel widths (0..8 bits): byte index, shift and mask per channel (mask 0: a 0-bit channel) */
-typedef struct { uint16_t idx[MAXD]; uint8_t sh[MAXD]; uint16_t mask[MAXD]; } layout_t;
-
-static void make_layout(const int32_t *wd, const int32_t *of, int64_t d, layout_t *l) {
+static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int64_t d, layout_t *l) {
+    l->ubits = of ? 0 : (int32_t)bits;
     for (int64_t c = 0; c < d; c++) {
-        l->idx[c] = (uint16_t)(wd[c] ? of[c] >> 3 : 0);
-        l->sh[c] = (uint8_t)(of[c] & 7);
-        l->mask[c] = (uint16_t)((1u << wd[c]) - 1u);
+        int32_t w = wd ? wd[c] : (int32_t)bits, o = of ? of[c] : (int32_t)(c * bits);
+        l->idx[c] = w ? o >> 3 : 0;
+        l->sh[c] = o & 7;
+        l->mask[c] = (int32_t)((1u << w) - 1u);
     }
 }
 
-static inline void unpack_widths(const uint8_t *row, const layout_t *l, int64_t d, float *codes) {
-    for (int64_t c = 0; c < d; c++) {
-        uint32_t word = row[l->idx[c]] | ((uint32_t)row[l->idx[c] + 1] << 8);
-        codes[c] = (float)((word >> l->sh[c]) & l->mask[c]);
+/* codes of a row as floats; reads up to 4 bytes from each channel's byte (the row is padded) */
+static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, float *codes) {
+#ifdef __AVX2__
+    if (l->ubits && l->ubits <= 4) {  /* 8 codes in one 32-bit word: broadcast, shift per lane, mask */
+        int32_t b = l->ubits;
+        __m256i sh = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+        __m256i m = _mm256_set1_epi32((1 << b) - 1);
+        for (int64_t c = 0; c < d; c += 8) {
+            uint32_t w;
+            memcpy(&w, row + (c / 8) * b, 4);
+            __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), m);
+            _mm256_storeu_ps(codes + c, _mm256_cvtepi32_ps(v));
+        }
+        return;
     }
+    for (int64_t c = 0; c < d; c += 8) {
+        __m256i ix = _mm256_loadu_si256((const __m256i *)(l->idx + c));
+        __m256i w = _mm256_i32gather_epi32((const int *)row, ix, 1);
+        w = _mm256_srlv_epi32(w, _mm256_loadu_si256((const __m256i *)(l->sh + c)));
+        w = _mm256_and_si256(w, _mm256_loadu_si256((const __m256i *)(l->mask + c)));
+        _mm256_storeu_ps(codes + c, _mm256_cvtepi32_ps(w));
+    }
+#else
+    for (int64_t c = 0; c < d; c++) {
+        uint32_t w;
+        memcpy(&w, row + l->idx[c], 4);
+        codes[c] = (float)((w >> l->sh[c]) & (uint32_t)l->mask[c]);
+    }
+#endif
 }
 
 /* float step and zero of block blk for every head (0-bit channels read 0.5 * step + zero) */
@@ -133,7 +141,7 @@ static void kivi_block(const side_t *s, int64_t blk, int64_t hkv, int64_t d, flo
     }
 }
 
-/* row (slot, h) of side s as floats; KIVI uses the block's st/zr (kivi_block) and layouts lay */
+/* row (slot, h) of side s as floats; KIVI uses the block's st/zr (kivi_block); lay: head h's layout */
 static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t hkv, int64_t d, const float *st,
                               const float *zr, const layout_t *lay, float *out) {
     int64_t r = slot * hkv + h;
@@ -164,7 +172,7 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
     switch (s->code) {
         case S_INT4: {
             int64_t gs = d / s->groups;
-            unpack_uniform(rp, 4, d, codes);
+            unpack(rp, lay, d, codes);
             for (int64_t g = 0; g < s->groups; g++) {
                 float a = h2f(s->scale[r * s->groups + g]), z = h2f(s->zero[r * s->groups + g]);
                 for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = codes[c] * a + z;
@@ -172,15 +180,29 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
             return;
         }
         case S_KIVI: {
-            if (lay) unpack_widths(rp, lay + h, d, codes);
-            else unpack_any(rp, s->bits, d, codes);
+            unpack(rp, lay, d, codes);
             const float *a = st + h * d, *z = zr + h * d;
             for (int64_t c = 0; c < d; c++) out[c] = codes[c] * a[c] + z[c];
             return;
         }
         case S_CB: {
             int64_t gs = d / s->groups;
-            unpack_any(rp, s->bits, d, codes);
+            unpack(rp, lay, d, codes);
+#ifdef __AVX2__
+            if (s->bits <= 3 && gs % 8 == 0) {  /* <= 8 levels in one register: a lane permute per 8 codes */
+                float lv[8] = {0};
+                memcpy(lv, s->lut, sizeof(float) << s->bits);
+                __m256 levels = _mm256_loadu_ps(lv);
+                for (int64_t g = 0; g < s->groups; g++) {
+                    __m256 a = _mm256_set1_ps(h2f(s->scale[r * s->groups + g]));
+                    for (int64_t c = g * gs; c < (g + 1) * gs; c += 8) {
+                        __m256i ix = _mm256_cvttps_epi32(_mm256_loadu_ps(codes + c));
+                        _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_permutevar8x32_ps(levels, ix), a));
+                    }
+                }
+                return;
+            }
+#endif
             for (int64_t g = 0; g < s->groups; g++) {
                 float a = h2f(s->scale[r * s->groups + g]);
                 for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = s->lut[(int)codes[c]] * a;
@@ -223,12 +245,14 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
                       const int64_t *lens, int64_t n_seqs, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
                       float scale, float *scores, int64_t t_max, float *out, int64_t n_threads) {
     int64_t g = hq / hkv;
-    layout_t klay[32];  /* per KV head (kivi +alloc widths; hkv <= 32): read by every thread */
+    layout_t klay[32], vlay[32];  /* per KV head (hkv <= 32): read by every thread */
     (void)n_threads;
-    int alloc = ks->code == S_KIVI && ks->offset;
-    if (alloc)
-        for (int64_t h = 0; h < hkv; h++) make_layout(ks->width + h * d, ks->offset + h * d, d, klay + h);
-    const layout_t *kl = alloc ? klay : 0;
+    for (int64_t h = 0; h < hkv; h++) {
+        make_layout(ks->width ? ks->width + h * d : 0, ks->offset ? ks->offset + h * d : 0,
+                    ks->code == S_INT4 ? 4 : ks->bits, d, klay + h);
+        make_layout(vs->width ? vs->width + h * d : 0, vs->offset ? vs->offset + h * d : 0,
+                    vs->code == S_INT4 ? 4 : vs->bits, d, vlay + h);
+    }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
     for (int64_t s = 0; s < n_seqs; s++) {
         int64_t len = lens[s];
@@ -249,7 +273,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
             for (int64_t h = 0; h < hkv; h++) {
                 if (exact) exact_row(ex, 0, table, t, bs, h, hkv, d, row);
                 else {
-                    decode_row(ks, slot, h, hkv, d, kst, kzr, kl, row);
+                    decode_row(ks, slot, h, hkv, d, kst, kzr, klay + h, row);
                     if (ks->cos) {
                         int64_t p = t < ks->n_pos ? t : ks->n_pos - 1;
                         rope_row(row, ks->cos + p * d, ks->sin + p * d, d);
@@ -278,7 +302,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
             for (int64_t h = 0; h < hkv; h++) {
                 float *acc = exact ? oe : oc;
                 if (exact) exact_row(ex, 1, table, t, bs, h, hkv, d, row);
-                else decode_row(vs, slot, h, hkv, d, vst, vzr, 0, row);
+                else decode_row(vs, slot, h, hkv, d, vst, vzr, vlay + h, row);
                 for (int64_t j = 0; j < g; j++) {
                     float w = sc[(h * g + j) * t_max + t], *a = acc + (h * g + j) * d;
                     for (int64_t c = 0; c < d; c++) a[c] += w * row[c];
