@@ -141,6 +141,11 @@ def unavailable_reason() -> str:
     return _reason
 
 
+def library() -> ctypes.CDLL:
+    """The compiled library (BackendUnavailableError when :func:`available` is False)."""
+    return _lib()
+
+
 def _lib() -> ctypes.CDLL:
     if not available():
         raise BackendUnavailableError(f"the compiled CPU kernels are unavailable: {unavailable_reason()}")

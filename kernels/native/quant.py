@@ -19,7 +19,7 @@ import torch
 from ..cache import KVCacheLayer
 from ..errors import ShapeError
 from ..format_table import CODE_CB, CODE_INT4, CODE_INT4_KIVI, CODE_INT8, CODE_KIVI, CODE_PLAIN, FP8_CODES
-from . import _lib, available
+from . import available, library
 
 __all__ = ["supports", "decode"]
 
@@ -141,7 +141,7 @@ def decode(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq
     if not supports(layer):
         raise ShapeError(f"the native quantized decode does not take kv format {layer.kv_format.name!r} "
                          f"with head_dim {layer.head_dim} on {layer.device}")
-    lib = _lib()
+    lib = library()
     qf = q.float()
     if qf.stride(2) != 1:
         qf = qf.contiguous()
