@@ -18,7 +18,7 @@ import torch
 
 from ..cache import KVCacheLayer
 from ..errors import ShapeError
-from ..format_table import CODE_CB, CODE_INT4, CODE_INT4_KIVI, CODE_INT8, CODE_KIVI, CODE_PLAIN, FP8_CODES
+from ..format_table import CODE_CB, CODE_INT4, CODE_INT8, CODE_KIVI, CODE_PLAIN, FP8_CODES
 from . import available, library
 
 __all__ = ["supports", "decode"]
