@@ -1,14 +1,24 @@
-"""What the bits cost: decode step time and KV memory of each served KV format beside fp32 and int8.
+"""What the bits cost: decode step time and KV memory of each served KV format beside fp32 and int8,
+and llama.cpp's own quantized-cache step ratio on the same CPU, GGUF and prompt lengths.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quant_cost.py [--batch 8] [--prompt 512] [--steps 8] [--rounds 3]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quant_cost.py [--batch 8] [--prompt 512,2048] [--steps 8]
+        [--rounds 3] [--llama-site /tmp/venv-llamacpp/lib/python3.11/site-packages] [--csv reports/quant_cost.csv]
 
-CPU part: one engine per format (block_size 32, prefix caching off, the torch path), ``--batch``
+CPU part: one engine per format and prompt length (block_size 32, prefix caching off, the
+engine's CPU path: the compiled fused decode, ``--backend torch`` for the torch references), ``--batch``
 prompts of ``--prompt`` seeded random tokens prefilled, then ``--rounds`` rounds of ``--steps``
 decode steps each (``LLMEngine.step()``: scheduling, batch building, writes, attention, sampling);
 the formats take turns within each round, so a busy neighbour slows them alike. Per format: the
 median step time (thread CPU time), its ratio to fp32 and to int8, the cache's bytes
 (``paged.memory_facts(...).cache_bytes``: blocks, scales, staging and sink pools as allocated) and the bytes
 per token of the format table.
+
+llama.cpp part (with ``--llama-site``: llama-cpp-python built from source, ``CMAKE_ARGS=-DGGML_NATIVE=ON
+pip install llama-cpp-python==0.3.36`` in a scratch venv): a worker process without torch loads
+the embedded GGUF once per cache type (f16, q8_0, q4_0 for K and V, flash attention on, one
+thread), prefills ``--batch`` sequences of the same random prompts through the low-level batch
+API and times ``--rounds`` x ``--steps`` batched decode steps (one token per sequence), the types
+taking turns per round; the ratio to its f16 step is llama.cpp's cost of its quantized cache.
 
 GPU part (no GPU needed: computed from the format table): the bytes the Triton decode kernel
 reads per cached token and layer at a context of 512, 2048 and 8192 tokens: codes, scales and
@@ -48,52 +58,96 @@ def kernel_bytes_per_token(fmt: str, heads: int, head_dim: int, context: int, bl
     return per
 
 
+def llama_steps(site: str, batch: int, prompt: int, steps: int, rounds: int) -> tuple[str, dict[str, list[float]]]:
+    import json
+    import subprocess
+    import tempfile
+    from paged.models import embedded_gguf_path
+    with tempfile.TemporaryDirectory(prefix="llamacpp-cost-") as tmp:
+        out = os.path.join(tmp, "times.json")
+        worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quant_cost_llama.py")
+        subprocess.run([sys.executable, worker, embedded_gguf_path(), "--batch",
+                        str(batch), "--prompt", str(prompt), "--steps", str(steps), "--rounds", str(rounds),
+                        "--out", out, "--llama-site", site], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        with open(out) as f:
+            r = json.load(f)
+    return r["version"], r["times"]
+
+
+def our_steps(loaded, formats: list[str], batch: int, prompt: int, steps: int, rounds: int, backend: str | None
+              ) -> tuple[dict[str, list[float]], dict[str, int]]:
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 40000, (prompt,), generator=g).tolist() for _ in range(batch)]
+    total = prompt + steps * rounds + 8
+    engines = {}
+    for fmt in formats:
+        blocks = batch * (-(-total // 32)) + 8
+        c = EngineConfig(kv_cache_dtype=fmt, block_size=32, num_blocks=blocks, enable_prefix_caching=False,
+                         max_num_batched_tokens=batch * prompt, max_num_seqs=batch, record_events=False,
+                         attention_backend=backend)
+        e = LLMEngine(loaded, c)
+        sp = SamplingParams(temperature=0.0, max_tokens=steps * rounds + 2 * batch, ignore_eos=True)
+        for i, p in enumerate(prompts):
+            e.add_request(f"r{i}", p, sp)
+        e.step()  # the prefills
+        engines[fmt] = e
+    times: dict[str, list[float]] = {f: [] for f in formats}
+    for _ in range(rounds):
+        for fmt, e in engines.items():
+            c0 = time.thread_time()
+            for _ in range(steps):
+                e.step()
+            times[fmt].append((time.thread_time() - c0) / steps * 1e3)
+    return times, {f: memory_facts(e).cache_bytes for f, e in engines.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--prompt", default="512,2048", help="prompt lengths, comma-separated")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--backend", default=None, help="attention backend of our engines (default: the engine's)")
+    ap.add_argument("--llama-site", default=None, help="site-packages of a llama-cpp-python build")
+    ap.add_argument("--csv", default=None)
     args = ap.parse_args()
     formats = [f for f in args.formats.split(",") if f]
     loaded = load_model("smollm2", dtype=torch.float32)
     cfg = loaded.config
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 40000, (args.prompt,), generator=g).tolist() for _ in range(args.batch)]
-    total = args.prompt + args.steps * args.rounds + 8
-    engines = {}
-    for fmt in formats:
-        blocks = args.batch * (-(-total // 32)) + 8
-        c = EngineConfig(kv_cache_dtype=fmt, block_size=32, num_blocks=blocks, enable_prefix_caching=False,
-                         max_num_batched_tokens=args.batch * args.prompt, max_num_seqs=args.batch, record_events=False)
-        e = LLMEngine(loaded, c)
-        sp = SamplingParams(temperature=0.0, max_tokens=args.steps * args.rounds + 2, ignore_eos=True)
-        for i, p in enumerate(prompts):
-            e.add_request(f"r{i}", p, sp)
-        e.step()  # the prefill
-        engines[fmt] = e
-    times: dict[str, list[float]] = {f: [] for f in formats}
-    for _ in range(args.rounds):
-        for fmt, e in engines.items():
-            c0 = time.thread_time()
-            for _ in range(args.steps):
-                e.step()
-            times[fmt].append((time.thread_time() - c0) / args.steps * 1e3)
-    med = {f: statistics.median(t) for f, t in times.items()}
-    base, i8 = med.get("auto"), med.get("int8")
     h, d = cfg.num_kv_heads, cfg.head_dim
     from kernels import bytes_per_token, get_format
-    print(f"decode step, batch {args.batch} x {args.prompt}-token prompts, {args.rounds} rounds x {args.steps} steps, "
-          f"torch path on this CPU (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '?')})")
-    print("| format | step ms (median) | range | x fp32 | x int8 | cache bytes | bytes/token/layer |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for fmt in formats:
-        t = times[fmt]
-        bpt = bytes_per_token(get_format(fmt, torch.float32), h, d, dtype=torch.float32, block_size=32)
-        print(f"| {fmt} | {med[fmt]:.1f} | {min(t):.1f}-{max(t):.1f} | {med[fmt] / base:.2f} | "
-              f"{med[fmt] / i8:.2f} | {memory_facts(engines[fmt]).cache_bytes:,} | {bpt} |" if base and i8 else
-              f"| {fmt} | {med[fmt]:.1f} | | | | {memory_facts(engines[fmt]).cache_bytes:,} | {bpt} |")
+    rows = []
+    for prompt in [int(x) for x in args.prompt.split(",")]:
+        times, cache = our_steps(loaded, formats, args.batch, prompt, args.steps, args.rounds, args.backend)
+        med = {f: statistics.median(t) for f, t in times.items()}
+        base, i8 = med.get("auto"), med.get("int8")
+        for fmt in formats:
+            bpt = bytes_per_token(get_format(fmt, torch.float32), h, d, dtype=torch.float32, block_size=32)
+            rows.append({"tool": "ours", "prompt": prompt, "format": fmt, "step_ms": med[fmt],
+                         "lo": min(times[fmt]), "hi": max(times[fmt]), "x_base": med[fmt] / base if base else None,
+                         "x_int8": med[fmt] / i8 if i8 else None, "cache_bytes": cache[fmt], "bytes_per_token": bpt})
+        if args.llama_site:
+            version, lt = llama_steps(args.llama_site, args.batch, prompt, args.steps, args.rounds)
+            lm = {k: statistics.median(v) for k, v in lt.items()}
+            for k, v in lt.items():
+                rows.append({"tool": f"llama.cpp {version}", "prompt": prompt, "format": f"{k}/{k}",
+                             "step_ms": lm[k], "lo": min(v), "hi": max(v), "x_base": lm[k] / lm["f16"]})
+    backend = args.backend or "the engine's CPU default (native)"
+    print(f"decode step, batch {args.batch}, {args.rounds} rounds x {args.steps} steps, thread CPU time on this CPU "
+          f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '?')}); ours: {backend}, base fp32 ('auto'); "
+          "llama.cpp: base its f16 cache")
+    print("| tool | prompt | format | step ms (median) | range | x base | x int8 | cache bytes | bytes/token/layer |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    cell = lambda x, f: "" if x is None else f.format(x)  # noqa: E731
+    for r in rows:
+        print(f"| {r['tool']} | {r['prompt']} | {r['format']} | {r['step_ms']:.1f} | {r['lo']:.1f}-{r['hi']:.1f} | "
+              f"{cell(r.get('x_base'), '{:.2f}')} | {cell(r.get('x_int8'), '{:.2f}')} | "
+              f"{cell(r.get('cache_bytes'), '{:,}')} | {cell(r.get('bytes_per_token'), '{}')} |")
+    if args.csv:
+        import pandas as pd
+        pd.DataFrame(rows).to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
     print("\nTriton decode kernel, bytes read per cached token and layer (fp16 model; GPU case, from the table)")
     print("| format | ctx 512 | ctx 2048 | ctx 8192 | x fp16 at 2048 |")
     print("| --- | --- | --- | --- | --- |")

@@ -21,7 +21,7 @@ Typical use by a model runner::
 ``KVCacheLayer`` is data only (tensors, format, staging pool); every operation on it is a
 function of :mod:`kernels.api` / :mod:`kernels.blocks`.
 
-Entry points (each takes ``backend=None|"triton"|"interpreter"|"torch"``, see :mod:`kernels.backend`):
+Entry points (each takes ``backend=None|"triton"|"interpreter"|"native"|"torch"``, see :mod:`kernels.backend`):
 
 * ``paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, k_scale=None,
   v_scale=None, k_zero=None, v_zero=None, kv_format=None, backend=None, return_lse=False, num_splits=None)``

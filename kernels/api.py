@@ -113,9 +113,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer
     sl = _int32("seq_lens", seq_lens, 1, layer.device)
     _check_tables(bt, sl, q.shape[0], layer)
     be = resolve_backend(backend, q.device)
+    if layer.kv_format.split and return_lse:
+        raise ShapeError(f"return_lse is not available for split kv format {layer.kv_format.name!r}")
+    if be == "native":
+        from .native import quant as native_quant
+        if not return_lse and native_quant.supports(layer):
+            return native_quant.decode(q, layer, bt, sl, _softmax_scale(q, scale))
+        be = "torch"  # what the compiled kernels do not take: the references
     if layer.kv_format.split:
-        if return_lse:
-            raise ShapeError(f"return_lse is not available for split kv format {layer.kv_format.name!r}")
         return _split_decode(q, layer, bt, sl, scale, be, num_splits)
     if be == "torch":
         out, lse = decode_attention_ref(q, layer, bt, sl, scale, need_lse=return_lse)
@@ -156,13 +161,18 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLaye
         if bool((q_lens > sl).any()):
             raise ShapeError("each seq_len must count the new query tokens too (seq_lens >= query lengths); "
                              "write their K/V with write_kv first")
-    be = resolve_backend(backend, q.device)
+    be = _host(resolve_backend(backend, q.device))
     if layer.kv_format.split:
         return _split_prefill(q, layer, bt, sl, qsl, scale, be)
     if be == "torch":
         return prefill_attention_ref(q, layer, bt, sl, qsl, scale)
     from .triton_impl.launch import prefill_triton
     return prefill_triton(q, layer, bt, sl, qsl, scale)
+
+
+def _host(be: str) -> str:
+    """The backend of the paths without a compiled CPU kernel: 'native' runs the references there."""
+    return "torch" if be == "native" else be
 
 
 def _softmax_scale(q: torch.Tensor, scale: float | None) -> float:
@@ -215,7 +225,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVC
         from .split import write_split
         write_split(layer, key, value, sm, positions)  # torch ops on every backend (host bookkeeping)
         return
-    if resolve_backend(backend, key.device) == "torch" or layer.kv_format.k_per_channel:
+    if _host(resolve_backend(backend, key.device)) == "torch" or layer.kv_format.k_per_channel:
         write_kv_ref(layer, key, value, sm)  # int4_kivi: torch ops on every backend (kernels.kivi_cache)
         return
     from .triton_impl.launch import write_kv_triton

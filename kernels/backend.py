@@ -7,7 +7,10 @@ backend         when
 ``"interpreter"`` the same Triton kernels run by Triton's interpreter on CPU tensors; needs
                 ``TRITON_INTERPRET=1`` in the environment before :mod:`kernels` first runs a
                 Triton kernel (tests set it in ``tests/conftest.py``). Default on CPU when set.
-``"torch"``     plain-torch references (default on CPU otherwise; the fast CPU path)
+``"native"``    the compiled CPU kernels (:mod:`kernels.native`) where they take the layer
+                (decode attention over every served format), the torch references otherwise;
+                the engine's default on CPU when the kernels build (``PAGED_NATIVE=0`` turns them off)
+``"torch"``     plain-torch references (default on CPU otherwise; the oracle)
 =============== ==========================================================================
 
 ``backend=None`` or ``"auto"`` picks the default for the tensors' device. Asking for a backend that
@@ -30,7 +33,7 @@ from .errors import BackendUnavailableError
 
 __all__ = ["BACKENDS", "resolve_backend", "triton_available", "interpreter_enabled"]
 
-BACKENDS = ("triton", "interpreter", "torch")
+BACKENDS = ("triton", "interpreter", "native", "torch")
 
 
 @functools.cache
@@ -72,6 +75,14 @@ def resolve_backend(requested: str | None, device: torch.device) -> str:
             return "interpreter"
         return "torch"
     if req == "torch":
+        return req
+    if req == "native":
+        from . import native
+        if device.type != "cpu":
+            raise BackendUnavailableError(f"backend 'native' runs on CPU tensors, got {device}; use 'triton' on a GPU")
+        if not native.available():
+            raise BackendUnavailableError(f"backend 'native' is unavailable: {native.unavailable_reason()}; "
+                                          f"use backend='torch'")
         return req
     if not triton_available():
         raise BackendUnavailableError(f"backend {req!r} needs the 'triton' package; pip install triton, "

@@ -90,7 +90,7 @@ def _copy_tensors(tensors: list[torch.Tensor], m: torch.Tensor, backend: str | N
     from .backend import resolve_backend
     be = resolve_backend(backend, tensors[0].device)
     dst, src = set(m[:, 1].tolist()), set(m[:, 0].tolist())
-    if be != "torch" and len(dst) == m.shape[0] and not dst & src:
+    if be not in ("torch", "native") and len(dst) == m.shape[0] and not dst & src:
         from .triton_impl.launch import copy_blocks_triton
         copy_blocks_triton(tensors, m.to(tensors[0].device))
         return

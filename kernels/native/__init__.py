@@ -45,7 +45,7 @@ _FLAGS = ["-O3", "-fPIC"]
 _VARIANTS = [["-march=native", "-fopenmp"], ["-fopenmp"], []]
 _FAST = ["-ffast-math"]  # reassociated sums and vectorized expf (libmvec)
 _EXACT = ["-ffp-contract=off"]  # torch's rounding: no fused multiply-adds
-_SOURCES = [("paged_decode.c", _FAST), ("norm_act.c", _FAST), ("rope.c", _EXACT)]
+_SOURCES = [("paged_decode.c", _FAST), ("quant_decode.c", _FAST), ("norm_act.c", _FAST), ("rope.c", _EXACT)]
 ENABLED = os.environ.get("PAGED_NATIVE", "1") != "0"
 _reason = ""
 
@@ -118,6 +118,8 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     for name, args in (("paged_decode_f32", [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
                                              f32, ptr, ptr, ptr, i64, ptr, i64]),
+                       ("quant_decode_f32", [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
+                                             f32, ptr, i64, ptr, i64]),
                        ("rms_norm_f32", [ptr, ptr, f32, i64, i64, ptr]),
                        ("silu_mul_f32", [ptr, i64, i64, ptr]),
                        ("rope_f32", [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr])):
@@ -137,6 +139,11 @@ def unavailable_reason() -> str:
         return "disabled (PAGED_NATIVE=0 in the environment, or kernels.native.ENABLED = False)"
     _library()
     return _reason
+
+
+def library() -> ctypes.CDLL:
+    """The compiled library (BackendUnavailableError when :func:`available` is False)."""
+    return _lib()
 
 
 def _lib() -> ctypes.CDLL:

@@ -61,8 +61,12 @@ class ForwardResult:
 
 
 def default_backend(device: torch.device) -> str | None:
-    """``"torch"`` references on CPU (fast, and immune to TRITON_INTERPRET); auto on GPU."""
-    return "torch" if device.type == "cpu" else None
+    """On CPU ``"native"`` (the compiled kernels: fused decode over every KV format, the torch
+    references elsewhere) when they build, else ``"torch"`` (both immune to TRITON_INTERPRET); auto on GPU."""
+    if device.type != "cpu":
+        return None
+    from kernels import native
+    return "native" if native.available() else "torch"
 
 
 class ModelRunner:

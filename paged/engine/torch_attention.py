@@ -38,8 +38,8 @@ from .batch import BatchMetadata
 
 
 def supports(layers: Sequence[kernels.KVCacheLayer], backend: str) -> bool:
-    """Whether the planned path applies: the torch backend on a plain (unquantized) cache."""
-    return backend == "torch" and bool(layers) and not layers[0].kv_format.quantized \
+    """Whether the planned path applies: the torch or native backend on a plain (unquantized) cache."""
+    return backend in ("torch", "native") and bool(layers) and not layers[0].kv_format.quantized \
         and not layers[0].kv_format.k_per_channel
 
 

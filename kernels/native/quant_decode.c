@@ -1,0 +1,321 @@
+/* Fused paged decode attention over quantized KV on CPU: one query token per sequence, the codes
+ * read from the block-layout cache and dequantized row by row inside the attention loop (no
+ * float32 copy of K or V is ever made). The torch references that define the math:
+ * kernels/reference.py (int8, int4, fp8, fp16/bf16, int4_kivi) and kernels/split_read.py
+ * (split formats: KIVI keys, codebook values, +pre, +rot, @sink, @win).
+ *
+ * A side (K or V) is described by side_t; the exact rows (staging and sink pools) by exact_t.
+ * Row of (slot, kv head h): data + (slot * hkv + h) * row_bytes. Per sequence s, position t:
+ *   blk = tables[s][t / bs], slot = blk * bs + t % bs;
+ *   exact(t) = windowed ? (t < sink || len - 1 - t < window) : staging map[blk] >= 0 (keys only);
+ *   key(t)  = exact ? staging/sink row : decode(K side), RoPE at t when pre_rope;
+ *   p = softmax(scale * q . key);  out = H^T-rotated(sum_{not exact} p v_codes) + sum_{exact} p v_exact.
+ * The caller (kernels/native/quant.py) checks every index; this file trusts its inputs.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+enum { S_F32 = 0, S_F16 = 1, S_BF16 = 2, S_LUT8 = 3, S_INT8 = 4, S_INT4 = 5, S_KIVI = 6, S_CB = 7 };
+#define MAXD 256
+#define MAXHD 8192
+
+typedef struct {
+    int64_t code, row_bytes, groups, bits, compact, n_pos, safe_rows;  /* rows < safe_rows: 16 bytes follow */
+    const uint8_t *data;
+    const uint16_t *scale, *zero;     /* per token-head fp16: INT8 [.,1], INT4 / CB [., groups]; INT4 zero */
+    const float *lut;                 /* LUT8: [hkv][256] (code value x head scale); CB: levels [2^bits] */
+    const void *bstep, *bzero;        /* KIVI per (block, head, channel): fp16, or uint8 / int8 codes ... */
+    const uint16_t *bsuper;           /* ... under fp16 super-scales [nb, hkv, 2] (zero unit, step unit) */
+    const int32_t *width, *offset;    /* KIVI [hkv, d] bits and bit offset per channel */
+    const float *cos, *sin;           /* +pre: RoPE rows [n_pos, d] (sin signed) */
+    const float *hadamard;            /* CB +rot: [d, d]; the code part of the output is multiplied by H^T */
+} side_t;
+
+typedef struct {
+    int64_t dtype, sink, window, windowed;  /* dtype of the staging rows: S_F32 / S_F16 / S_BF16 */
+    const void *k, *v;                      /* staging rows [slots, bs, hkv, d]; v NULL: keys only */
+    const int32_t *map;                     /* block -> staging slot or -1 [nb]; NULL: no staging */
+    const uint16_t *sk, *sv;                /* sink rows fp16 [slots, sink, hkv, d] */
+    const int32_t *smap;                    /* first block -> sink slot or -1 */
+} exact_t;
+
+static inline float h2f(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, b;
+    if (e == 0x1f) b = s | 0x7f800000u | (m << 13);
+    else if (e) b = s | ((e + 112u) << 23) | (m << 13);
+    else {
+        float f = (float)m * 5.9604644775390625e-8f; /* subnormal: m * 2^-24, exact */
+        return s ? -f : f;
+    }
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+static inline float bf2f(uint16_t h) {
+    uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+static void load_row(int64_t dtype, const void *base, int64_t idx, int64_t d, float *out) {
+    if (dtype == S_F32) { memcpy(out, (const float *)base + idx * d, sizeof(float) * d); return; }
+    const uint16_t *r = (const uint16_t *)base + idx * d;
+    if (dtype == S_F16) for (int64_t c = 0; c < d; c++) out[c] = h2f(r[c]);
+    else for (int64_t c = 0; c < d; c++) out[c] = bf2f(r[c]);
+}
+
+/* where each channel's code lies in a row: byte index, shift, mask (0 for a 0-bit channel); uniform
+ * b-bit codes sit at bit c * b, KIVI +alloc widths at their offsets (little-endian, a code may
+ * straddle two bytes) */
+typedef struct { int32_t idx[MAXD], sh[MAXD], mask[MAXD], ubits; } layout_t;  /* ubits: uniform width or 0 */
+
+static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int64_t d, layout_t *l) {
+    l->ubits = of ? 0 : (int32_t)bits;
+    for (int64_t c = 0; c < d; c++) {
+        int32_t w = wd ? wd[c] : (int32_t)bits, o = of ? of[c] : (int32_t)(c * bits);
+        l->idx[c] = w ? o >> 3 : 0;
+        l->sh[c] = o & 7;
+        l->mask[c] = (int32_t)((1u << w) - 1u);
+    }
+}
+
+/* codes of a row as floats; reads up to 4 bytes from each channel's byte (the row is padded) */
+static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, float *codes) {
+#ifdef __AVX2__
+    if (l->ubits && l->ubits <= 4) {  /* 8 codes in one 32-bit word: broadcast, shift per lane, mask */
+        int32_t b = l->ubits;
+        __m256i sh = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+        __m256i m = _mm256_set1_epi32((1 << b) - 1);
+        for (int64_t c = 0; c < d; c += 8) {
+            uint32_t w;
+            memcpy(&w, row + (c / 8) * b, 4);
+            __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), m);
+            _mm256_storeu_ps(codes + c, _mm256_cvtepi32_ps(v));
+        }
+        return;
+    }
+    for (int64_t c = 0; c < d; c += 8) {
+        __m256i ix = _mm256_loadu_si256((const __m256i *)(l->idx + c));
+        __m256i w = _mm256_i32gather_epi32((const int *)row, ix, 1);
+        w = _mm256_srlv_epi32(w, _mm256_loadu_si256((const __m256i *)(l->sh + c)));
+        w = _mm256_and_si256(w, _mm256_loadu_si256((const __m256i *)(l->mask + c)));
+        _mm256_storeu_ps(codes + c, _mm256_cvtepi32_ps(w));
+    }
+#else
+    for (int64_t c = 0; c < d; c++) {
+        uint32_t w;
+        memcpy(&w, row + l->idx[c], 4);
+        codes[c] = (float)((w >> l->sh[c]) & (uint32_t)l->mask[c]);
+    }
+#endif
+}
+
+/* float step and zero of block blk for every head (0-bit channels read 0.5 * step + zero) */
+static void kivi_block(const side_t *s, int64_t blk, int64_t hkv, int64_t d, float *st, float *zr) {
+    for (int64_t h = 0; h < hkv; h++) {
+        int64_t base = (blk * hkv + h) * d;
+        float zu = 1.0f, su = 1.0f;
+        if (s->compact) {
+            zu = h2f(s->bsuper[(blk * hkv + h) * 2]);
+            su = h2f(s->bsuper[(blk * hkv + h) * 2 + 1]);
+        }
+        for (int64_t c = 0; c < d; c++) {
+            float a, z;
+            if (s->compact) {
+                a = (float)((const uint8_t *)s->bstep)[base + c] * su;
+                z = (float)((const int8_t *)s->bzero)[base + c] * zu;
+            } else {
+                a = h2f(((const uint16_t *)s->bstep)[base + c]);
+                z = h2f(((const uint16_t *)s->bzero)[base + c]);
+            }
+            if (s->width[h * d + c] == 0) z = 0.5f * a + z;
+            st[h * d + c] = a;
+            zr[h * d + c] = z;
+        }
+    }
+}
+
+/* row (slot, h) of side s as floats; KIVI uses the block's st/zr (kivi_block); lay: head h's layout */
+static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t hkv, int64_t d, const float *st,
+                              const float *zr, const layout_t *lay, float *out) {
+    int64_t r = slot * hkv + h;
+    const uint8_t *src = s->data + r * s->row_bytes;
+    uint8_t row[MAXD + 16];
+    float codes[MAXD];
+    switch (s->code) {
+        case S_F32: memcpy(out, src, sizeof(float) * d); return;
+        case S_F16: for (int64_t c = 0; c < d; c++) out[c] = h2f(((const uint16_t *)src)[c]); return;
+        case S_BF16: for (int64_t c = 0; c < d; c++) out[c] = bf2f(((const uint16_t *)src)[c]); return;
+        case S_LUT8: {
+            const float *lut = s->lut + h * 256;
+            for (int64_t c = 0; c < d; c++) out[c] = lut[src[c]];
+            return;
+        }
+        case S_INT8: {
+            float a = h2f(s->scale[r]);
+            for (int64_t c = 0; c < d; c++) out[c] = (float)((const int8_t *)src)[c] * a;
+            return;
+        }
+    }
+    const uint8_t *rp = src;  /* the unpackers read up to 8 bytes past a group: from the next rows, or a copy */
+    if (r >= s->safe_rows) {
+        memcpy(row, src, (size_t)s->row_bytes);
+        memset(row + s->row_bytes, 0, 16);
+        rp = row;
+    }
+    switch (s->code) {
+        case S_INT4: {
+            int64_t gs = d / s->groups;
+            unpack(rp, lay, d, codes);
+            for (int64_t g = 0; g < s->groups; g++) {
+                float a = h2f(s->scale[r * s->groups + g]), z = h2f(s->zero[r * s->groups + g]);
+                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = codes[c] * a + z;
+            }
+            return;
+        }
+        case S_KIVI: {
+            unpack(rp, lay, d, codes);
+            const float *a = st + h * d, *z = zr + h * d;
+            for (int64_t c = 0; c < d; c++) out[c] = codes[c] * a[c] + z[c];
+            return;
+        }
+        case S_CB: {
+            int64_t gs = d / s->groups;
+            unpack(rp, lay, d, codes);
+#ifdef __AVX2__
+            if (s->bits <= 3 && gs % 8 == 0) {  /* <= 8 levels in one register: a lane permute per 8 codes */
+                float lv[8] = {0};
+                memcpy(lv, s->lut, sizeof(float) << s->bits);
+                __m256 levels = _mm256_loadu_ps(lv);
+                for (int64_t g = 0; g < s->groups; g++) {
+                    __m256 a = _mm256_set1_ps(h2f(s->scale[r * s->groups + g]));
+                    for (int64_t c = g * gs; c < (g + 1) * gs; c += 8) {
+                        __m256i ix = _mm256_cvttps_epi32(_mm256_loadu_ps(codes + c));
+                        _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_permutevar8x32_ps(levels, ix), a));
+                    }
+                }
+                return;
+            }
+#endif
+            for (int64_t g = 0; g < s->groups; g++) {
+                float a = h2f(s->scale[r * s->groups + g]);
+                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = s->lut[(int)codes[c]] * a;
+            }
+            return;
+        }
+    }
+}
+
+static inline void rope_row(float *x, const float *cos, const float *sin, int64_t d) {
+    float y[MAXD];
+    int64_t half = d / 2;
+    for (int64_t c = 0; c < half; c++) y[c] = x[c] * cos[c] + x[c + half] * sin[c];
+    for (int64_t c = half; c < d; c++) y[c] = x[c] * cos[c] + x[c - half] * sin[c];
+    memcpy(x, y, sizeof(float) * d);
+}
+
+/* exact K (kv = 0) or V (kv = 1) row of position t, head h */
+static void exact_row(const exact_t *e, int kv, const int64_t *table, int64_t t, int64_t bs, int64_t h,
+                      int64_t hkv, int64_t d, float *out) {
+    if (e->sink && t < e->sink) {
+        int32_t ss = e->smap[table[0]];
+        if (ss < 0) { memset(out, 0, sizeof(float) * d); return; }
+        load_row(S_F16, kv ? e->sv : e->sk, (ss * e->sink + t) * hkv + h, d, out);
+        return;
+    }
+    int32_t st = e->map[table[t / bs]];
+    if (st < 0) st = 0;  /* the reference's clamp: rows of a block no query reads exactly */
+    load_row(e->dtype, kv ? e->v : e->k, (st * bs + t % bs) * hkv + h, d, out);
+}
+
+static inline float dot(const float *a, const float *b, int64_t d) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < d; c++) acc += a[c] * b[c];
+    return acc;
+}
+
+void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_stride, const side_t *ks,
+                      const side_t *vs, const exact_t *ex, const int64_t *tables, int64_t width,
+                      const int64_t *lens, int64_t n_seqs, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
+                      float scale, float *scores, int64_t t_max, float *out, int64_t n_threads) {
+    int64_t g = hq / hkv;
+    layout_t klay[32], vlay[32];  /* per KV head (hkv <= 32): read by every thread */
+    (void)n_threads;
+    for (int64_t h = 0; h < hkv; h++) {
+        make_layout(ks->width ? ks->width + h * d : 0, ks->offset ? ks->offset + h * d : 0,
+                    ks->code == S_INT4 ? 4 : ks->bits, d, klay + h);
+        make_layout(vs->width ? vs->width + h * d : 0, vs->offset ? vs->offset + h * d : 0,
+                    vs->code == S_INT4 ? 4 : vs->bits, d, vlay + h);
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
+    for (int64_t s = 0; s < n_seqs; s++) {
+        int64_t len = lens[s];
+        const int64_t *table = tables + s * width;
+        const float *qs = q + s * q_tok_stride;
+        float *o = out + s * hq * d, *sc = scores + s * hq * t_max;
+        float kst[MAXHD], kzr[MAXHD], vst[MAXHD], vzr[MAXHD], row[MAXD];
+        float oc[MAXHD], oe[MAXHD];  /* value accumulators: from codes (rotated frame), from exact rows */
+        int64_t kblk = -1, vblk = -1;
+        memset(o, 0, sizeof(float) * hq * d);
+        if (len == 0) continue;
+        /* 1. scores */
+        for (int64_t t = 0; t < len; t++) {
+            int64_t blk = table[t / bs], slot = blk * bs + t % bs;
+            int exact = ex->windowed ? (t < ex->sink || len - 1 - t < ex->window)
+                                     : (ex->map != 0 && ex->map[blk] >= 0);
+            if (!exact && ks->code == S_KIVI && blk != kblk) { kivi_block(ks, blk, hkv, d, kst, kzr); kblk = blk; }
+            for (int64_t h = 0; h < hkv; h++) {
+                if (exact) exact_row(ex, 0, table, t, bs, h, hkv, d, row);
+                else {
+                    decode_row(ks, slot, h, hkv, d, kst, kzr, klay + h, row);
+                    if (ks->cos) {
+                        int64_t p = t < ks->n_pos ? t : ks->n_pos - 1;
+                        rope_row(row, ks->cos + p * d, ks->sin + p * d, d);
+                    }
+                }
+                for (int64_t j = 0; j < g; j++)
+                    sc[(h * g + j) * t_max + t] = dot(qs + (h * g + j) * q_head_stride, row, d) * scale;
+            }
+        }
+        /* 2. softmax numerators; norm = 1 / sum */
+        float norm[1024];
+        for (int64_t i = 0; i < hq; i++) {
+            float *x = sc + i * t_max, m = x[0], sum = 0.0f;
+            for (int64_t t = 1; t < len; t++) m = x[t] > m ? x[t] : m;
+            for (int64_t t = 0; t < len; t++) { x[t] = expf(x[t] - m); sum += x[t]; }
+            norm[i] = 1.0f / sum;
+        }
+        /* 3. values */
+        int vex = ex->windowed && ex->v != 0;
+        memset(oc, 0, sizeof(float) * hq * d);
+        memset(oe, 0, sizeof(float) * hq * d);
+        for (int64_t t = 0; t < len; t++) {
+            int64_t blk = table[t / bs], slot = blk * bs + t % bs;
+            int exact = vex && (t < ex->sink || len - 1 - t < ex->window);
+            if (!exact && vs->code == S_KIVI && blk != vblk) { kivi_block(vs, blk, hkv, d, vst, vzr); vblk = blk; }
+            for (int64_t h = 0; h < hkv; h++) {
+                float *acc = exact ? oe : oc;
+                if (exact) exact_row(ex, 1, table, t, bs, h, hkv, d, row);
+                else decode_row(vs, slot, h, hkv, d, vst, vzr, vlay + h, row);
+                for (int64_t j = 0; j < g; j++) {
+                    float w = sc[(h * g + j) * t_max + t], *a = acc + (h * g + j) * d;
+                    for (int64_t c = 0; c < d; c++) a[c] += w * row[c];
+                }
+            }
+        }
+        /* 4. rotate the code part back (out = oc @ H^T), add the exact part, normalise */
+        for (int64_t i = 0; i < hq; i++) {
+            float *a = oc + i * d, *b = oe + i * d, *y = o + i * d;
+            if (vs->hadamard)
+                for (int64_t c = 0; c < d; c++) y[c] = dot(a, vs->hadamard + c * d, d);
+            else memcpy(y, a, sizeof(float) * d);
+            for (int64_t c = 0; c < d; c++) y[c] = (y[c] + b[c]) * norm[i];
+        }
+    }
+}
