@@ -54,3 +54,11 @@ class ConnectError(PagedError, ConnectionError):
 
 class WireFormatError(PagedError, ValueError):
     """A message from a server does not follow the wire format it claims (counted, not fatal, in live sources)."""
+
+
+class NoReplicaError(PagedError, RuntimeError):
+    """A fleet has no replica up to take a request (all marked down)."""
+
+
+class ReplicaDownWarning(UserWarning):
+    """A fleet replica stopped answering: it is marked down and routing goes on without it."""
