@@ -54,7 +54,9 @@ def test_precise_views_equal_each_stream_and_kv_aware_beats_round_robin(tiny, tm
         try:
             assert len(fleet.results) == 9 and {r[1] for r in fleet.results} == {0, 1}
             for i, rep in enumerate(reps):
-                view = fleet.dispatcher.replicas[i].precise.forest.live
+                precise = fleet.dispatcher.replicas[i].precise
+                view = precise.forest.live
+                assert set(precise.live.values()) == view      # the key index and the forest agree
                 assert view == {to_int_hash(h) for h in rep.llm.kv_manager.pool.index}
                 with pc.connect(events=rep.events_endpoint, replay=rep.replay_endpoint, background=False) as src:
                     src.poll(0.5)   # joins late: the replay socket gives the whole stream

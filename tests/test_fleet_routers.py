@@ -154,6 +154,9 @@ def test_precise_view_follows_stores_and_removals():
     assert c.match_blocks(list(range(12)) + [5]) == 3
     c.apply([BlockRemoved((1,))])                       # the middle block went: the chain breaks there
     assert c.match_blocks(list(range(12))) == 1 and c.num_blocks() == 2
+    assert set(c.live.values()) == c.forest.live == {0, 2}
+    c.apply([stored(list(range(50, 54)), parent=77, base=9)])   # parent never seen (joined late)
+    assert c.match_blocks(list(range(50, 54))) == 0 and c.num_blocks() == 3
     c.clear()
     assert c.match_blocks(list(range(12))) == 0
 

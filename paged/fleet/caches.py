@@ -19,8 +19,19 @@ from collections import OrderedDict
 from typing import Iterable, Protocol, Sequence
 
 from paged.connect.forest import PrefixForest
-from paged.connect.wire import Batch, KVEvent, MEDIUM_GPU
+from paged.connect.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, KVEvent, MEDIUM_GPU
 from paged.errors import ConfigError
+
+
+def chain_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """The chained key of every full block: key(i) = hash((key(i-1), tokens of block i)), key(-1) = 0
+    (Python's tuple hash of ints: the same in every process; a 64-bit collision costs a wrong
+    guess of one block, never wrong KV, since a view only advises the router)."""
+    out, parent = [], 0
+    for i in range(len(token_ids) // block_size):
+        parent = hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+        out.append(parent)
+    return out
 
 
 class CacheView(Protocol):
@@ -28,8 +39,12 @@ class CacheView(Protocol):
 
     block_size: int
 
+    def match_keys(self, keys: Sequence[int]) -> int:
+        """Leading keys (``chain_keys`` of a prompt) held: a prefix hit of that many blocks."""
+        ...
+
     def match_blocks(self, token_ids: Sequence[int]) -> int:
-        """Leading full blocks of ``token_ids`` held (a prefix hit of that many blocks)."""
+        """``match_keys`` of ``token_ids``' chain keys."""
         ...
 
     def num_blocks(self) -> int:
@@ -43,52 +58,86 @@ def _check_block_size(block_size: int) -> int:
     return block_size
 
 
-class PreciseCache:
-    """A replica's cache as its KV-event stream rebuilds it (see the module docstring).
-    Invariant: ``forest.live`` is what the stream says the replica holds on ``medium``."""
+class _KeyMatch:
+    """``match_blocks`` through ``match_keys`` (both views)."""
 
-    def __init__(self, block_size: int, medium: str = MEDIUM_GPU) -> None:
+    block_size: int
+
+    def match_blocks(self, token_ids: Sequence[int]) -> int:
+        return self.match_keys(chain_keys(token_ids, self.block_size))
+
+
+class PreciseCache(_KeyMatch):
+    """A replica's cache as its KV-event stream rebuilds it (see the module docstring).
+
+    Each stored block gets the chain key of its tokens under its parent's key (the replica's own
+    hashes name blocks in the stream; keys make views of replicas with different hash functions
+    comparable). Invariant: ``live`` maps the key of every block stored and not removed since to
+    its hash; with ``keep_forest`` the same events also build a ``PrefixForest`` (history, views),
+    whose ``live`` set is then exactly ``set(live.values())``."""
+
+    def __init__(self, block_size: int, medium: str = MEDIUM_GPU, keep_forest: bool = True) -> None:
         self.block_size = _check_block_size(block_size)
-        self.forest = PrefixForest(medium)
+        self.medium = medium
+        self.forest = PrefixForest(medium) if keep_forest else None
+        self.live: dict[int, object] = {}         # chain key -> block hash
+        self.key_of: dict[object, int] = {}      # block hash -> chain key (live blocks)
         self.num_batches = 0
+        self.num_events = 0
 
     def apply(self, events: Iterable[KVEvent], t: float = 0.0) -> None:
         """Apply decoded events in order at time ``t`` (seconds on the caller's clock)."""
         for e in events:
-            self.forest.apply(e, t)
+            self.num_events += 1
+            if self.forest is not None:
+                self.forest.apply(e, t)
+            if isinstance(e, AllBlocksCleared):
+                self.live.clear()
+                self.key_of.clear()
+            elif (e.medium or MEDIUM_GPU) != self.medium:
+                continue
+            elif isinstance(e, BlockStored):
+                for h, parent, tokens in e.blocks():
+                    pkey = 0 if parent is None else self.key_of.get(parent)
+                    if pkey is None:
+                        pkey = hash(("unknown parent", parent))   # joined late: matches nothing we route
+                    key = hash((pkey, tuple(tokens)))
+                    self.key_of[h] = key
+                    self.live[key] = h
+            elif isinstance(e, BlockRemoved):
+                for h in e.block_hashes:
+                    key = self.key_of.pop(h, None)
+                    if key is not None and self.live.get(key) == h:
+                        del self.live[key]
 
     def apply_batch(self, batch: Batch, t: float = 0.0) -> None:
         """Apply one decoded message; a batch after a publisher restart clears the view first
         (a restarted replica starts with an empty cache)."""
         if batch.after_restart:
-            self.forest.clear(t)
+            self.apply([AllBlocksCleared()], t)
         self.apply(batch.events, t)
         self.num_batches += 1
 
-    def match_blocks(self, token_ids: Sequence[int]) -> int:
-        if self.forest.block_size is None:
-            return 0  # nothing reported yet
-        n = 0
-        for node in self.forest.match(token_ids):
-            if node is None or not node.live:
+    def match_keys(self, keys: Sequence[int]) -> int:
+        n, live = 0, self.live
+        for k in keys:
+            if k not in live:
                 break
             n += 1
         return n
 
     def num_blocks(self) -> int:
-        return len(self.forest.live)
+        return len(self.live)
 
     def clear(self, t: float = 0.0) -> None:
         """Forget everything (the replica went away or reset)."""
-        self.forest.clear(t)
+        self.apply([AllBlocksCleared()], t)
 
 
-class ApproxCache:
-    """The router's guess of a replica's cache (see the module docstring). Keys chain like
-    block hashes: key(i) = hash((key(i-1), tokens of block i)) (Python's tuple hash of ints,
-    the same in every process). Invariant: at most ``capacity_blocks`` keys; the least recently
-    sent prefix goes first, a chain's last block before its first (as vLLM frees a request's
-    blocks tail first)."""
+class ApproxCache(_KeyMatch):
+    """The router's guess of a replica's cache (see the module docstring), by ``chain_keys``.
+    Invariant: at most ``capacity_blocks`` keys; the least recently sent prefix goes first, a
+    chain's last block before its first (as vLLM frees a request's blocks tail first)."""
 
     def __init__(self, block_size: int, capacity_blocks: int) -> None:
         self.block_size = _check_block_size(block_size)
@@ -99,26 +148,19 @@ class ApproxCache:
         self.lru: OrderedDict[int, None] = OrderedDict()   # oldest first
         self.num_evicted = 0
 
-    def keys(self, token_ids: Sequence[int]) -> list[int]:
-        """The chained key of every full block of ``token_ids``."""
-        bs, out, parent = self.block_size, [], 0
-        for i in range(len(token_ids) // bs):
-            parent = hash((parent, tuple(token_ids[i * bs:(i + 1) * bs])))
-            out.append(parent)
-        return out
-
-    def match_blocks(self, token_ids: Sequence[int]) -> int:
-        n = 0
-        for k in self.keys(token_ids):
-            if k not in self.lru:
+    def match_keys(self, keys: Sequence[int]) -> int:
+        n, lru = 0, self.lru
+        for k in keys:
+            if k not in lru:
                 break
             n += 1
         return n
 
-    def record(self, token_ids: Sequence[int]) -> None:
-        """The router sent ``token_ids`` here: its full blocks are (about to be) cached."""
+    def record(self, token_ids: Sequence[int], keys: Sequence[int] | None = None) -> None:
+        """The router sent ``token_ids`` here (``keys``: their chain keys, if computed): its full
+        blocks are (about to be) cached."""
         lru = self.lru
-        for k in reversed(self.keys(token_ids)):  # the first block ends most recent
+        for k in reversed(chain_keys(token_ids, self.block_size) if keys is None else keys):
             if k in lru:
                 lru.move_to_end(k)
             else:

@@ -52,10 +52,11 @@ class ReplicaState:
         return ReplicaView(self.index, self.name, self.block_size, self.capacity_blocks, len(self.outstanding),
                            sum(self.outstanding.values()), float(kv_usage), self.up, self.precise, self.approx)
 
-    def sent(self, request: Any) -> None:
+    def sent(self, request: Any, keys: Sequence[int] | None = None) -> None:
+        """``request`` was routed here (``keys``: its prompt's chain keys, if computed)."""
         n = len(prompt_of(request)) + int(getattr(request, "max_tokens", 0) or 0)
         self.outstanding[request.request_id] = math.ceil(n / self.block_size)
-        self.approx.record(prompt_of(request))
+        self.approx.record(prompt_of(request), keys)
         self.num_sent += 1
 
 
@@ -82,10 +83,10 @@ class Dispatcher:
         i = self.router.route(request, self.views(usage))
         d = self.router.decisions[-1]
         r = self.replicas[i]
-        prompt = prompt_of(request)
-        precise = r.precise.match_blocks(prompt) if r.precise is not None else -1
-        approx = r.approx.match_blocks(prompt)   # before this request is added to the guess
-        r.sent(request)
+        keys = self.router.keys(request, r.block_size)
+        precise = r.precise.match_keys(keys) if r.precise is not None else -1
+        approx = r.approx.match_keys(keys)   # before this request is added to the guess
+        r.sent(request, keys)
         self.where[request.request_id] = i
         self.rows.append((request.request_id, time_s, d.policy, i, r.name, d.reason, d.prompt_tokens,
                           d.scores[i], d.overlaps[i], precise, approx))

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from paged.errors import ConfigError, NoReplicaError
 
-from .caches import CacheView
+from .caches import CacheView, chain_keys
 
 VIEWS = ("precise", "approximate")
 
@@ -82,6 +82,7 @@ class Router:
     def __init__(self) -> None:
         self.decisions: list[Decision] = []
         self.last = -1
+        self.memo: tuple | None = None
 
     def score(self, request: Any, ups: list[ReplicaView]) -> tuple[list[float], list[int], str]:
         """Scores (lower wins) and matched blocks (-1: not read) of the replicas that are up."""
@@ -116,7 +117,14 @@ class Router:
         if cache is None:
             raise ConfigError(f"router {self.name!r} reads the {self.view} cache view, which replica {v.name!r} "
                               "does not have; give the fleet KV events (precise) or use view='approximate'")
-        return cache.match_blocks(prompt_of(request))
+        return cache.match_keys(self.keys(request, v.block_size))
+
+    def keys(self, request: Any, block_size: int) -> list[int]:
+        """``chain_keys`` of the request's prompt, computed once per request and block size."""
+        memo = self.memo
+        if memo is None or memo[0] is not request or memo[1] != block_size:
+            memo = self.memo = (request, block_size, chain_keys(prompt_of(request), block_size))
+        return memo[2]
 
 
 class RoundRobin(Router):
