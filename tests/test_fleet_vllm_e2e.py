@@ -90,4 +90,5 @@ def test_router_views_equal_the_streams_and_kv_aware_beats_round_robin_on_vllm(s
             rates[router] = fleet.hit_rate()
         finally:
             fleet.close()
+    print(f"\nlive hit rates (vLLM + ours, 9 requests): {rates}")  # shown with pytest -s
     assert rates["kv_aware"] > rates["round_robin"], rates
