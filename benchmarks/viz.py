@@ -7,7 +7,7 @@ Part 1 fills a pool of 1k / 16k / 128k blocks to ~75% with requests of 16 blocks
 `KVCacheManager.snapshot()` (whole, and of the one grid page drawn), the grid page and block-table
 arrays a frame assigns, and whole frames into FigureWidgets (inside `batch_update`): grid + tables
 (needs the whole snapshot) and grid only (reads only its page). Part 2 runs SmolLM2 over one chat workload
-as a bare `EngineRun` and under a `Dashboard(fps=15)` (grid, tables, usage, timeline), alternating,
+as a bare `Run` and under a `Dashboard(fps=15)` (grid, tables, usage, timeline), alternating,
 best of `--repeats`; it prints tokens/s, their ratio (aim: overhead <= 10%) and the share of the dashboard run's
 wall time spent drawing frames, measured inside the dashboard (robust to a busy machine, where
 the end-to-end ratio of two runs is noisy). Outside a kernel the
@@ -92,16 +92,16 @@ def throughput_table(num_requests: int = 8, max_tokens: int = 32, repeats: int =
     from paged.viz import live
     llm = paged.LLM(num_blocks=96)
     wl = runs.chat_workload(llm.tokenizer, num_requests, n=2, max_tokens=max_tokens, arrive_every=1)
-    base = runs.EngineRun(llm, wl)
-    results = {"bare EngineRun": [], f"Dashboard at {fps:g} fps": []}
+    base = runs.Run(llm, wl)
+    results = {"bare Run": [], f"Dashboard at {fps:g} fps": []}
     tokens = {}
     share: list[float] = []
     for _ in range(repeats):  # alternate, so drift in the machine's load hits both
         run = base.fresh()
         t = time.perf_counter()
         run.run_to_completion()
-        results["bare EngineRun"].append(time.perf_counter() - t)
-        tokens["bare EngineRun"] = sum(r["num_decode_tokens"] + r["num_prefill_tokens"] for r in run.rows)
+        results["bare Run"].append(time.perf_counter() - t)
+        tokens["bare Run"] = sum(r["num_decode_tokens"] + r["num_prefill_tokens"] for r in run.rows)
         run = base.fresh()
         dash = live.Dashboard(run, views=("grid", "tables", "usage", "timeline"), fps=fps)
         t = time.perf_counter()
@@ -116,7 +116,7 @@ def throughput_table(num_requests: int = 8, max_tokens: int = 32, repeats: int =
         best = min(times)
         rows.append(dict(config=k, wall_s=best, tokens=tokens[k], tokens_per_s=tokens[k] / best))
     df = pd.DataFrame(rows).set_index("config")
-    df["ratio_vs_bare"] = df["tokens_per_s"] / df.loc["bare EngineRun", "tokens_per_s"]
+    df["ratio_vs_bare"] = df["tokens_per_s"] / df.loc["bare Run", "tokens_per_s"]
     df["frames"] = [0, frames]
     df["drawing_share_of_wall"] = [0.0, min(share)]  # measured inside the dashboard: robust to machine noise
     return df.round(3)

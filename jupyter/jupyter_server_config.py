@@ -9,9 +9,18 @@ Notebooks git does not track (your own) are saved as they are.
 import subprocess
 from pathlib import Path
 
+# what the kernel reports about its language beyond the name (Python version, lexer, ...): JupyterLab writes it
+# into the notebook once a kernel is connected, so a notebook autosaved after 2 minutes of running differed from
+# the committed one (seen as a modified 02/05/07/08 in the browser test on a busy machine). The git clean filter
+# drops the same keys (scripts/install_nbfilter.sh).
+KERNEL_LANGUAGE_KEYS = [f"metadata.language_info.{k}" for k in
+                        ("codemirror_mode", "file_extension", "mimetype", "nbconvert_exporter", "pygments_lexer",
+                         "version")]
+
 
 def strip_outputs_of_tracked_notebooks(model, path, contents_manager, **kwargs):
-    """pre_save_hook: drop outputs and execution counts of a git-tracked notebook (cell ids kept)."""
+    """pre_save_hook: drop outputs, execution counts and the kernel's language details of a git-tracked
+    notebook (cell ids kept)."""
     if model.get("type") != "notebook" or not model.get("content"):
         return
     full = Path(contents_manager.root_dir) / path
@@ -23,7 +32,7 @@ def strip_outputs_of_tracked_notebooks(model, path, contents_manager, **kwargs):
     from nbstripout import strip_output
 
     nb = nbformat.from_dict(model["content"])
-    strip_output(nb, keep_output=False, keep_count=False, keep_id=True)
+    strip_output(nb, keep_output=False, keep_count=False, keep_id=True, extra_keys=KERNEL_LANGUAGE_KEYS)
     model["content"] = nb
 
 

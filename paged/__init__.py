@@ -3,15 +3,16 @@
 The core (pure Python): `BlockPool` -> `KVCacheManager` -> `Scheduler`, observed through a
 `Recorder` whose events `paged.telemetry` turns into DataFrames.
 """
-from .core import (Block, BlockPool, CacheConfig, Event, KVCacheManager, NullRecorder, Recorder, Request, RequestStatus,
-                   ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput)
+from .core import (Block, BlockPool, CacheConfig, Event, Executor, KVCache, KVCacheManager, NullRecorder, Recorder,
+                   Request, RequestStatus, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput, StepLoop,
+                   StepRecord)
 from .errors import (BlockStateError, CacheInUseError, ConfigError, DuplicateRequestError,
                      InvalidRequestError, ModelLoadError, PagedError, StepFailedError, UnknownRequestError)
 
 __all__ = [
     "Block", "BlockPool", "BlockStateError", "CacheConfig", "CacheInUseError", "ConfigError", "DuplicateRequestError",
-    "Event", "InvalidRequestError", "KVCacheManager", "ModelLoadError", "NullRecorder", "PagedError", "Recorder", "Request",
-    "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepFailedError", "UnknownRequestError",
+    "Event", "Executor", "InvalidRequestError", "KVCache", "KVCacheManager", "ModelLoadError", "NullRecorder", "PagedError", "Recorder", "Request",
+    "RequestStatus", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "StepFailedError", "StepLoop", "StepRecord", "UnknownRequestError",
     "LLM", "LLMEngine", "EngineConfig", "SamplingParams", "Simulator", "SimConfig", "sweep",
 ]
 

@@ -101,7 +101,7 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
                      convert=lambda v, flag: "sync" if flag.startswith("--no-") else "overlap")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", default="sharegpt", choices=sorted(WORKLOADS))
-    w.add_argument("--trace", default=None, help="trace file (CSV paged/vidur/azure or JSONL); overrides --workload")
+    w.add_argument("--trace", default=None, help="trace file, read by content (CSV paged/vidur/azure, JSONL LLMServingSim/Mooncake, gzipped or not); overrides --workload")
     w.add_argument("--num-requests", "-n", type=int, default=None,
                    help="requests to generate (default 1000), or the first N rows of --trace (default all)")
     w.add_argument("--rate", type=float, default=math.inf, help="requests/s (inf: all at t=0)")

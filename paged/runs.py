@@ -1,19 +1,20 @@
-"""Steppable runs: one interface over the real engine and the simulator, for live views.
+"""Steppable runs: one ``Run`` over either front (the real engine, the simulator), for live views.
 
-    run = EngineRun(paged.LLM(num_blocks=48), chat_workload(tok, 8))   # SmolLM2, real kernels
-    run = SimRun(SimConfig(model="llama-2-70b", gpu="a100-80gb", tensor_parallel=4), trace)
+    run = Run(paged.LLM(num_blocks=48), chat_workload(tok, 8))   # SmolLM2, real kernels
+    run = Run(SimConfig(model="llama-2-70b", gpu="a100-80gb", tensor_parallel=4), trace)
     while not run.done:
         row = run.step()          # dict with exactly paged.telemetry STEP_COLUMNS (seconds)
     run.snapshot()                # paged.core.snapshot.KVSnapshot of the cache now
     run.steps_frame(); run.requests_frame(); run.events   # records so far
     run.fresh(num_blocks=32)      # a new run of the same workload with changed settings
 
-Both kinds keep `rows` (step rows), `events` (paged.core.events.Event tuples), `request_rows()`
-(REQUEST_COLUMNS), `tbt_samples()` (seconds between a request's tokens), `backend` and `label`.
-EngineRun times are seconds on the engine's clock (since it was built); SimRun times are simulated.
-Invariant: `step()` on a done run raises (a SimRun's last call returns None: the simulator
-knows its trace is over only when asked for one more step); every request of the workload is added exactly once,
-at the first step whose index reaches its `arrival_step`.
+A run keeps `rows` (step rows), `events` (paged.core.events.Event tuples), `request_rows()`
+(REQUEST_COLUMNS), `tbt_samples()` (seconds between a request's tokens), `backend` and `label`
+("engine" or "simulator"). An engine run's times are seconds on the engine's clock (since it was
+built); a simulated run's are simulated. Invariant: `step()` on a done run raises (a simulated
+run's last call returns None: the simulator knows its trace is over only when asked for one more
+step); every request of an engine workload is added exactly once, at the first step whose index
+reaches its `arrival_step`.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from paged.errors import ConfigError, PagedError
 from paged import telemetry
 from paged.telemetry import REQUEST_COLUMNS, STEP_COLUMNS
 
-__all__ = ["EngineRequest", "EngineRun", "SimRun", "STEP_COLUMNS", "REQUEST_COLUMNS", "chat_workload",
-           "interference_workload", "backend_label"]
+__all__ = ["EngineRequest", "Run", "STEP_COLUMNS", "REQUEST_COLUMNS", "chat_workload", "interference_workload",
+           "backend_label"]
 
 _USE_KINDS = (ev.ALLOCATE, ev.FREE, ev.PREFIX_HIT, ev.COW)
 
@@ -65,12 +66,28 @@ class RecordFrames:
         return telemetry.events_frame(self.events)
 
 
-class _Run(RecordFrames):
-    """What both run kinds share: records, a per-block last-use array, snapshots."""
+def backend_label(device, backend: str | None) -> str:
+    """'triton on cuda' / 'torch on cpu (a CPU run: times are CPU times)'."""
+    try:
+        from paged._kernels import kernels
+        name = kernels.resolve_backend(backend, device)
+    except Exception:  # noqa: BLE001 - a label must never fail a view
+        name = backend or "auto"
+    dev = getattr(device, "type", str(device))
+    note = " (a CPU run: step times are this CPU's, not a GPU's)" if dev == "cpu" else ""
+    return f"{name} kernels on {dev}{note}"
 
-    label = "run"
 
-    def __init__(self) -> None:
+class Run(RecordFrames):
+    """One steppable run of either front: the real engine over a workload of ``EngineRequest``s (or
+    dicts of their fields), added at their ``arrival_step``; or the simulator over a trace (a
+    ``paged.sim.workload`` DataFrame), its requests added when the simulated clock reaches them.
+
+        Run(paged.LLM(num_blocks=48), chat_workload(tok, 8))     # an LLM or LLMEngine
+        Run(SimConfig(model="llama-2-70b", gpu="a100-80gb"), trace)  # a SimConfig or Simulator
+    """
+
+    def _start_records(self) -> None:
         self.rows: list[dict] = []
         self.events: list[ev.Event] = []
         self._last_use: np.ndarray | None = None
@@ -82,7 +99,7 @@ class _Run(RecordFrames):
         self._notable: set[int] = set()        # steps whose snapshot thinning keeps (key moments)
         self._peak = 0.0
 
-    def keep_snapshots(self, stride: int = 1, max_snapshots: int | None = None) -> "_Run":
+    def keep_snapshots(self, stride: int = 1, max_snapshots: int | None = None) -> "Run":
         """Keep a snapshot after every `stride`-th step and after every step with a key moment
         (copy-on-write, preemption, swap, tier move, compaction, a usage peak 2% above the last
         one or a full pool, the first prefix hit: ``paged.story``), for replays; 0 stops. With `max_snapshots`, when more are kept the
@@ -152,7 +169,7 @@ class _Run(RecordFrames):
             if e[3] is not None and e[1] in _USE_KINDS and 0 <= e[3] < num_blocks:
                 self._last_use[e[3]] = e[0]
 
-    def run_to_completion(self, max_steps: int = 100_000) -> "_Run":
+    def run_to_completion(self, max_steps: int = 100_000) -> "Run":
         """Step until done (blocking)."""
         for _ in range(max_steps):
             if self.done:
@@ -161,187 +178,113 @@ class _Run(RecordFrames):
         return self
 
 
-def backend_label(device, backend: str | None) -> str:
-    """'triton on cuda' / 'torch on cpu (a CPU run: times are CPU times)'."""
-    try:
-        from paged._kernels import kernels
-        name = kernels.resolve_backend(backend, device)
-    except Exception:  # noqa: BLE001 - a label must never fail a view
-        name = backend or "auto"
-    dev = getattr(device, "type", str(device))
-    note = " (a CPU run: step times are this CPU's, not a GPU's)" if dev == "cpu" else ""
-    return f"{name} kernels on {dev}{note}"
-
-
-class EngineRun(_Run):
-    """The real engine stepping through `workload` (EngineRequests, or dicts of their fields)."""
-
-    label = "engine"
-
-    def __init__(self, llm_or_engine, workload: Sequence[EngineRequest | dict]) -> None:
-        super().__init__()
-        engine = getattr(llm_or_engine, "engine", llm_or_engine)
-        self.engine = engine
+    def __init__(self, front: Any, workload: Any) -> None:
+        self._start_records()
+        from paged.sim.simulator import SimConfig, Simulator
+        self.result = None          # the simulator's SimResult once a simulated run is done
+        self.last_output = None     # the engine's last StepOutput
+        if isinstance(front, (SimConfig, Simulator)):
+            self.sim = front if isinstance(front, Simulator) else Simulator(
+                dataclasses.replace(front, record_events=True))
+            self.engine, self.workload, self.label, self.tokenizer = None, workload, "simulator", None
+            cfg = self.sim.config
+            self.backend = f"simulated {cfg.model} on {cfg.tensor_parallel}x {cfg.gpu} (cost model, no kernels run)"
+            self._steps = iter(self.sim.iter_steps(workload))
+            return
+        self.sim, self.engine = None, getattr(front, "engine", front)
+        self.label, self.tokenizer = "engine", self.engine.tokenizer
         self.workload = [w if isinstance(w, EngineRequest) else EngineRequest(**w) for w in workload]
         if len({w.request_id for w in self.workload}) != len(self.workload):
             raise ConfigError("workload request ids must be unique")
         self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
         self._ids = {w.request_id for w in self.workload}
         self._token_times: dict[str, list[float]] = {}  # request id -> engine-clock end of each step with its tokens
-        self.last_output = None
-        self.backend = backend_label(engine.device, engine.runner.backend)
-        self.tokenizer = engine.tokenizer
+        self.backend = backend_label(self.engine.device, self.engine.runner.backend)
 
     @property
     def kv(self):
-        return self.engine.kv_manager
+        return (self.engine or self.sim).kv
 
     @property
     def scheduler(self):
-        return self.engine.scheduler
+        return (self.engine or self.sim).scheduler
 
-    def _add_arrivals(self, step: int) -> None:
+    def step(self) -> dict | None:
+        """One step: its STEP_COLUMNS row (seconds on the run's clock: the engine's own, which pausing
+        between steps does not move, or the simulated one). A simulated run knows its trace is over only
+        when asked for one more step: that call returns None and sets ``done``."""
+        if self.done:
+            raise PagedError("this run is done; use fresh() for a new one")
+        if self.engine is not None:
+            row, events, plan = self._engine_step()
+        else:
+            try:
+                s = next(self._steps)
+            except StopIteration:
+                self.done = True
+                self.result = self.sim.result()
+                return None
+            row, events, plan = s.row, list(s.events), s.plan
+        from paged.core.snapshot import written_blocks
+        kv = self.kv
+        self._track(events, kv.num_blocks)
+        self._written = written_blocks(kv, plan.scheduled)
+        self.rows.append(row)
+        if self.engine is not None:
+            self.done = not self._pending and not self.engine.has_unfinished_requests()
+        self._after_step()
+        return row
+
+    def _engine_step(self):
         from paged.engine import SamplingParams
-        while self._pending and self._pending[0].arrival_step <= step:
+        from paged.engine.groups import SEQ_ID_SEP  # '<group id>#k': the engine's sequence ids
+        step_index = len(self.rows) + 1
+        while self._pending and self._pending[0].arrival_step <= step_index:
             w = self._pending.pop(0)
             self.engine.add_request(w.request_id, w.prompt, w.params or SamplingParams())
             self._token_times[w.request_id] = []
-
-    def step(self) -> dict:
-        """Add due arrivals, run one engine step, record it; returns its STEP_COLUMNS row. Times are the
-        engine's own (``paged.engine.clock``): pausing or pacing the run between steps changes none."""
-        if self.done:
-            raise PagedError("this run is done; use fresh() for a new one")
-        self._add_arrivals(len(self.rows) + 1)
-        out = self.engine.step()
-        self.last_output = out
-        row = out.to_row()  # exactly STEP_COLUMNS (paged.telemetry.step_row)
+        out = self.last_output = self.engine.step()
+        row = out.to_row()
         end = row["time_s"] + row["step_time_s"]
-        from paged.engine.groups import SEQ_ID_SEP  # '<group id>#k': the engine's sequence ids
         for gid in {sid.split(SEQ_ID_SEP)[0] for sid in out.new_tokens}:
             if gid in self._token_times:
                 self._token_times[gid].append(end)
-        kv = self.kv
-        self._track(out.events, kv.num_blocks)
-        self._written = [b for c in out.scheduled if kv.has(c.request_id)
-                         for b in kv.block_table(c.request_id)[c.start // kv.block_size:
-                                                               (c.start + c.num_tokens - 1) // kv.block_size + 1]
-                         if c.num_tokens]
-        self.rows.append(row)
-        self.done = not self._pending and not self.engine.has_unfinished_requests()
-        self._after_step()
-        return self.rows[-1]
+        return row, out.events, out.plan
 
-    def snapshot(self, with_tokens: bool = True, block_range: tuple[int, int] | None = None):
-        """KVSnapshot now; blocks written by the last step are marked WRITING (`block_range`:
-        see `paged.core.snapshot.take_snapshot`)."""
+    def snapshot(self, with_tokens: bool | None = None, block_range: tuple[int, int] | None = None):
+        """KVSnapshot now; blocks written by the last step are marked WRITING (``with_tokens``: the
+        blocks' token ids, by default for the engine only; ``block_range``: see
+        ``paged.core.snapshot.take_snapshot``)."""
+        if with_tokens is None:
+            with_tokens = self.engine is not None
         return self.kv.snapshot(self.scheduler.requests, step=len(self.rows), writing=self._written,
                                 last_use=self._last_use, with_tokens=with_tokens, block_range=block_range)
 
     def request_rows(self) -> list[dict]:
-        """REQUEST_COLUMNS rows of the workload's requests that finished so far: the engine's own records."""
-        return [r for r in self.engine.request_rows() if r["request_id"] in self._ids]
-
-    def tbt_samples(self) -> np.ndarray:
-        """Every gap between consecutive token steps of a request (seconds on the engine clock), all requests."""
-        gaps = [np.diff(t) for t in self._token_times.values() if len(t) > 1]
-        return np.concatenate(gaps) if gaps else np.zeros(0)
-
-    def fresh(self, workload: Sequence[EngineRequest | dict] | None = None, **config) -> "EngineRun":
-        """A new run on a new engine over the same loaded model; `config`: EngineConfig fields."""
-        from paged.engine import LLMEngine
-        cfg = dataclasses.replace(self.engine.config, **config)
-        return EngineRun(LLMEngine(self.engine.loaded, cfg), self.workload if workload is None else workload)
-
-
-class SimRun(_Run):
-    """The simulator stepping through `trace` (a paged.sim.workload trace DataFrame)."""
-
-    label = "simulator"
-
-    def __init__(self, sim_or_config, trace) -> None:
-        super().__init__()
-        from paged.sim.simulator import SimConfig, Simulator
-        if isinstance(sim_or_config, SimConfig):
-            sim_or_config = Simulator(dataclasses.replace(sim_or_config, record_events=True))
-        self.sim = sim_or_config
-        self.trace = trace
-        self.result = None
-        cfg = self.sim.config
-        self.backend = f"simulated {cfg.model} on {cfg.tensor_parallel}x {cfg.gpu} (cost model, no kernels run)"
-        self.tokenizer = None
-        self._it = iter(self.sim.iter_steps(trace)) if hasattr(self.sim, "iter_steps") else None
-        self._replay: list[dict] | None = None
-
-    @property
-    def kv(self):
-        return self.sim.kv
-
-    @property
-    def scheduler(self):
-        return self.sim.scheduler
-
-    def step(self) -> dict | None:
-        """One simulated step's row; None (and `done` becomes True) when the trace is finished."""
-        if self.done:
-            raise PagedError("this run is done; use fresh() for a new one")
-        if self._it is None:  # a simulator without iter_steps: run it, then hand out its rows
-            row = self._step_replayed()
-        else:
-            try:
-                s = next(self._it)
-            except StopIteration:
-                self.done = True
-                self.result = self.sim.result() if hasattr(self.sim, "result") else None
-                return None
-            row = {c: s.row[c] for c in STEP_COLUMNS}
-            self._track(list(s.events), self.kv.num_blocks)
-            plan = getattr(s, "plan", None)
-            if plan is not None:
-                from paged.core.snapshot import written_blocks
-                self._written = written_blocks(self.kv, plan.scheduled)
-        self.rows.append(row)
-        if self._it is not None:
-            self._after_step()
-        return row
-
-    def _step_replayed(self) -> dict:
-        if self._replay is None:
-            self.result = self.sim.run(self.trace)
-            st = self.result.steps.rename(columns={"time": "time_s", "duration": "step_time_s",
-                                                   "kv_block_usage": "kv_cache_usage_perc",
-                                                   "kv_token_usage": "token_usage"})
-            for c in STEP_COLUMNS:
-                if c not in st.columns:
-                    st[c] = 0
-            self._replay = st[list(STEP_COLUMNS)].to_dict("records")
-        row = self._replay[len(self.rows)]
-        if len(self.rows) + 1 >= len(self._replay):
-            self.done = True
-        return row
-
-    def snapshot(self, with_tokens: bool = False, block_range: tuple[int, int] | None = None):
-        return self.kv.snapshot(self.scheduler.requests, step=len(self.rows), writing=self._written,
-                                last_use=self._last_use, with_tokens=with_tokens, block_range=block_range)
-
-    def request_rows(self) -> list[dict]:
-        """REQUEST_COLUMNS rows once the run is done (the simulator reports them at the end)."""
+        """REQUEST_COLUMNS rows: the engine's own records of the workload's finished requests; the
+        simulator's once its run is done."""
+        if self.engine is not None:
+            return [r for r in self.engine.request_rows() if r["request_id"] in self._ids]
         if self.result is None:
             return []
         rq = self.result.requests
         return rq[[c for c in REQUEST_COLUMNS if c in rq.columns]].to_dict("records")
 
     def tbt_samples(self) -> np.ndarray:
-        """Every simulated gap between two tokens of a request (seconds); per-request means when
-        the simulator keeps no per-token gaps."""
-        if hasattr(self.sim, "tbt_samples"):
+        """Every gap between two consecutive token steps of a request (seconds), all requests."""
+        if self.sim is not None:
             return self.sim.tbt_samples()
-        rq = self.request_rows()
-        return np.array([r["tbt_mean_s"] for r in rq if r.get("tbt_mean_s") == r.get("tbt_mean_s")], float)
+        gaps = [np.diff(t) for t in self._token_times.values() if len(t) > 1]
+        return np.concatenate(gaps) if gaps else np.zeros(0)
 
-    def fresh(self, trace=None, **config) -> "SimRun":
-        cfg = dataclasses.replace(self.sim.config, **config)
-        return SimRun(cfg, self.trace if trace is None else trace)
+    def fresh(self, workload: Any = None, **config: Any) -> "Run":
+        """A new run of the same workload (or ``workload``) with changed settings (``config``: the
+        front's config fields); the engine's reuses the loaded model."""
+        workload = self.workload if workload is None else workload
+        if self.sim is not None:
+            return Run(dataclasses.replace(self.sim.config, **config), workload)
+        from paged.engine import LLMEngine
+        return Run(LLMEngine(self.engine.loaded, dataclasses.replace(self.engine.config, **config)), workload)
 
 
 def chat_workload(tokenizer, num_requests: int = 8, *, system_prompt: str | None = None, max_tokens: int = 24,

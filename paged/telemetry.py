@@ -22,13 +22,14 @@ Both executors (the torch engine and the simulator) produce step rows with exact
   ``queueing_s = first_scheduled_s - arrival_time_s``, ``tbt_mean_s`` the mean gap between the
   steps that produced the request's tokens.
 
-pandas is imported only by the ``*_frame`` functions, so ``step_row`` is cheap to import.
+pandas is imported only by the ``*_frame`` functions, so this module is cheap to import.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .core import events as ev
+from .core.record import STEP_FIELDS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,14 +37,7 @@ if TYPE_CHECKING:
     from paged.core.kv_manager import KVCacheManager
     from paged.core.scheduler import Scheduler
 
-STEP_COLUMNS = ("step", "time_s", "step_time_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
-                "num_batched_tokens", "num_running", "num_waiting", "num_swapped", "num_preempted",
-                "num_block_copies", "num_compaction_copies", "num_swapped_out_blocks", "num_swapped_in_blocks",
-                "kv_cache_usage_perc",
-                "token_usage", "num_used_blocks", "num_free_blocks", "num_cached_free_blocks",
-                "prefix_cache_queries", "prefix_cache_hits", "num_finished",
-                "num_tier_out_blocks", "num_tier_in_blocks", "num_host_evicted_blocks", "num_host_cached_blocks",
-                "host_cache_hits")
+STEP_COLUMNS = STEP_FIELDS  # the fields of paged.core.record.StepRecord, in order
 """One row per executed step (see the module docstring for meanings)."""
 
 REQUEST_COLUMNS = ("request_id", "arrival_time_s", "num_prompt_tokens", "num_output_tokens",
@@ -54,26 +48,12 @@ REQUEST_COLUMNS = ("request_id", "arrival_time_s", "num_prompt_tokens", "num_out
 EVENT_COLUMNS = ["step", "kind", "request_id", "block_id", "value"]
 
 
-def step_row(source: Any, **values: Any) -> dict[str, Any]:
-    """The ``STEP_COLUMNS`` row of one step: ``values`` given here, the rest read as attributes
-    of ``source`` (a ``SchedulerOutput`` plus ``time_s``, ``step_time_s``, ``num_finished``; or
-    an engine ``StepOutput``, which has them all)."""
-    return {c: values[c] if c in values else getattr(source, c) for c in STEP_COLUMNS}
-
-
-def _row(x: Any) -> dict[str, Any]:
-    if isinstance(x, dict):
-        return x
-    if hasattr(x, "to_row"):
-        return x.to_row()
-    return x.row
-
-
 def steps_frame(steps: Iterable[Any]) -> "pd.DataFrame":
-    """One row per step, columns ``STEP_COLUMNS`` in order: from step rows (dicts), engine
-    ``StepOutput``s (``.to_row()``) or simulator steps (``.row``)."""
+    """One row per step, columns ``STEP_COLUMNS`` in order: from step rows (dicts), ``StepRecord``s
+    (an engine ``StepOutput`` is one) or the loop's ``Step``s."""
     import pandas as pd
-    return pd.DataFrame([_row(s) for s in steps], columns=list(STEP_COLUMNS))
+    rows = [s if isinstance(s, dict) else s.to_row() if hasattr(s, "to_row") else s.row for s in steps]
+    return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
 
 
 def requests_frame(rows: Iterable[dict[str, Any]]) -> "pd.DataFrame":

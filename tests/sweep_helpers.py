@@ -49,3 +49,11 @@ def die_once(x: int, marker_dir: str, victim: int = 3) -> dict:
         marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
     return {"y": x * 10, "pid_seen": os.getpid()}
+
+
+def broken_until_fixed(x: int, marker_dir: str) -> dict:
+    """Point ``x == 2`` raises until a file ``fixed`` exists in ``marker_dir`` (a bug fixed between
+    two sweeps); every other point returns normally."""
+    if x == 2 and not (Path(marker_dir) / "fixed").exists():
+        raise RuntimeError("not fixed yet")
+    return {"y": x * 10}

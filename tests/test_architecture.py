@@ -195,3 +195,49 @@ def test_no_file_over_400_lines():
     long = {p.relative_to(ROOT).as_posix(): n for p in _files()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"files over {MAX_LINES} lines (split them by job): {long}"
+
+
+def _calls_to(tree: ast.AST, method: str) -> list[int]:
+    """Lines of every call ``<anything>.method(...)`` in ``tree``."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == method]
+
+
+def test_only_the_step_loop_schedules():
+    """One loop: nothing in the packages but ``paged/core/loop.py`` calls a scheduler's ``schedule()``
+    (or moves requests on with ``update``): every executor, front, study and view goes through
+    ``StepLoop``."""
+    offenders = []
+    for path in _files():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "paged/core/loop.py":
+            continue
+        tree = ast.parse(path.read_text())
+        offenders += [f"{rel}:{line}" for line in _calls_to(tree, "schedule")]
+        # .update(plan, sampled): the scheduler's two-argument update (dict.update takes one)
+        offenders += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr == "update" and len(n.args) == 2]
+    assert not offenders, f"only StepLoop may call schedule()/update(plan, sampled): {offenders}"
+    loop = ast.parse((ROOT / "paged/core/loop.py").read_text())
+    assert _calls_to(loop, "schedule"), "the step loop must be the one place that schedules"
+
+
+def test_no_class_subclasses_the_kv_manager():
+    """A KV cache implements the ``KVCache`` protocol; none subclasses ``KVCacheManager`` to stub it."""
+    offenders = []
+    for path in sorted(p for d in (*PACKAGES, "tests", "benchmarks", "tools") for p in (ROOT / d).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                         for b in node.bases}
+                if "KVCacheManager" in bases:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not offenders, offenders
+
+
+def test_the_kv_caches_implement_the_protocol():
+    from paged.core.kv_cache import KVCache
+    from paged.core.kv_manager import KVCacheManager
+    from paged.sim.baselines import ContiguousKVCacheManager
+    assert isinstance(KVCacheManager(8, 4), KVCache)
+    assert isinstance(ContiguousKVCacheManager(64, "max", max_model_len=32), KVCache)

@@ -5,8 +5,8 @@ import pytest
 
 from paged import (BlockPool, BlockStateError, CacheInUseError, ConfigError, DuplicateRequestError,
                    InvalidRequestError, KVCacheManager, Recorder, Request, UnknownRequestError)
-from paged.engine.batch import build_batch, csr_page_table
-from paged.core.scheduler import ScheduledChunk
+from paged.core.plan import Batch
+from paged.engine.batch import build_batch
 from paged import telemetry
 
 
@@ -127,19 +127,17 @@ def test_batch_metadata_matches_block_tables():
     a = Request("a", list(range(1, 11)), max_tokens=4)   # 10 tokens: 3 blocks
     b = Request("b", [7, 8], max_tokens=4)
     kv.allocate_slots(a, 10); kv.allocate_slots(b, 2)
-    batch = build_batch([ScheduledChunk(a, 0, 10, True, kv.blocks_of("a")),
-                         ScheduledChunk(b, 0, 2, True, kv.blocks_of("b"))], kv.block_size)
+    planned = Batch()
+    planned.add(a, 0, 10, True, kv.blocks_of("a"))
+    planned.add(b, 0, 2, True, kv.blocks_of("b"))
+    batch = build_batch(planned, kv.block_size)
     ta, tb = kv.block_table("a"), kv.block_table("b")
     assert batch.slot_mapping.tolist() == [ta[p // 4] * 4 + p % 4 for p in range(10)] + [tb[0] * 4, tb[0] * 4 + 1]
     assert batch.query_start_loc.tolist() == [0, 10, 12]
     assert batch.seq_lens.tolist() == [10, 2]
     assert batch.block_tables.dtype.is_signed and batch.block_tables.shape == (2, 3)
-    assert batch.kv_indptr.tolist() == [0, 3, 4]
-    assert batch.kv_indices.tolist() == ta + tb
-    assert batch.kv_last_page_len.tolist() == [2, 2]
+    assert batch.block_tables.tolist() == [ta, tb + [0, 0]]
     assert batch.sample_indices.tolist() == [9, 11]
-    indptr, _, last = csr_page_table([[5, 6]], [8], 4)
-    assert indptr.tolist() == [0, 2] and last.tolist() == [4]
 
 
 def test_telemetry_frames_and_metrics():

@@ -187,6 +187,41 @@ def _started(page) -> bool:
     return any("*" in p or any(ch.isdigit() for ch in p) for p in prompts)
 
 
+def _open(page, port: int, token: str, name: str) -> None:
+    """Open notebook `name` in a workspace of its own, ready to run: its cells drawn and its kernel idle.
+
+    Not `/lab/tree/...?reset`: resetting the workspace reloads the page after it has started a kernel
+    session, and on a busy machine the reload's session and the first one's raced -- the notebook was
+    left on a kernel shut down while it started ("Kernel never reached an 'alive' state", a Select
+    Kernel dialog, cells that never ran: 00 did not finish in 420 s). A new workspace has nothing to reset."""
+    workspace = f"t{os.urandom(6).hex()}"
+    page.goto(f"http://127.0.0.1:{port}/lab/workspaces/{workspace}/tree/notebooks/{name}?token={token}",
+              timeout=120_000)
+    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+
+
+def _kernel_lost(page) -> str | None:
+    """The page's own sign that the notebook has no live kernel (then no cell will ever finish)."""
+    status = page.evaluate("() => (document.querySelector('.jp-Notebook-ExecutionIndicator') || {}).dataset?.status")
+    if status in ("dead", "terminating", "disconnected"):
+        return f"the kernel is {status}"
+    if page.locator(".jp-Dialog:has-text('Select Kernel')").count():
+        return "JupyterLab asks to select a kernel (the notebook lost its kernel)"
+    return None
+
+
+def _settled(page, most_s: float = 60) -> None:
+    """Until the page's plots hold still: two probes a second apart the same (frames in flight drawn)."""
+    last, t0 = None, time.time()
+    while time.time() - t0 < most_s:
+        now = json.dumps(page.evaluate(PROBE))
+        if now == last:
+            return
+        last = now
+        time.sleep(1)
+
+
 def _run_all(page, tries: int = 4) -> None:
     """Run > Run All Cells, as a person would. A click made while the kernel is still starting can be
     lost, and one made before the kernel session exists asks "Select Kernel" (take the default): retry."""
@@ -275,9 +310,7 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
     has_live_view = has_dashboard or "ServerView(" in source or "SweepView(" in source
     page = browser.new_page(viewport=VIEWPORT)
     try:
-        page.goto(f"http://127.0.0.1:{port}/lab/tree/notebooks/{name}?reset&token={token}", timeout=120_000)
-        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+        _open(page, port, token, name)
         _run_all(page)
         watch, stem = Watch(), name.removesuffix(".ipynb")
         t0, mid_shot = time.time(), False
@@ -289,9 +322,11 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
                 mid_shot = True
             if _all_cells_ran(page):
                 break
+            lost = _kernel_lost(page)
+            assert lost is None, f"{name}: {lost}; {_stuck(page, workdir, port)}"
         assert _all_cells_ran(page), \
             f"{name}: not every cell ran within {DEADLINE_S:.0f} s; {_stuck(page, workdir, port)}"
-        time.sleep(2)  # the last frames on their way
+        _settled(page)  # the last frames on their way
         watch.sample(page, name)
         if not mid_shot:
             _shot(page, f"{stem}-mid.png")
@@ -308,9 +343,11 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
             assert moments and any(t["data"] not in EMPTY for t in moments[0]["traces"]), \
                 f"{name}: no key-moments timeline after the run"
         if has_replay:
-            before = _player_values(page)
-            time.sleep(3)
-            after = _player_values(page)
+            before = after = _player_values(page)
+            t_replay = time.time()
+            while after == before and time.time() - t_replay < 30:  # it advances every few hundred ms
+                time.sleep(0.5)
+                after = _player_values(page)
             assert before and any(a != b for a, b in zip(after, before)), \
                 f"{name}: the replay does not advance by itself after the run ({before} -> {after})"
         _shot(page, f"{stem}-end.png")
@@ -351,39 +388,66 @@ def test_voila_shows_the_first_live_frame_while_cells_run(workdir: Path, browser
     last_output = "saved outputs/02_block_tables"  # what 02's last code cell prints
     try:
         page = browser.new_page(viewport=VIEWPORT)
+        # the page watches itself (every 50 ms, from its first script on): the moment its pool grid shows a
+        # second state, and whether 02's last output was on the page by then -- no race with a 1-s poll
+        page.add_init_script(VOILA_WATCH.replace("LAST_OUTPUT", json.dumps(last_output)))
         t0 = time.time()
         page.goto(f"http://127.0.0.1:{port}/voila/render/{name}?token={token}", timeout=120_000, wait_until="commit")
-        watch, live_at = Watch(), None
+        watch, seen = Watch(), None
         while time.time() - t0 < DEADLINE_S:
             time.sleep(1.0)
             try:
                 watch.sample(page, "Voila")
+                seen = page.evaluate("() => window.__pagedLive && window.__pagedLive.at !== null ? window.__pagedLive : null")
             except Exception as e:  # noqa: BLE001 - the page may still be loading
                 if "Execution context was destroyed" in str(e):
                     continue
                 raise
-            if len(watch.grid_states) >= 2:
-                live_at = time.time() - t0
-                assert last_output not in page.inner_text("body"), "Voila showed the run only after every cell ran"
-                top = page.evaluate("() => Math.min(...Array.from(document.querySelectorAll('button'))"
-                                    ".filter(b => b.textContent.includes('reset'))"
-                                    ".map(b => b.getBoundingClientRect().top + scrollY))")
-                assert top < 700, f"Voila: the dashboard starts {top:.0f} px down the page"
-                _shot(page, "voila-02-mid.png")
+            if seen is not None:
                 break
-        assert live_at is not None, f"Voila: no live frame of 02 within {DEADLINE_S:.0f} s"
+        assert seen is not None, f"Voila: no live frame of 02 within {DEADLINE_S:.0f} s"
+        live_at = seen["at"] / 1000
+        assert not seen["done"], "Voila showed the run only after every cell ran"
+        assert seen["top"] is not None, "Voila: a live grid but no dashboard (no 'reset' button) on the page"
+        assert seen["top"] < 700, f"Voila: the dashboard starts {seen['top']:.0f} px down the page"
+        _shot(page, "voila-02-mid.png")
         print(f"Voila: first live frame {live_at:.1f} s after opening the page")
         page.close()
     finally:
         _stop(srv)
 
 
+# Voila's page watching itself (an init script): when the pool grid first shows a second state, whether the
+# last cell's output was already on the page and where the dashboard (its 'reset' button) starts
+VOILA_WATCH = """(() => {
+  const live = window.__pagedLive = {at: null, done: null, top: null};
+  const states = new Set();
+  const tick = () => {
+    if (live.at !== null) return;
+    if (!document.body) { setTimeout(tick, 50); return; }
+    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+      if (!String(((gd.layout || {}).title || {}).text || '').includes('pool')) continue;
+      for (const t of gd.data || []) if (t.type === 'heatmap') states.add(JSON.stringify(t.z));
+    }
+    if (states.size >= 2) {
+      live.done = document.body.innerText.includes(LAST_OUTPUT);
+      const tops = Array.from(document.querySelectorAll('button')).filter(b => b.textContent.includes('reset'))
+        .map(b => b.getBoundingClientRect().top + scrollY);
+      live.top = tops.length ? Math.min(...tops) : null;
+      live.at = performance.now();
+      return;
+    }
+    setTimeout(tick, 50);
+  };
+  setTimeout(tick, 50);
+})()"""
+
 SLOW_PAGE = "_slow_page.ipynb"
 SLOW_RATE = 20  # Chrome's CPU throttling: the page's JavaScript runs 20x slower (a weak laptop, a busy tab)
 SLOW_CELLS = [  # the live dashboard over the simulator (no model to load): whatever plots the dashboard uses
     "from paged import runs\nfrom paged.sim.simulator import SimConfig\nfrom paged.sim.workload import synthetic_trace\n"
     "from paged.viz import live\n"
-    "run = runs.SimRun(SimConfig(model='llama-2-7b', num_blocks=64), synthetic_trace('sharegpt', 8, rate=4.0, seed=0))\n"
+    "run = runs.Run(SimConfig(model='llama-2-7b', num_blocks=64), synthetic_trace('sharegpt', 8, rate=4.0, seed=0))\n"
     "dash = live.Dashboard(run, views=('grid',), steps_per_second=60)\ndash",
     "dash.run_to_completion()",
     # the titles of the kernel's last frames: the pool (at its peak once the run is over) and the key moments
@@ -411,14 +475,14 @@ def test_live_plot_survives_a_slow_page(lab: tuple[int, str], workdir: Path, bro
     page.on("pageerror", lambda e: errors.append(str(e)[:300]))
     t0 = time.time()
     try:
-        page.goto(f"http://127.0.0.1:{port}/lab/tree/notebooks/{SLOW_PAGE}?reset&token={token}", timeout=120_000)
-        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+        _open(page, port, token, SLOW_PAGE)
         cdp = page.context.new_cdp_session(page)
         cdp.send("Emulation.setCPUThrottlingRate", {"rate": SLOW_RATE})
         t_load = time.time()
         _run_all(page)
         while time.time() - t_load < DEADLINE_S and not _all_cells_ran(page):
+            lost = _kernel_lost(page)
+            assert lost is None, f"slow page: {lost}; {_stuck(page, workdir, port)}"
             time.sleep(2)
         t_ran = time.time()
         assert _all_cells_ran(page), \

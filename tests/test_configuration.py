@@ -200,7 +200,7 @@ def test_flat_and_nested_construction_agree():
                        scheduler=SchedulerConfig(policy="priority"))
     assert flat == nested and flat.block_size == flat.cache.block_size == 32
     assert SimConfig(**flat.as_dict()) == flat
-    moved = dataclasses.replace(flat, block_size=8)  # what EngineRun.fresh / SimRun.fresh do
+    moved = dataclasses.replace(flat, block_size=8)  # what Run.fresh / Run.fresh do
     assert moved.block_size == 8 and moved.policy == "priority" and moved.swap_mode == "overlap"
     assert EngineConfig(cache=flat.cache, block_size=64).cache == dataclasses.replace(flat.cache, block_size=64)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -62,6 +62,37 @@ def test_subscriber_sees_exactly_the_engine_prefix_index_with_evictions_and_rese
     sp.close()
 
 
+def test_published_blocks_chain_to_their_parents_as_the_engine_hashes_them(tiny, tmp_path):
+    """Every BlockStored names the right parent_block_hash: the forest built from the events holds, for
+    each sequence, the engine's own hash chain (BlockHasher over its tokens), root first, each block under
+    the one before it -- not only the same live set."""
+    from paged.core.prefix_cache import BlockHasher
+    ev = f"ipc://{tmp_path}/ev"
+    llm = paged.LLM(tiny, block_size=4, num_blocks=64, kv_events_endpoint=ev)
+    hasher = BlockHasher(4, llm.engine.config.cache.hash_fn)
+    prompts = prompts_with_prefix(3) + [list(range(200, 217))]
+    with pc.connect(events=ev, background=False) as src:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+        assert src.wait_until(lambda s: s.status["last_seq"] == llm.engine.vllm.publisher.seq - 1, 5)
+        f = src.forest
+        assert f.live == live_hashes(llm) and f.unknown_removed == 0
+        chains = []
+        for o in outs:
+            seq = o.prompt_token_ids + o.outputs[0].token_ids[:-1]  # the last token's KV is never written
+            chain: list = []
+            hasher.extend(chain, seq, (), len(seq))
+            chain = [to_int_hash(h) for h in chain]
+            assert len(chain) == len(seq) // 4 >= 4
+            assert [f.nodes[h].parent for h in chain] == [None] + chain[:-1]
+            assert [f.nodes[h].depth for h in chain] == list(range(len(chain)))
+            assert [n.block_hash for n in f.match(seq)] == chain
+            chains.append(chain)
+        # the shared 12-token prefix is one path of three nodes, the three tails below it; two roots in all
+        assert chains[0][:3] == chains[1][:3] == chains[2][:3] != chains[3][:3]
+        assert len(f.children[chains[0][2]]) == 3 and len(f.children[None]) == 2
+    llm.engine.vllm.close()
+
+
 def test_host_tier_blocks_are_published_as_cpu_medium(tiny, tmp_path):
     ev = f"ipc://{tmp_path}/ev"
     llm = paged.LLM(tiny, block_size=4, num_blocks=10, num_cpu_blocks=6, enable_host_tier=True,

@@ -91,6 +91,20 @@ def test_forest_tracks_live_blocks_restores_and_evictions():
     assert df.loc[df["node_id"] == 2, "parent_id"].item() == 0
 
 
+def test_one_block_removed_with_several_hashes_removes_every_one_of_them():
+    """vLLM batches evictions: one BlockRemoved may carry many hashes (decoded from the wire, too)."""
+    f = PrefixForest()
+    f.apply(wire.BlockStored((1, 2, 3, 4), None, tuple(range(8)), 2), 0.0)
+    (removed,) = wire.decode_payload(payload([["BlockRemoved", [4, 2, 3], "GPU"]])).events
+    changed = f.apply(removed, 1.0)
+    assert [n.block_hash for n in changed] == [4, 2, 3]
+    assert f.live == {1} and f.num_removed == 3 and f.unknown_removed == 0
+    assert [f.nodes[h].how_removed for h in (1, 2, 3, 4)] == [None, "removed", "removed", "removed"]
+    assert [f.nodes[h].removed_s for h in (2, 3, 4)] == [1.0, 1.0, 1.0]
+    assert list(f.frame(now=2.0)["state"]) == ["live", "evicted", "evicted", "evicted"]
+    assert [n.block_hash if n.live else None for n in f.match(list(range(8)))] == [1, None, None, None]
+
+
 def test_metrics_parsed_with_prometheus_client():
     text = """# HELP vllm:kv_cache_usage_perc KV-cache usage.
 # TYPE vllm:kv_cache_usage_perc gauge

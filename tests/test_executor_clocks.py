@@ -3,7 +3,7 @@ same story of when each request was served.
 
 The schedule tests (tests/test_telemetry.py) compare every column except the time ones; here the
 time columns are checked on their own terms, for the engine (a tiny random Llama on CPU), the
-simulator and an ``EngineRun`` over the same engine:
+simulator and an ``Run`` over the same engine:
 
 - steps: ``time_s`` starts at or after 0 and never goes back, ``step_time_s > 0``, and a step ends
   before the next one starts (``time_s + step_time_s <= next time_s``, within float rounding);
@@ -151,14 +151,14 @@ def test_both_executors_serve_each_request_in_the_same_steps(engine_run, sim_run
 
 
 def test_engine_run_rows_keep_the_engine_clock(path):
-    """``EngineRun`` (paged.runs) stamps its own request rows on the engine's clock: the same
+    """``Run`` (paged.runs) stamps its own request rows on the engine's clock: the same
     order of events, and each token lands between its step's start and the next step's."""
     from paged import LLM, runs
     from paged.engine import SamplingParams
     llm = LLM(path, device="cpu", **CACHE)
     wl = [runs.EngineRequest(str(i), ids, SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True), 1 + i)
           for i, (ids, o) in enumerate(zip(_prompts(), OUTPUTS))]
-    run = runs.EngineRun(llm, wl).run_to_completion()
+    run = runs.Run(llm, wl).run_to_completion()
     st, rq = run.steps_frame(), run.requests_frame().sort_values("request_id").reset_index(drop=True)
     _check_steps(st)
     assert len(rq) == len(PROMPTS)

@@ -20,7 +20,7 @@ def llm():
 
 
 def _run(llm, pause_after: int | None = None, dashboard: bool = False, steps_per_second: float | None = None):
-    run = runs.EngineRun(llm.engine.__class__(llm.engine.loaded, llm.engine.config),
+    run = runs.Run(llm.engine.__class__(llm.engine.loaded, llm.engine.config),
                          runs.chat_workload(llm.tokenizer, 5, max_tokens=10, arrive_every=1))
     if dashboard:
         pytest.importorskip("anywidget")
@@ -62,7 +62,7 @@ def test_playback_speed_changes_no_latency(llm) -> None:
 
 
 def test_records_read_the_engine_clock(llm) -> None:
-    run = runs.EngineRun(llm.engine.__class__(llm.engine.loaded, llm.engine.config),
+    run = runs.Run(llm.engine.__class__(llm.engine.loaded, llm.engine.config),
                          runs.chat_workload(llm.tokenizer, 3, max_tokens=6, arrive_every=1))
     run.step()
     time.sleep(1.0)

@@ -29,30 +29,36 @@ from shadow import ShadowKV
 from test_kv_properties import COUNTS, KVMachine, colliding_hash
 
 
-class TieredKV(KVCacheManager):
-    """Applies each call's tier copies to ``shadow`` before the caller applies its own."""
+class TieredKV:
+    """A ``KVCacheManager`` whose allocations and swaps apply their tier copies to ``shadow``
+    before the caller applies its own (everything else is the manager's)."""
 
-    shadow: ShadowKV
+    def __init__(self, *args, **kwargs) -> None:
+        self.kv = KVCacheManager(*args, **kwargs)
+        self.shadow: ShadowKV | None = None
+
+    def __getattr__(self, name):
+        return getattr(self.kv, name)
 
     def _tier(self) -> None:
-        out, tin, _ = self.take_tier_ops()
+        out, tin, _ = self.kv.take_tier_ops()
         self.shadow.swap_out(out)
         self.shadow.swap_in(tin)
         COUNTS["tier_out"] += len(out)
         COUNTS["tier_in"] += len(tin)
 
     def allocate_slots(self, *a, **kw):
-        r = super().allocate_slots(*a, **kw)
+        r = self.kv.allocate_slots(*a, **kw)
         self._tier()
         return r
 
     def swap_out(self, request_id):
-        r = super().swap_out(request_id)
+        r = self.kv.swap_out(request_id)
         self._tier()
         return r
 
     def swap_in(self, request_id):
-        r = super().swap_in(request_id)
+        r = self.kv.swap_in(request_id)
         self._tier()
         return r
 

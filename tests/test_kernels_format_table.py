@@ -14,7 +14,7 @@ import torch
 
 import kernels
 from kernels import format_table
-from paged.engine.llm_engine import _kv_bytes_per_block
+from paged.engine.cache_sizing import kv_bytes_per_block as _kv_bytes_per_block
 from paged.sim.simulator import SimConfig, Simulator
 from paged.sim.specs import KV_FORMATS, ModelSpec, get_kv_format
 

@@ -92,6 +92,14 @@ def test_bytes_per_token_is_what_the_allocator_allocates(name, bs):
     assert (ft.staging_tokens_per_seq(name, bs) - f.sink) % bs == 0  # whole staged blocks + the sink rows
 
 
+@pytest.mark.parametrize("name,bs,rows", [
+    ("kvq3", 16, 3 * 16 + 4), ("kvq3", 32, 2 * 32 + 4), ("kvq3", 64, 2 * 64 + 4),  # ceil(32 / bs) + 1 blocks + sink
+    ("kivi3+pre+alloc+q8/cb3+rot@sink4@win16", 16, 2 * 16 + 4), ("kivi4+pre/cb4", 32, 32),  # no window: one block
+    ("kivi2+q8/cb2_g32+rot", 8, 8), ("int8", 16, 0)])
+def test_staging_rows_per_sequence_are_the_window_blocks_and_the_sink(name, bs, rows):
+    assert ft.staging_tokens_per_seq(name, bs) == rows
+
+
 def test_bit_packing_round_trips_any_widths_and_is_int4_at_four_bits():
     g = torch.Generator().manual_seed(1)
     fmt = kernels.get_format("kivi3/fp16")

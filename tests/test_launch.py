@@ -77,11 +77,38 @@ def test_busy_default_port_moves_and_the_printed_url_works(target: str, port: in
 
 
 def test_a_busy_port_you_chose_is_refused_with_a_message(tmp_path: Path) -> None:
+    """`make lab LAB_PORT=<busy>` exits at once with the message. A regression (a server that starts
+    anyway) fails as soon as a URL is printed, and the server's process group is stopped either way."""
+    import selectors
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         busy = s.getsockname()[1]
-        r = subprocess.run(["make", "-s", "-o", STAMP, "lab", f"LAB_PORT={busy}"], cwd=ROOT, env=_env(tmp_path),
-                           capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0
-    assert f"port {busy} on 127.0.0.1 is busy" in r.stderr and "LAB_PORT=" in r.stderr
+        proc = subprocess.Popen(["make", "-s", "-o", STAMP, "lab", f"LAB_PORT={busy}"], cwd=ROOT, env=_env(tmp_path),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        out = {"stdout": "", "stderr": ""}
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+        sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+        try:
+            t0, open_pipes = time.time(), 2
+            while open_pipes and time.time() - t0 < 60:
+                for key, _ in sel.select(timeout=1):
+                    line = key.fileobj.readline()
+                    if not line:
+                        sel.unregister(key.fileobj)
+                        open_pipes -= 1
+                        continue
+                    out[key.data] += line
+                    assert "http://" not in line, f"make lab served although port {busy} is busy: {line!r}"
+            rc = proc.wait(timeout=max(1.0, 60 - (time.time() - t0)))
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            sel.close()
+    assert rc != 0
+    assert f"port {busy} on 127.0.0.1 is busy" in out["stderr"] and "LAB_PORT=" in out["stderr"]

@@ -208,7 +208,7 @@ def llm():
 def test_parallel_sampling_makes_n_minus_one_copies(llm, n) -> None:
     """02 and the tour: a request sampled n times copies its partly filled last prompt block n − 1 times."""
     from paged import runs
-    run = runs.EngineRun(llm, runs.chat_workload(llm.tokenizer, 1, n=n, max_tokens=4))
+    run = runs.Run(llm, runs.chat_workload(llm.tokenizer, 1, n=n, max_tokens=4))
     run.run_to_completion()
     steps = run.steps_frame()
     assert int(steps["num_block_copies"].sum()) == n - 1
@@ -218,7 +218,7 @@ def test_parallel_sampling_makes_n_minus_one_copies(llm, n) -> None:
 def test_small_prefix_run_shares_blocks(llm) -> None:
     """06 at its small parameters (arrivals one step apart) shows shared blocks, as its prose says."""
     from paged import runs
-    run = runs.EngineRun(llm, runs.chat_workload(llm.tokenizer, 4, max_tokens=4, arrive_every=1)).keep_snapshots(1)
+    run = runs.Run(llm, runs.chat_workload(llm.tokenizer, 4, max_tokens=4, arrive_every=1)).keep_snapshots(1)
     run.run_to_completion()
     assert "blocks were shared" in prose.shared_blocks(run).data
 
@@ -226,7 +226,7 @@ def test_small_prefix_run_shares_blocks(llm) -> None:
 def test_scenarios_build_runs(llm) -> None:
     from paged import runs
     from paged.studies.tour import SCENARIOS, scenario_run
-    base = runs.EngineRun(llm, runs.chat_workload(llm.tokenizer, 1, max_tokens=2))
+    base = runs.Run(llm, runs.chat_workload(llm.tokenizer, 1, max_tokens=2))
     r = scenario_run(base, "parallel sampling")
     r.run_to_completion()
     assert int(r.steps_frame()["num_block_copies"].sum()) == SCENARIOS["parallel sampling"].kwargs["n"] - 1

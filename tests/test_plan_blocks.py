@@ -1,5 +1,5 @@
 """Block ids travel in the plan: every chunk the scheduler plans carries its request's block table
-(``ScheduledChunk.blocks``, ``DecodeRun.tables``) exactly as the KV manager holds it when the plan
+(``Batch.tables``, seen as ``ScheduledChunk.blocks``) exactly as the KV manager holds it when the plan
 is handed over, through forks (copy-on-write), prefix hits, preemption by swap and recompute,
 block compaction and the host tier; and the runner's batch built from the plan alone is the
 batch built from the manager's tables."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from paged import KVCacheManager, Request, Scheduler, SchedulerConfig
-from paged.core.plan import DecodeRun, ScheduledChunk
+from paged.core.plan import Batch, ScheduledChunk
 from paged.engine.batch import build_batch, slot_mapping
 
 
@@ -33,15 +33,14 @@ def _run(seed: int, block_size: int, host_tier: bool, compaction: bool) -> int:
         if not s.has_unfinished_requests() and not reqs:
             break
         out = s.schedule()
-        for w in out.work:
-            if w.__class__ is DecodeRun:
-                assert len(w.tables) == len(w.requests)
-                assert all(t is kv.blocks_of(r.request_id) for r, t in zip(w.requests, w.tables))  # a reference
+        b = out.batch
+        assert len(b.tables) == len(b.requests) == len(b.starts) == len(b.num_tokens) == len(b.samples)
+        assert all(t is kv.blocks_of(r.request_id) for r, t in zip(b.requests, b.tables))  # a reference
         for c in out.scheduled:
             assert c.block_ids == kv.block_table(c.request_id), (step, c)
             checked += 1
         if out.scheduled:
-            from_plan = build_batch(out.scheduled, block_size)
+            from_plan = build_batch(out.batch, block_size)
             tables = [kv.block_table(c.request_id) for c in out.scheduled]
             expect = np.concatenate([slot_mapping(t, c.start, c.num_tokens, block_size)
                                      for t, c in zip(tables, out.scheduled)])
@@ -69,4 +68,10 @@ def test_chunks_carry_the_tables_with_compaction_and_the_host_tier():
 def test_a_hand_made_chunk_has_no_table():
     r = Request("a", [1, 2, 3])
     assert ScheduledChunk(r, 0, 3, True).block_ids == []
-    assert DecodeRun([r], [2]).chunks() == [ScheduledChunk(r, 2, 1, True)]
+    b = Batch()
+    b.starts.append(2)
+    b.tables.append(())
+    b.add_decodes([r], 1)
+    assert b.chunks() == [ScheduledChunk(r, 2, 1, True)]
+    assert not b.is_decode(0)  # position 2 is the prompt's last token: prefill, although one token long
+    assert b.num_decode_tokens == 0 and b.num_batched_tokens == 1

@@ -196,3 +196,42 @@ def test_host_tier_keeps_greedy_outputs_for_a_split_format_without_window(tmp_pa
     tier, st = run(enable_host_tier=True, num_cpu_blocks=16)
     assert tier == base
     assert st["num_tier_out_blocks"].sum() > 0 and st["num_tier_in_blocks"].sum() > 0
+
+
+@pytest.mark.parametrize("fmt", ["fp32/cb4", "bf16/cb4", "fp16/cb3+rot"])
+def test_an_exact_key_side_reads_its_keys_as_stored_and_matches_the_engine(smollm2, ids, fmt):
+    """An fp32/bf16/fp16 K side keeps each key rounded to its storage dtype, nothing else (over two
+    appends, bit for bit), and the study's cache reproduces the engine's prompt NLL for it."""
+    f = kernels.get_format(fmt)
+    cache = SplitCache(fmt, smollm2.model, tables_for(fmt, smollm2.model, for_model(smollm2.model, f, 32), 32), 32)
+    h, d = smollm2.config.num_kv_heads, smollm2.config.head_dim
+    k1, k2 = torch.randn(40, h, d, generator=torch.Generator().manual_seed(0)), torch.randn(7, h, d)
+    for k in (k1, k2):
+        start = 0 if cache.raw[0] is None else cache.raw[0].shape[0]
+        got = cache._keys(0, k.to(f.k_side.storage_dtype).float(), start)
+    want = torch.cat([k1, k2]).to(f.k_side.storage_dtype).float()
+    assert got.shape == want.shape and torch.equal(got, want)
+    n = 150
+    chunk = make_chunks({"kjv": ids[:n]}, smollm2.tokenizer, n, max_chunks=1)[0]
+    engine = chunk_nll(_llm(smollm2, fmt), [chunk])[0]
+    assert np.abs(_study_nll(smollm2, fmt, chunk, n) - engine).max() < 1e-4
+
+
+@pytest.mark.parametrize("context", [512, 2048, 4096, 32768])
+def test_served_bits_count_the_sink_and_window_rows_at_real_contexts(context):
+    """Bits per value worked out by hand for SmolLM2 (3 KV heads x 64) at block 32.
+    kvq3 = kivi3+pre+alloc+q8 / cb3+rot @sink4 @win32: K codes 3 x 64 / 8 = 24 B per token-head, its q8
+    per-block side 64 x (uint8 step + int8 zero) + 2 fp16 super-scales = 132 B per block-head; V codes
+    24 B + one fp16 scale per 64-group = 26 B per token-head. Staging: the window overlaps
+    ceil(32/32) + 1 = 2 blocks (64 rows) plus 4 sink rows = 68 fp16 rows of K and of V per sequence.
+    kivi4+pre/cb4 (no sink or window): 32 B + 256 B per block-head for K, 34 B for V, and K alone
+    stages its one unfilled block (32 rows)."""
+    kb, vb, mean = served_bits("kvq3", 32, 3, 64, context=context)
+    k_codes = (3 * 24 + 3 * 132 / 32) * 8 / (3 * 64)   # 3.515625
+    v_codes = 3 * 26 * 8 / (3 * 64)                     # 3.25
+    assert (kb, vb) == (k_codes + 16 * 68 / context, v_codes + 16 * 68 / context)
+    assert mean == (kb + vb) / 2
+    if context == 2048:
+        assert round(mean, 2) == 3.91  # the figure kernels/format_table.py quotes for kvq3 at 2k
+    kb, vb, _ = served_bits("kivi4+pre/cb4", 32, 3, 64, context=context)
+    assert (kb, vb) == ((3 * 32 + 3 * 256 / 32) * 8 / (3 * 64) + 16 * 32 / context, 3 * 34 * 8 / (3 * 64))

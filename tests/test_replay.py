@@ -10,7 +10,7 @@ from paged.sim.workload import synthetic_trace
 
 def _run():
     cfg = SimConfig(model="llama-2-7b", num_blocks=48, preemption_mode="swap", max_num_batched_tokens=512)
-    run = runs.SimRun(cfg, synthetic_trace("sharegpt", 12, rate=8.0, seed=1)).keep_snapshots(3)
+    run = runs.Run(cfg, synthetic_trace("sharegpt", 12, rate=8.0, seed=1)).keep_snapshots(3)
     return run.run_to_completion()
 
 

@@ -37,7 +37,7 @@ def _workload():
 
 def _sim_run():
     cfg = SimConfig(model="llama-2-7b", num_blocks=48, preemption_mode="swap", max_num_batched_tokens=512)
-    return runs.SimRun(cfg, synthetic_trace("sharegpt", 8, rate=8.0, seed=1))
+    return runs.Run(cfg, synthetic_trace("sharegpt", 8, rate=8.0, seed=1))
 
 
 def _assert_same(a: S.KVSnapshot, b: S.KVSnapshot) -> None:
@@ -61,11 +61,11 @@ def _written_by_last_step(run) -> set[int]:
 
 @pytest.mark.parametrize("kind", ["engine", "simulator"])
 def test_each_kept_snapshot_is_the_cache_after_its_step(kind, request):
-    run = runs.EngineRun(request.getfixturevalue("llm"), _workload()) if kind == "engine" else _sim_run()
+    run = runs.Run(request.getfixturevalue("llm"), _workload()) if kind == "engine" else _sim_run()
     run.keep_snapshots(1)
     seen = marked = 0
     while not run.done:
-        if run.step() is None:   # a SimRun's extra call past the end of its trace
+        if run.step() is None:   # a Run's extra call past the end of its trace
             break
         k = len(run.rows)
         assert sorted(run.snapshots) == list(range(1, k + 1))   # one per step so far, none ahead
@@ -82,7 +82,7 @@ def test_each_kept_snapshot_is_the_cache_after_its_step(kind, request):
 
 
 def test_stride_files_snapshots_under_their_step(llm):
-    run = runs.EngineRun(llm, _workload()).keep_snapshots(3)
+    run = runs.Run(llm, _workload()).keep_snapshots(3)
     run.run_to_completion()
     strided = set(range(3, len(run.rows) + 1, 3))
     moments = set(story.key_moments(run.steps_frame()).step)
@@ -103,7 +103,7 @@ def _new_peaks(run) -> set[int]:
 
 @pytest.mark.parametrize("kind", ["engine", "simulator"])
 def test_replay_round_trip_keeps_every_snapshot(kind, request, tmp_path):
-    run = runs.EngineRun(request.getfixturevalue("llm"), _workload()) if kind == "engine" else _sim_run()
+    run = runs.Run(request.getfixturevalue("llm"), _workload()) if kind == "engine" else _sim_run()
     run.keep_snapshots(2).run_to_completion()
     assert run.snapshots, "keep_snapshots(2) kept none"   # none is added by hand here
     rec = replay.load(replay.save(run, tmp_path / "run.npz"))

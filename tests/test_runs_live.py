@@ -28,7 +28,7 @@ def _workload():
 
 
 def test_engine_run_rows_requests_snapshot(llm):
-    run = runs.EngineRun(llm, _workload())
+    run = runs.Run(llm, _workload())
     states = set()
     while not run.done:
         row = run.step()
@@ -47,7 +47,7 @@ def test_engine_run_rows_requests_snapshot(llm):
 
 
 def test_sim_run_interface():
-    run = runs.SimRun(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 8, rate=4.0, seed=0))
+    run = runs.Run(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 8, rate=4.0, seed=0))
     run.run_to_completion()
     assert run.done and len(run.rows) > 5 and set(run.rows[0]) == set(runs.STEP_COLUMNS)
     assert len(run.request_rows()) == 8 and "simulated" in run.backend
@@ -55,7 +55,7 @@ def test_sim_run_interface():
 
 def test_dashboard_frames_capped_and_live(llm):
     from paged.viz import live
-    run = runs.EngineRun(llm, _workload())
+    run = runs.Run(llm, _workload())
     dash = live.Dashboard(run, views=("grid", "tables", "usage", "timeline", "latency", "prefix"), fps=5)
     seen = []
     t0 = time.perf_counter()
@@ -83,7 +83,7 @@ def test_ring_buffer_wraps():
 def test_dashboard_falls_back_to_static_figures(monkeypatch):
     from paged.viz import live
     monkeypatch.setattr(live, "widgets_available", lambda: "ImportError: no anywidget")
-    run = runs.SimRun(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 4, rate=4.0, seed=0))
+    run = runs.Run(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 4, rate=4.0, seed=0))
     dash = live.Dashboard(run, views=("grid", "usage"))
     assert dash.panel is None and all(type(f).__name__ == "Figure" for f in dash.figures.values())
     dash.run_to_completion()
@@ -95,7 +95,7 @@ def test_dashboard_falls_back_to_static_figures(monkeypatch):
 
 def test_replay_view_steps_through_snapshots(llm):
     from paged.viz import live
-    run = runs.EngineRun(llm, _workload()).keep_snapshots(1).run_to_completion()
+    run = runs.Run(llm, _workload()).keep_snapshots(1).run_to_completion()
     view = live.ReplayView(run, autoplay=False)
     first = str(view.figures["grid"].data[0].z)
     view.show_step(view.steps[len(view.steps) // 2])
@@ -107,7 +107,7 @@ def test_replay_view_autoplays_in_the_browser(llm):
     """The player starts in the page the first time it renders (its own timer, not ipywidgets.Play, whose
     playing=True set in the kernel shows pause and never moves); the browser test watches it advance."""
     from paged.viz import live
-    run = runs.EngineRun(llm, _workload()).keep_snapshots(1).run_to_completion()
+    run = runs.Run(llm, _workload()).keep_snapshots(1).run_to_completion()
     view = live.ReplayView(run)
     assert view.story.player.autoplay and view.story.player.value == min(run.snapshots)
     assert "autoplay" in view.story.player._esm and view.story.player.layout.display != "none"

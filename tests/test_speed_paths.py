@@ -1,5 +1,5 @@
 """The scheduler's fast paths (issue 12) change nothing but speed: the decode lane
-(``KVCacheManager.append_decode_slots``, planned as ``DecodeRun``s) gives the same plans, counts,
+(``KVCacheManager.append_decode_slots``, its runs appended to the plan's batch columns) gives the same plans, counts,
 step shapes, tables, fills, prefix index and events as the general ``allocate_slots`` path, and
 ``update`` leaves every request as it was when the executor's tokens miss one."""
 from __future__ import annotations
@@ -9,7 +9,6 @@ import random
 import numpy as np
 import pytest
 
-from paged.core.plan import DecodeRun
 from paged.sim.cost_model import plan_shape, step_shape
 from paged import KVCacheManager, NullRecorder, PagedError, Recorder, Request, Scheduler, SchedulerConfig
 from paged.core.plan import ScheduledChunk
@@ -21,24 +20,27 @@ def _drive(lane: bool, seed: int, block_size: int, recorder, host_tier: bool = F
     record per step of everything observable."""
     rng = random.Random(seed)
     kv = KVCacheManager(-(-200 // block_size), block_size, num_cpu_blocks=8, recorder=recorder, host_tier=host_tier)
-    if not lane:
-        kv.append_decode_slots = None  # the scheduler falls back to allocate_slots for every request
+    lane_runs = [0]
+    real_lane = kv.append_decode_slots
+    def counting_lane(requests, i, *rest):
+        j = real_lane(requests, i, *rest)
+        lane_runs[0] += j > i
+        return j
+    # without the lane it handles no request: the scheduler falls back to allocate_slots for every one
+    kv.append_decode_slots = counting_lane if lane else (lambda requests, i, *rest: i)
     s = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=12,
                                       preemption_mode=rng.choice(["recompute", "swap"])))
     system = [rng.randrange(40) for _ in range(20)]
     reqs = [Request(f"r{i}", (system if i % 2 else []) + [rng.randrange(40) for _ in range(rng.randint(1, 30))],
                     max_tokens=rng.randint(1, 40)) for i in range(24)]
-    trace, forks, lane_runs = [], 0, 0
+    trace, forks = [], 0
     for step in range(2000):
         if reqs and step % 2 == 0:
             s.add_request(reqs.pop(0))
         if not s.has_unfinished_requests() and not reqs:
             break
         out = s.schedule()
-        runs = sum(w.__class__ is DecodeRun for w in out.work)
-        assert runs == 0 or lane
-        lane_runs += runs
-        a, b = plan_shape(out.work), step_shape(out.scheduled)
+        a, b = plan_shape(out.batch), step_shape(out.scheduled)
         assert np.array_equal(a.q, b.q) and np.array_equal(a.ctx, b.ctx) and a.num_sampled == b.num_sampled
         counts = (out.num_seqs, out.num_batched_tokens, out.num_decode_tokens, out.is_empty)
         assert counts == (len(out.scheduled), sum(c.num_tokens for c in out.scheduled),
@@ -56,7 +58,7 @@ def _drive(lane: bool, seed: int, block_size: int, recorder, host_tier: bool = F
                       kv.pool.num_filled_slots, sorted(b.block_id for b in kv.pool.index.values()),
                       kv.prefix_cache_hits, out.tier_out, out.tier_in, kv.host_cache_hits))
     assert not s.has_unfinished_requests()
-    assert not lane or lane_runs > 0
+    assert not lane or lane_runs[0] > 0
     return trace
 
 
@@ -101,7 +103,7 @@ def test_a_lane_chunk_that_ends_a_prompt_counts_as_prefill():
     s.add_request(Request("p", list(range(9)), max_tokens=2))
     s.update(s.schedule(), {})  # tokens 0-7: no sample
     out = s.schedule()  # the last prompt token, through the lane
-    assert [w.__class__ for w in out.work] == [DecodeRun] and out.work[0].starts == [8]
+    assert out.batch.starts == [8] and out.batch.num_tokens == [1] and out.batch.samples == [True]
     assert (out.num_decode_tokens, out.num_prefill_tokens, out.num_seqs) == (0, 1, 1)
     s.update(out, {"p": 5})
     out = s.schedule()  # the first output token: a decode

@@ -62,7 +62,7 @@ def test_summary_sentences_carry_the_records_numbers() -> None:
 def _sim_run(num_blocks: int = 48, n: int = 24):
     from paged.sim.simulator import SimConfig
     from paged.sim.workload import synthetic_trace
-    return runs.SimRun(SimConfig(model="llama-2-7b", num_blocks=num_blocks, block_size=16),
+    return runs.Run(SimConfig(model="llama-2-7b", num_blocks=num_blocks, block_size=16),
                        synthetic_trace("sharegpt", n, rate=16.0, seed=3))
 
 

@@ -3,6 +3,8 @@ its figures and panel (paged.viz.budget)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,8 @@ def test_panel_redraws_on_a_slider_change() -> None:
     before = growth.data[1].y[0]
     panel.children[1].children[1].value = 4  # batch
     assert growth.data[1].y[0] == pytest.approx(4 * before)
+    sent = json.loads(growth._figure)  # what the browser was sent: the redrawn figure, as one frame
+    assert sent["data"][1]["y"][0] == pytest.approx(4 * before)
     assert "× batch 4" in panel.children[2].value
 
 

@@ -165,6 +165,22 @@ def test_invalid_points_carry_their_error_and_the_others_complete(tmp_path):
     assert retried.attrs["sweep"]["computed"] == 2
 
 
+def test_a_retried_point_replaces_its_stored_error_row(tmp_path):
+    """retry_errors recomputes a stored error and the table holds the new rows instead: 2 points, 2 rows."""
+    grid = {"x": [1, 2], "marker_dir": str(tmp_path)}
+    store = tmp_path / "store"
+    first = sweep(H.broken_until_fixed, grid, store=store, progress=False)
+    assert list(first["status"]) == ["ok", "error"] and first.loc[1, "error"].startswith("RuntimeError: not fixed yet")
+    (tmp_path / "fixed").write_text("")
+    retried = sweep(H.broken_until_fixed, grid, store=store, progress=False, retry_errors=True)
+    assert retried.attrs["sweep"]["computed"] == 1 and retried.attrs["sweep"]["errors"] == 0
+    assert len(retried) == 2 and list(retried["x"]) == [1, 2] and list(retried["y"]) == [10, 20]
+    assert list(retried["status"]) == ["ok", "ok"] and retried["error"].isna().all()
+    assert list(retried["point"]) == list(first["point"]) and retried["point"].is_unique
+    again = sweep(H.broken_until_fixed, grid, store=store, progress=False)  # the store holds the retried rows
+    assert again.attrs["sweep"]["computed"] == 0 and list(again["y"]) == [10, 20] and len(again) == 2
+
+
 def test_study_results_a_dataframe_collisions_and_plain_functions(tmp_path):
     df = sweep(H.table, {"n": [1, 3]}, store=tmp_path, progress=False)
     assert list(df["n"]) == [1, 3, 3, 3] and list(df["row"]) == [0, 0, 1, 2] and list(df["i"]) == [0, 0, 1, 2]

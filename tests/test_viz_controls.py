@@ -105,7 +105,7 @@ def test_scenario_panel_builds_a_dashboard() -> None:
     from paged import runs
     from paged.viz.scenarios import ScenarioPanel
     llm = paged.LLM(num_blocks=32)
-    base = runs.EngineRun(llm, runs.chat_workload(llm.tokenizer, 1, max_tokens=2))
+    base = runs.Run(llm, runs.chat_workload(llm.tokenizer, 1, max_tokens=2))
     panel = ScenarioPanel(base, "memory pressure", autoplay=False)
     assert "preempted" in panel.about.value
     dash = panel.start()

@@ -75,7 +75,7 @@ def test_dashboard_grid_click_selects_the_block() -> None:
     from paged.sim.simulator import SimConfig
     from paged.sim.workload import synthetic_trace
     from paged.viz import live
-    run = runs.SimRun(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 8, rate=4.0, seed=0))
+    run = runs.Run(SimConfig(model="llama-2-7b", num_blocks=64), synthetic_trace("sharegpt", 8, rate=4.0, seed=0))
     dash = live.Dashboard(run, views=("grid", "tables"))
     assert isinstance(dash.figures["grid"], LivePlot) and isinstance(dash.figures["tables"], LivePlot)
     for _ in range(6):

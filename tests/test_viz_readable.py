@@ -183,6 +183,19 @@ def test_checker_flags_a_flat_heatmap_and_its_colourbar() -> None:
     assert "px tall" in problems and "heatmap rows" in problems and "colour bar" in problems
 
 
+@pytest.mark.parametrize("rows,problems", [
+    (25, []),                                                                   # 300 px / 25 = 12.0: at the limit
+    (26, ["heatmap rows are 11.5 px tall (< 12): 26 rows in 300 px"]),         # just below it
+    (50, ["heatmap rows are 6.0 px tall (< 12): 50 rows in 300 px"])])         # half of it
+def test_checker_flags_heatmap_rows_just_below_12_px_and_passes_them_at_12(rows, problems) -> None:
+    """A figure with room for everything else (400 px, margins 50 + 50: a 300-px plot, a full-height
+    colour bar): only the px per row decides. 12 px is also the browser test's MIN_ROW_PX."""
+    z = np.random.default_rng(0).random((rows, 30))
+    fig = go.Figure(go.Heatmap(z=z, y=[f"r{i}" for i in range(rows)]))
+    fig.update_layout(height=400, margin=dict(t=50, b=50, l=60, r=20))
+    assert check.figure_problems(fig) == problems
+
+
 def test_checker_flags_fractional_ticks_on_counts_and_accepts_integer_ones() -> None:
     fig = go.Figure(go.Bar(x=[1, 2, 3], y=[0, 2, 3])).update_layout(yaxis_title="blocks", xaxis_title="step")
     assert len(check.figure_problems(fig)) == 2

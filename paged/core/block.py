@@ -1,9 +1,7 @@
 """Block: one physical KV block (id, ref count, hash, and the tokens and content ids that verify a prefix hit).
 
-Data only: ``BlockPool`` owns every state change of a block; eviction policies link and order
-cached-free blocks through ``prev``/``next``/``hits``/``last_access``. One exception, for speed:
-the KV manager's decode lane raises ``num_filled`` of a block its request alone holds and reports
-the slots to ``BlockPool.add_filled_slots`` (what ``BlockPool.fill`` does, inlined).
+Data only: ``BlockPool`` owns every state change of a block (eviction policies, its parts, link and
+order cached-free blocks through ``prev``/``next``/``hits``/``last_access``).
 """
 from __future__ import annotations
 

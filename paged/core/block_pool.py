@@ -30,7 +30,9 @@ __all__ = ["Block", "BlockPool"]
 
 class BlockPool:
     def __init__(self, num_blocks: int, *, eviction: str | EvictionPolicy = "lru",
-                 recorder: ev.Recorder | None = None) -> None:
+                 recorder: ev.Recorder | None = None, on_evict: Callable[[Block], bool] | None = None) -> None:
+        """``on_evict(block)``: offered each cached-free block before it loses its hash (the host
+        tier keeps its content when it answers True)."""
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ConfigError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         self.num_blocks = num_blocks
@@ -47,7 +49,7 @@ class BlockPool:
         self._next_cid = 1                 # content ids of registrations (0 is "no parent")
         # called with a cached-free block about to lose its hash to an allocation; returns True
         # when it kept the content elsewhere (the host tier's demote), None/False: plain eviction
-        self.on_evict: Callable[[Block], bool] | None = None
+        self.on_evict = on_evict
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -176,10 +178,14 @@ class BlockPool:
             self.num_filled_slots += num_filled - block.num_filled
             block.num_filled = num_filled
 
-    def add_filled_slots(self, n: int) -> None:
-        """Count ``n`` more slots holding tokens in used blocks whose ``num_filled`` the caller
-        raised itself (the manager's decode lane: ``fill`` inlined, reported once per run)."""
-        self.num_filled_slots += n
+    def fill_each(self, blocks: list[Block], fills: list[int]) -> None:
+        """``fill(block, n)`` for each pair (one call for a run of the decode lane)."""
+        added = 0
+        for block, n in zip(blocks, fills):
+            if n > block.num_filled:
+                added += n - block.num_filled
+                block.num_filled = n
+        self.num_filled_slots += added
 
     def fill_span(self, blocks: list[Block], first: int, end: int, block_size: int) -> None:
         """``fill(blocks[i], min(block_size, end - i * block_size))`` for every block holding a

@@ -137,9 +137,11 @@ class KVCacheManager(KVCacheParts):
         not be the request's last; a new block is left to its general path)."""
         bs, pool, caching = self.block_size, self.pool, self.enable_prefix_caching
         index = self.prefix.index_full
-        added = 0  # reported to the pool once at the end
         first = len(starts)
         get, mark, keep = self._tables.get, starts.append, tables.append
+        grown: list[Block] = []  # blocks the run writes a token into, and the fill each reaches
+        fills: list[int] = []
+        grow, reach = grown.append, fills.append
         run = requests if i == 0 and stop == len(requests) else requests[i:stop]  # no copy in the usual case
         for req in run:  # the common case (room in the last block) first, in few bytecodes
             start = req.num_computed_tokens
@@ -153,28 +155,24 @@ class KVCacheManager(KVCacheParts):
                 block = table[start // bs]
                 if block.ref_cnt != 1:
                     break
-                filled, offset = block.num_filled, offset + 1  # offset: now the slots to fill
-                if offset > filled:  # pool.fill(block, offset), inlined (see paged.core.block)
-                    added += offset - filled
-                    block.num_filled = offset
-                if offset == bs and caching:
+                grow(block)
+                reach(offset + 1)
+                if offset + 1 == bs and caching:
                     index(req, table, start + 1)
             else:  # the token opens a new block: take one if the pool has it
                 if len(table) != start // bs or pool.num_used >= pool.num_blocks or self._timed:
                     break  # general path: the table has the block, a full pool, or latency events
                 block = pool.allocate(1, req.request_id)[0]
                 table.append(block)
-                block.num_filled = 1  # pool.fill(block, 1), inlined: a new block holds nothing
-                added += 1
+                grow(block)
+                reach(1)
                 if bs == 1 and caching:  # one slot: the new block is also full (earlier ones are indexed)
                     index(req, table, start + 1)
             mark(start)
             keep(table)
-        if added:
-            pool.add_filled_slots(added)
+        if grown:
+            pool.fill_each(grown, fills)
         return i + len(starts) - first
-
-    _append_tokens = append_decode_slots  # for allocate_slots, whatever an instance sets the lane to
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        cached_blocks: Sequence[Block] = ()) -> BlockMapping | None:
@@ -188,7 +186,7 @@ class KVCacheManager(KVCacheParts):
         pass, or None when the pool cannot hold them now (nothing changed).
         """
         if num_new_tokens == 1 and not cached_blocks and request.num_computed_tokens % self.block_size \
-                and self._append_tokens((request,), 0, 1, [], [], False):  # into a partly filled block
+                and KVCacheManager.append_decode_slots(self, (request,), 0, 1, [], [], False):  # partly filled block
             return []
         rid = request.request_id
         t0 = time.perf_counter_ns() if self._timed else 0
@@ -312,7 +310,7 @@ class KVCacheManager(KVCacheParts):
         if self.host is not None:  # tier-outs of this plan must not land on blocks the swap-in reads
             self.host.defer_release(released)
         else:
-            self.swap_space.free.extend(released)
+            self.swap_space.give_back(released)
         self._tables[request_id] = blocks
         self.num_swapped_in_blocks += len(blocks)
         self.recorder.emit(ev.SWAP_IN, request_id, None, len(blocks))

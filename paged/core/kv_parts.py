@@ -22,7 +22,26 @@ from .request import Request
 from .swap_space import SwapSpace
 from paged.errors import ConfigError, InvalidRequestError
 
-__all__ = ["KVCacheParts"]
+__all__ = ["KVCacheParts", "check_request_fits"]
+
+
+def check_request_fits(request: Request, max_model_len: int, block_size: int, num_blocks: int) -> None:
+    """Raise InvalidRequestError if `request` can never fit a cache of ``num_blocks`` blocks of
+    ``block_size`` tokens with context ``max_model_len`` (every KV cache's admission rule)."""
+    total = request.max_total_tokens
+    if request.num_prompt_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"prompt of {request.num_prompt_tokens} tokens exceeds max_model_len={max_model_len}; "
+            "raise max_model_len or truncate the prompt")
+    if total > max_model_len:
+        raise InvalidRequestError(
+            f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.max_tokens}) = {total} exceeds "
+            f"max_model_len={max_model_len}; lower max_tokens or raise max_model_len")
+    need = -(-total // block_size)
+    if need > num_blocks:
+        raise InvalidRequestError(
+            f"request needs up to {need} blocks of {block_size} tokens but the pool has only "
+            f"{num_blocks}; give the cache more blocks or lower max_tokens")
 
 
 class KVCacheParts:
@@ -39,39 +58,25 @@ class KVCacheParts:
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 1):
             raise ConfigError(f"max_model_len must be a positive integer or None, got {max_model_len!r}")
         self.recorder = recorder if recorder is not None else ev.NullRecorder()
-        self.pool = BlockPool(num_blocks, eviction=eviction, recorder=self.recorder)
+        self.host: HostTier | None = None  # with a host tier, the pool offers it each block it evicts
+        if host_tier or host_tier_threshold != 1.0:
+            check_host_tier_config(host_tier, host_tier_threshold, num_cpu_blocks, enable_prefix_caching)
+            self.host = HostTier(self.swap_space.free, eviction=host_eviction, recorder=self.recorder)
+        self.host_tier_threshold = host_tier_threshold
+        self.pool = BlockPool(num_blocks, eviction=eviction, recorder=self.recorder,
+                              on_evict=self.host.demote if self.host is not None else None)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len if max_model_len is not None else num_blocks * block_size
-        self.prefix = PrefixIndex(self.pool, block_size, hash_fn)
+        self.prefix = PrefixIndex(self.pool, block_size, hash_fn, host=self.host)
         self.hasher = self.prefix.hasher
-        self.host: HostTier | None = None
-        self.host_tier_threshold = host_tier_threshold
-        if host_tier or host_tier_threshold != 1.0:
-            check_host_tier_config(host_tier, host_tier_threshold, num_cpu_blocks, enable_prefix_caching)
-            self.host = HostTier(self.swap_space.free, eviction=host_eviction, recorder=self.recorder)
-            self.pool.on_evict = self.host.demote
-            self.prefix.host = self.host
 
     # ---- checks on input ---------------------------------------------------------
     def check_request(self, request: Request) -> None:
         """Raise InvalidRequestError if `request` can never be served by this cache."""
-        total = request.max_total_tokens
-        if request.num_prompt_tokens > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt of {request.num_prompt_tokens} tokens exceeds max_model_len={self.max_model_len}; "
-                "raise max_model_len or truncate the prompt")
-        if total > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({request.num_prompt_tokens}) + max_tokens ({request.max_tokens}) = {total} exceeds "
-                f"max_model_len={self.max_model_len}; lower max_tokens or raise max_model_len")
-        need = -(-total // self.block_size)
-        if need > self.num_blocks:
-            raise InvalidRequestError(
-                f"request needs up to {need} blocks of {self.block_size} tokens but the pool has only "
-                f"{self.num_blocks}; give the cache more blocks or lower max_tokens")
+        check_request_fits(request, self.max_model_len, self.block_size, self.num_blocks)
 
     # ---- counts ------------------------------------------------------------------
     @property
@@ -89,6 +94,10 @@ class KVCacheParts:
     @property
     def num_free_cpu_blocks(self) -> int:
         return self.swap_space.num_free
+
+    @property
+    def has_host_tier(self) -> bool:
+        return self.host is not None
 
     @property
     def num_host_cached_blocks(self) -> int:

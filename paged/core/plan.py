@@ -1,37 +1,47 @@
-"""What the scheduler hands an executor each step (its plan).
+"""What the scheduler hands an executor each step (its plan), in one shape.
 
-``SchedulerOutput``: the chunks to compute, the cache operations to apply first (compaction
+``SchedulerOutput``: the ``Batch`` to compute, the cache operations to apply first (compaction
 copies, swap out, copy-on-write copies, swap in), preemptions, and the pool right after planning.
-``SchedulerConfig`` (the scheduler's settings) lives in ``paged.core.config``; this old import
-path keeps working.
 
-Block ids travel in the plan (vLLM's ``KVCacheBlocks`` idea): each chunk carries its request's
-block table as the manager planned it (``ScheduledChunk.blocks``, ``DecodeRun.tables``), so an
-executor reads the plan only. A table is handed by reference, not copied (a step plans hundreds of
-them): it is valid from ``schedule`` until the step's ``update`` and read-only for executors.
+A ``Batch`` is columns, one entry per scheduled chunk in batch order (no object per chunk: a
+step plans hundreds): chunk ``i`` computes ``num_tokens[i]`` tokens of ``requests[i]`` from
+position ``starts[i]`` (the tokens before are cached), samples a token when ``samples[i]``, and
+its K/V lives in ``tables[i]``, the request's block table as the manager planned it (vLLM's
+``KVCacheBlocks`` idea: executors read the plan only). A table is handed by reference, not
+copied: it is valid from ``schedule`` until the step's ``update`` and read-only for executors.
+The scheduler builds the batch; executors consume it as built (the simulator reads the columns,
+the runner builds its tensors from them). ``ScheduledChunk`` is a read-only view of one entry
+for readers (tests, views, studies).
+
+One meaning of "decode" (``is_decode``): a chunk that computes exactly one token, samples, and
+lies past the prompt. A chunk that computes the last prompt token is prefill, even when it is
+one token long.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 from .block import Block, BlockMapping
-from .config import DEFAULT_TOKEN_BUDGET, SchedulerConfig
 from .request import Request
 
-__all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "PoolCounts", "SchedulerConfig", "ScheduledChunk", "StepCounts",
-           "SchedulerOutput"]
+__all__ = ["Batch", "PoolCounts", "ScheduledChunk", "SchedulerOutput", "is_decode"]
+
+
+_prompt_len = operator.attrgetter("num_prompt_tokens")
+
+
+def is_decode(request: Request, start: int, num_tokens: int, samples: bool) -> bool:
+    """Whether a chunk is a decode (see the module docstring): the one definition."""
+    return num_tokens == 1 and samples and start >= request.num_prompt_tokens
 
 
 class ScheduledChunk:
-    """`num_tokens` tokens of `request` starting at position `start` (tokens before are cached);
-    `blocks`: the request's block table (see the module docstring; empty when not planned by a
-    paged manager). Its tokens live in slots `blocks[p // bs].block_id * bs + p % bs`.
-
-    A plain ``__slots__`` class, not a dataclass: one is built per scheduled request per step, and
-    the generated dataclass ``__init__`` cost ~325 ns against ~205 ns for this one (CPython 3.11).
-    Compares by value (the work: request, start, tokens, sampling), like the dataclass it replaces.
-    """
+    """A read-only view of one batch entry: `num_tokens` tokens of `request` from position
+    `start`; `blocks`: the request's block table (empty when not planned by a paged manager).
+    Its tokens live in slots `blocks[p // bs].block_id * bs + p % bs`. Compares by value (the
+    work: request, start, tokens, sampling)."""
 
     __slots__ = ("request", "start", "num_tokens", "samples", "blocks")
 
@@ -40,13 +50,20 @@ class ScheduledChunk:
         self.request = request
         self.start = start
         self.num_tokens = num_tokens
-        self.samples = samples  # the chunk reaches the end of the known tokens: sample one
+        self.samples = samples
         self.blocks = blocks
 
     @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
     def block_ids(self) -> list[int]:
-        """The request's block table as ids, in order."""
         return [b.block_id for b in self.blocks]
+
+    @property
+    def is_decode(self) -> bool:
+        return is_decode(self.request, self.start, self.num_tokens, self.samples)
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not ScheduledChunk:
@@ -54,76 +71,89 @@ class ScheduledChunk:
         return (self.request, self.start, self.num_tokens, self.samples) == \
             (other.request, other.start, other.num_tokens, other.samples)
 
-    __hash__ = None  # mutable and compared by value
+    __hash__ = None  # compared by value
 
     def __repr__(self) -> str:
         return (f"ScheduledChunk(request={self.request!r}, start={self.start}, num_tokens={self.num_tokens}, "
                 f"samples={self.samples})")
 
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
 
-    @property
-    def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.samples and self.start >= self.request.num_prompt_tokens
+class Batch:
+    """The chunks of one forward pass as columns (see the module docstring). Invariant: the five
+    columns have one entry per chunk, in batch order."""
 
+    __slots__ = ("requests", "starts", "num_tokens", "samples", "tables", "_chunk_entries")
 
-class DecodeRun:
-    """Consecutive running requests that each compute their one last token, as the scheduler's
-    decode lane planned them: the chunks ``ScheduledChunk(r, start, 1, True, table)`` for ``r,
-    start, table`` in ``zip(requests, starts, tables)``, held as lists instead of one object per
-    request (a step plans hundreds of them; executors that read plans in bulk, such as the
-    simulator, iterate the lists). ``starts`` are the positions at planning time (``update``
-    moves the requests on afterwards); ``tables`` the requests' block tables (module docstring).
-    """
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.starts: list[int] = []
+        self.num_tokens: list[int] = []
+        self.samples: list[bool] = []
+        self.tables: list[Sequence[Block]] = []
+        self._chunk_entries: list[int] = []  # entries added by `add` (the others are the lane's decodes)
 
-    __slots__ = ("requests", "starts", "tables")
+    def add(self, request: Request, start: int, num_tokens: int, samples: bool, table: Sequence[Block]) -> None:
+        self._chunk_entries.append(len(self.requests))
+        self.requests.append(request)
+        self.starts.append(start)
+        self.num_tokens.append(num_tokens)
+        self.samples.append(samples)
+        self.tables.append(table)
 
-    def __init__(self, requests: list[Request], starts: list[int],
-                 tables: list[Sequence[Block]] | None = None) -> None:
-        self.requests = requests
-        self.starts = starts
-        self.tables = tables if tables is not None else [()] * len(requests)
+    def add_decodes(self, requests: Sequence[Request], count: int) -> None:
+        """Close a run of the decode lane: ``count`` one-token sampling chunks of ``requests`` whose
+        starts and tables the KV manager appended to ``starts``/``tables`` already."""
+        self.requests.extend(requests)
+        self.num_tokens.extend([1] * count)
+        self.samples.extend([True] * count)
 
     def __len__(self) -> int:
         return len(self.requests)
 
+    def __bool__(self) -> bool:
+        return bool(self.requests)
+
+    def select(self, indices: Sequence[int]) -> "Batch":
+        """The entries at ``indices``, in that order (e.g. one of the engine's two passes)."""
+        out = Batch()  # every entry as a chunk (`add`): exact for any mix
+        for i in indices:
+            out.add(self.requests[i], self.starts[i], self.num_tokens[i], self.samples[i], self.tables[i])
+        return out
+
+    def is_decode(self, i: int) -> bool:
+        return is_decode(self.requests[i], self.starts[i], self.num_tokens[i], self.samples[i])
+
     def chunks(self) -> list[ScheduledChunk]:
-        return [ScheduledChunk(r, s, 1, True, t) for r, s, t in zip(self.requests, self.starts, self.tables)]
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not DecodeRun:
-            return NotImplemented
-        return self.requests == other.requests and self.starts == other.starts
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return f"DecodeRun({len(self.requests)} requests: {[r.request_id for r in self.requests[:4]]}...)"
-
-
-class StepCounts:
-    """Counts a step record derives from its lists (``scheduled`` chunks, ``preempted`` ids);
-    shared by the plan and the engine's ``StepOutput``."""
-
-    __slots__ = ()
-    scheduled: list
-    preempted: list
+        """A view per entry (for readers; executors read the columns)."""
+        return [ScheduledChunk(r, s, n, x, t) for r, s, n, x, t in
+                zip(self.requests, self.starts, self.num_tokens, self.samples, self.tables)]
 
     @property
-    def num_seqs(self) -> int:
-        return len(self.scheduled)
+    def request_ids(self) -> list[str]:
+        return [r.request_id for r in self.requests]
 
     @property
-    def num_preempted(self) -> int:
-        return len(self.preempted)
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        # every lane entry is one sampling token, a decode iff past its prompt: count "past the prompt"
+        # over all entries at C speed (once per step), then correct the few entries `add` made
+        count = sum(map(operator.ge, self.starts, map(_prompt_len, self.requests)))
+        for i in self._chunk_entries:
+            count += self.is_decode(i) - (self.starts[i] >= self.requests[i].num_prompt_tokens)
+        return count
+
+    @property
+    def num_sampled(self) -> int:
+        return self.samples.count(True)
 
 
 @dataclass(kw_only=True)
 class PoolCounts:
     """Queue lengths and the pool right after a plan was made (prefix-cache counters are
-    cumulative, in tokens); shared by the plan and the engine's ``StepOutput``."""
+    cumulative, in tokens)."""
     num_waiting: int = 0
     num_running: int = 0
     num_swapped: int = 0
@@ -142,13 +172,11 @@ class PoolCounts:
 
 
 @dataclass
-class SchedulerOutput(StepCounts, PoolCounts):
-    """One step's plan. ``work`` is what to compute, in batch order: ``ScheduledChunk``s and
-    ``DecodeRun``s (the decode lane's runs); ``scheduled`` is the same as one list of chunks,
-    built on first use (then kept: a plan is not changed once ``schedule`` returned it)."""
+class SchedulerOutput(PoolCounts):
+    """One step's plan: ``batch`` is what to compute (see the module docstring)."""
 
     step: int
-    work: list[ScheduledChunk | DecodeRun] = field(default_factory=list)
+    batch: Batch = field(default_factory=Batch)
     block_copies: BlockMapping = field(default_factory=list)
     # block compaction, applied FIRST (before swap_out): every other id of the plan is post-compaction
     compaction_copies: BlockMapping = field(default_factory=list)
@@ -170,20 +198,18 @@ class SchedulerOutput(StepCounts, PoolCounts):
 
     @property
     def scheduled(self) -> list[ScheduledChunk]:
-        """Every chunk of ``work`` in order (decode runs unrolled)."""
+        """A view of every batch entry, in order (built on first use; for readers)."""
         if self._chunks is None:
-            out: list[ScheduledChunk] = []
-            for w in self.work:
-                if w.__class__ is DecodeRun:
-                    out.extend(w.chunks())
-                else:
-                    out.append(w)
-            self._chunks = out
+            self._chunks = self.batch.chunks()
         return self._chunks
 
     @property
     def num_seqs(self) -> int:
-        return sum(len(w.requests) if w.__class__ is DecodeRun else 1 for w in self.work)
+        return len(self.batch)
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.preempted)
 
     @property
     def num_block_copies(self) -> int:
@@ -198,6 +224,10 @@ class SchedulerOutput(StepCounts, PoolCounts):
         return len(self.swap_out)
 
     @property
+    def num_swapped_in_blocks(self) -> int:
+        return len(self.swap_in)
+
+    @property
     def num_tier_out_blocks(self) -> int:
         return len(self.tier_out)
 
@@ -206,22 +236,22 @@ class SchedulerOutput(StepCounts, PoolCounts):
         return len(self.tier_in)
 
     @property
-    def num_swapped_in_blocks(self) -> int:
-        return len(self.swap_in)
+    def num_moved_blocks(self) -> int:
+        """Blocks crossing the host link this step (swaps and tier moves)."""
+        return len(self.swap_out) + len(self.swap_in) + len(self.tier_out) + len(self.tier_in)
+
+    @property
+    def num_copied_blocks(self) -> int:
+        """Blocks copied on the device this step (copy-on-write and compaction)."""
+        return len(self.block_copies) + len(self.compaction_copies)
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(len(w.requests) if w.__class__ is DecodeRun else w.num_tokens for w in self.work)
+        return self.batch.num_batched_tokens
 
     @property
     def num_decode_tokens(self) -> int:
-        n = 0
-        for w in self.work:
-            if w.__class__ is DecodeRun:  # a lane chunk is a decode unless it ends a prompt
-                n += sum(s >= r.num_prompt_tokens for r, s in zip(w.requests, w.starts))
-            elif w.is_decode:
-                n += 1
-        return n
+        return self.batch.num_decode_tokens
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -229,4 +259,4 @@ class SchedulerOutput(StepCounts, PoolCounts):
 
     @property
     def is_empty(self) -> bool:
-        return not self.work
+        return not self.batch

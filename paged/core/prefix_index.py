@@ -32,11 +32,12 @@ class PrefixIndex:
 
     __slots__ = ("pool", "block_size", "hasher", "host", "hashes", "num_indexed", "chain_cid")
 
-    def __init__(self, pool: BlockPool, block_size: int, hash_fn: str | HashFn = DEFAULT_HASH_FN) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, hash_fn: str | HashFn = DEFAULT_HASH_FN,
+                 host: HostTier | None = None) -> None:
         self.pool = pool
         self.block_size = block_size
         self.hasher = BlockHasher(block_size, hash_fn)
-        self.host: HostTier | None = None            # set by the manager when it keeps a host tier
+        self.host = host                             # the host tier, when the manager keeps one
         self.hashes: dict[str, list[Hashable]] = {}  # request id -> hashes of its full blocks so far
         self.num_indexed: dict[str, int] = {}        # request id -> leading table blocks already offered
         self.chain_cid: dict[str, int | None] = {}   # request id -> content id of the last of them

@@ -28,20 +28,21 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from . import events as ev
 from paged.errors import DuplicateRequestError, InvalidRequestError, PagedError, UnknownRequestError
-from .kv_manager import KVCacheManager
-from .plan import DEFAULT_TOKEN_BUDGET, DecodeRun, ScheduledChunk, SchedulerConfig, SchedulerOutput, StepCounts
+from .config import SchedulerConfig
+from .kv_cache import KVCache
+from .plan import Batch, ScheduledChunk, SchedulerOutput
 from .queues import VictimPolicy, WaitingQueue, lowest_priority_first, newest_first
 from .request import Request, RequestStatus
 
-__all__ = ["DEFAULT_TOKEN_BUDGET", "DecodeRun", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput",
-           "StepCounts", "VictimPolicy", "lowest_priority_first", "newest_first"]
+__all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "VictimPolicy",
+           "lowest_priority_first", "newest_first"]
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None, *,
+    def __init__(self, kv: KVCache, config: SchedulerConfig | None = None, *,
                  victim_policy: VictimPolicy | None = None) -> None:
         self.kv = kv
         # the token budget of vLLM's rule when none is given: for this cache's max_model_len
@@ -147,19 +148,17 @@ class Scheduler:
         running = self.running
         if cfg.enable_block_compaction and self.step_index - self._compaction_checked >= cfg.compaction_interval:
             self._compact(out)
-        work, chunked, allocate, blocks_of = out.work, cfg.enable_chunked_prefill, kv.allocate_slots, kv.blocks_of
-        lane = getattr(kv, "append_decode_slots", None)  # decode lane (None: every request takes the general path)
+        batch, chunked, allocate, blocks_of = out.batch, cfg.enable_chunked_prefill, kv.allocate_slots, kv.blocks_of
+        lane, starts, tables = kv.append_decode_slots, batch.starts, batch.tables
         i = 0
         while i < len(running) and budget > 0:  # the hot loop: one pass per running request
-            if lane is not None:  # a run of decodes into blocks they own: no copies, nobody preempted
-                starts: list[int] = []
-                tables: list = []
-                j = lane(running, i, min(len(running), i + budget), starts, tables)
-                if j > i:
-                    work.append(DecodeRun(running[i:j], starts, tables))
-                    budget -= j - i
-                    i = j
-                    continue
+            # the decode lane first: a run of decodes into blocks they own (no copies, nobody preempted)
+            j = lane(running, i, min(len(running), i + budget), starts, tables)
+            if j > i:
+                batch.add_decodes(running[i:j], j - i)
+                budget -= j - i
+                i = j
+                continue
             req = running[i]
             total, done = len(req.token_ids), req.num_computed_tokens
             n = total - done
@@ -179,15 +178,15 @@ class Scheduler:
                 continue
             if copies:
                 out.block_copies.extend(copies)
-            work.append(ScheduledChunk(req, done, n, done + n == total, blocks_of(req.request_id)))
+            batch.add(req, done, n, done + n == total, blocks_of(req.request_id))
             budget -= n
             i += 1
         if not out.preempted:
             budget = self._resume_swapped(out, budget)
             if not self.swapped:
                 budget = self._admit_waiting(out, budget)
-        if getattr(kv, "host", None) is not None:  # host tier: proactive demotion, then this plan's tier copies
-            if out.work:
+        if kv.has_host_tier:  # host tier: proactive demotion, then this plan's tier copies
+            if out.batch:
                 kv.demote_above_threshold()
             out.tier_out, out.tier_in, out.num_host_evicted_blocks = kv.take_tier_ops()
             out.num_host_cached_blocks, out.host_cache_hits = kv.num_host_cached_blocks, kv.host_cache_hits
@@ -228,8 +227,8 @@ class Scheduler:
             out.swap_in.extend(mapping)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.work.append(ScheduledChunk(req, req.num_computed_tokens, n,
-                                           req.num_computed_tokens + n == req.num_tokens, kv.blocks_of(req.request_id)))
+            out.batch.add(req, req.num_computed_tokens, n, req.num_computed_tokens + n == req.num_tokens,
+                          kv.blocks_of(req.request_id))
             budget -= n
         return budget
 
@@ -254,7 +253,7 @@ class Scheduler:
             self.running.append(req)
             self.recorder.emit(ev.ADMIT, req.request_id, None, start)
             out.block_copies.extend(copies)
-            out.work.append(ScheduledChunk(req, start, n, start + n == req.num_tokens, kv.blocks_of(req.request_id)))
+            out.batch.add(req, start, n, start + n == req.num_tokens, kv.blocks_of(req.request_id))
             budget -= n
         return budget
 
@@ -288,41 +287,29 @@ class Scheduler:
         with ``samples=True`` of a still-running request without a token in ``sampled`` raises
         PagedError with every request as it was before the call."""
         running_status, length_status = RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH
+        stopped_status = RequestStatus.FINISHED_STOPPED
         done: list[tuple[Request, RequestStatus]] = []
+        batch = out.batch
         req = None
         try:
-            for w in out.work:
-                if w.__class__ is DecodeRun:  # one token each, every one samples
-                    for req in w.requests:
-                        if req.status is not running_status:  # aborted since scheduling
-                            continue
-                        token = sampled[req.request_id]  # KeyError: undone below
-                        if token.__class__ is not int:
-                            token = int(token)
-                        req.num_computed_tokens += 1
-                        tokens = req.token_ids  # Request.append_token, inlined (the same two finish rules)
-                        tokens.append(token)
-                        if token in req.stop_token_ids:
-                            done.append((req, RequestStatus.FINISHED_STOPPED))
-                        elif len(tokens) - req.num_prompt_tokens >= req.max_tokens:
-                            done.append((req, length_status))
-                    continue
-                req = w.request
+            for req, n, samples in zip(batch.requests, batch.num_tokens, batch.samples):
                 if req.status is not running_status:  # aborted or preempted since scheduling
                     continue
-                if w.samples:
-                    token = int(sampled[req.request_id])  # KeyError: undone below
-                    req.num_computed_tokens += w.num_tokens
-                    tokens = req.token_ids
+                if samples:
+                    token = sampled[req.request_id]  # KeyError: undone below
+                    if token.__class__ is not int:
+                        token = int(token)
+                    req.num_computed_tokens += n
+                    tokens = req.token_ids  # Request.append_token, inlined (the same two finish rules)
                     tokens.append(token)
                     if token in req.stop_token_ids:
-                        done.append((req, RequestStatus.FINISHED_STOPPED))
+                        done.append((req, stopped_status))
                     elif len(tokens) - req.num_prompt_tokens >= req.max_tokens:
                         done.append((req, length_status))
                 else:
-                    req.num_computed_tokens += w.num_tokens
+                    req.num_computed_tokens += n
         except KeyError:
-            self._undo_update(out.scheduled, req)
+            self._undo_update(batch, req)
             raise PagedError(f"executor returned no token for request {req.request_id!r}; "
                              "every chunk with samples=True needs one") from None
         if done:
@@ -334,15 +321,14 @@ class Scheduler:
         return [r for r, _ in done]
 
     @staticmethod
-    def _undo_update(scheduled: Sequence[ScheduledChunk], failed: Request) -> None:
-        """Take back what ``update`` did to the chunks before the one of ``failed`` (nothing finished yet)."""
-        for chunk in scheduled:
-            req = chunk.request
+    def _undo_update(batch: Batch, failed: Request) -> None:
+        """Take back what ``update`` did to the entries before the one of ``failed`` (nothing finished yet)."""
+        for req, n, samples in zip(batch.requests, batch.num_tokens, batch.samples):
             if req is failed:
                 return
             if req.status is RequestStatus.RUNNING:
-                req.num_computed_tokens -= chunk.num_tokens
-                if chunk.samples:
+                req.num_computed_tokens -= n
+                if samples:
                     req.token_ids.pop()
 
     def _finish(self, req: Request, status: RequestStatus) -> None:

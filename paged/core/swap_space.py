@@ -65,6 +65,10 @@ class SwapSpace:
         del self._held[request_id]
         return saved
 
+    def give_back(self, cpu_blocks: Sequence[int]) -> None:
+        """Return CPU blocks taken by ``take`` to the free stack."""
+        self.free.extend(cpu_blocks)
+
     def release(self, request_id: str) -> None:
         """Free every CPU block of ``request_id`` (it finished or was aborted while swapped out)."""
         self.free.extend(cpu for cpu, _ in reversed(self.take(request_id)))

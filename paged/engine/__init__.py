@@ -6,8 +6,8 @@ its offline batch API. Imports torch.
 from .config import EngineConfig
 from .llm import LLM
 from .llm_engine import LLMEngine
-from .outputs import ChunkInfo, CompletionOutput, RequestOutput, StepOutput
+from .outputs import CompletionOutput, RequestOutput, StepOutput
 from .sampling import SamplingParams
 
-__all__ = ["ChunkInfo", "CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams",
+__all__ = ["CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams",
            "StepOutput"]

@@ -1,14 +1,12 @@
-"""Batch metadata for the runner, built from one step's scheduled chunks (the plan only: each
-chunk carries its request's block table, ``ScheduledChunk.blocks``).
+"""Batch metadata for the runner, built from one step's ``Batch`` (the plan only: each entry
+carries its request's block table, ``Batch.tables``).
 
 For chunk c of request r (tokens [start, start + n)):
 - positions: start .. start+n-1;
 - slot_mapping: slot of each new token, `table[p // bs] * bs + p % bs`;
 - seq_lens: start + n (context length including the new tokens);
 - query_start_loc: cumulative query lengths, `[0, n0, n0+n1, ...]` (int32);
-- block_tables: int32 `[num_seqs, max_blocks]`, padded with 0 (kernels never read past seq_len);
-- FlashInfer-style CSR: `kv_indptr` (int32, num_seqs + 1), `kv_indices` (the used block ids,
-  concatenated), `kv_last_page_len` (tokens in each sequence's last used block, 1..bs).
+- block_tables: int32 `[num_seqs, max_blocks]`, padded with 0 (kernels never read past seq_len).
 """
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from paged.core.plan import ScheduledChunk
+from paged.core.plan import Batch
 
 
 @dataclass
@@ -30,9 +28,6 @@ class BatchMetadata:
     seq_lens: torch.Tensor         # int32 [num_seqs]
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     block_tables: torch.Tensor     # int32 [num_seqs, max_blocks]
-    kv_indptr: torch.Tensor        # int32 [num_seqs + 1]
-    kv_indices: torch.Tensor       # int32 [kv_indptr[-1]]
-    kv_last_page_len: torch.Tensor  # int32 [num_seqs]
     sample_indices: torch.Tensor   # int64: index of each sequence's last token in the batch
     samples: list[bool]            # whether each sequence needs a sampled token
     max_query_len: int
@@ -66,42 +61,28 @@ def slot_mapping(table: Sequence[int], start: int, num_tokens: int, block_size: 
     return np.asarray(table, dtype=np.int64)[pos // block_size] * block_size + pos % block_size
 
 
-def csr_page_table(tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
-                   block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashInfer's (kv_indptr, kv_indices, kv_last_page_len), int32, over the used pages only."""
-    pages = [-(-n // block_size) for n in seq_lens]
-    indptr = np.zeros(len(tables) + 1, dtype=np.int32)
-    np.cumsum(pages, out=indptr[1:])
-    indices = np.concatenate([np.asarray(t[:p], dtype=np.int32) for t, p in zip(tables, pages)]) \
-        if tables else np.zeros(0, dtype=np.int32)
-    last = np.array([n - (p - 1) * block_size for n, p in zip(seq_lens, pages)], dtype=np.int32)
-    return torch.from_numpy(indptr), torch.from_numpy(indices.astype(np.int32)), torch.from_numpy(last)
-
-
-def build_batch(chunks: Sequence[ScheduledChunk], block_size: int) -> BatchMetadata:
+def build_batch(batch: Batch, block_size: int) -> BatchMetadata:
     """Metadata for one step on CPU tensors (`.to(device)` moves them)."""
     bs = block_size
-    tables, ids, pos, slots, seq_lens, qlens = [], [], [], [], [], []
-    for c in chunks:
-        table = c.block_ids
+    tables, ids, pos, slots, seq_lens = [], [], [], [], []
+    for r, start, n, table in zip(batch.requests, batch.starts, batch.num_tokens, batch.tables):
+        table = [b.block_id for b in table]
         tables.append(table)
-        ids.append(np.asarray(c.request.token_ids[c.start:c.start + c.num_tokens], dtype=np.int64))
-        pos.append(np.arange(c.start, c.start + c.num_tokens, dtype=np.int64))
-        slots.append(slot_mapping(table, c.start, c.num_tokens, bs))
-        seq_lens.append(c.start + c.num_tokens)
-        qlens.append(c.num_tokens)
-    qsl = np.zeros(len(chunks) + 1, dtype=np.int32)
+        ids.append(np.asarray(r.token_ids[start:start + n], dtype=np.int64))
+        pos.append(np.arange(start, start + n, dtype=np.int64))
+        slots.append(slot_mapping(table, start, n, bs))
+        seq_lens.append(start + n)
+    qlens = batch.num_tokens
+    qsl = np.zeros(len(batch) + 1, dtype=np.int32)
     np.cumsum(qlens, out=qsl[1:])
-    indptr, indices, last = csr_page_table(tables, seq_lens, bs)
     cat = (lambda xs: torch.from_numpy(np.concatenate(xs)) if xs else torch.zeros(0, dtype=torch.int64))
     return BatchMetadata(
-        request_ids=[c.request_id for c in chunks],
+        request_ids=batch.request_ids,
         input_ids=cat(ids), positions=cat(pos), slot_mapping=cat(slots),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         query_start_loc=torch.from_numpy(qsl),
         block_tables=padded_block_tables(tables),
-        kv_indptr=indptr, kv_indices=indices, kv_last_page_len=last,
         sample_indices=torch.from_numpy(qsl[1:].astype(np.int64) - 1),
-        samples=[c.samples for c in chunks],
+        samples=list(batch.samples),
         max_query_len=max(qlens, default=0), max_seq_len=max(seq_lens, default=0),
     )

@@ -106,11 +106,12 @@ class Groups:
     def stamp(self, plan: SchedulerOutput, sampled: dict[str, int], start_s: float, end_s: float) -> None:
         """Time stamps of the groups ``plan`` served (first scheduled, token steps), on the engine clock."""
         seen: set[int] = set()
-        for c in plan.scheduled:
-            g = c.request.data.group
+        batch = plan.batch
+        for r, samples in zip(batch.requests, batch.samples):
+            g = r.data.group
             if g.first_scheduled_s is None:
                 g.first_scheduled_s = start_s
-            if c.samples and c.request_id in sampled and id(g) not in seen:
+            if samples and r.request_id in sampled and id(g) not in seen:
                 seen.add(id(g))
                 if g.first_token_s is None:
                     g.first_token_s = end_s
@@ -273,8 +274,8 @@ class Groups:
     def completed(self, plan: SchedulerOutput) -> list[Group]:
         """Groups touched by ``plan`` with no sequence left in flight."""
         out, seen = [], set()
-        for c in plan.scheduled:
-            g = c.request.data.group
+        for r in plan.batch.requests:
+            g = r.data.group
             if id(g) in seen or g.request_id not in self.by_id:
                 continue
             seen.add(id(g))

@@ -2,9 +2,9 @@
 operations, builds batch metadata and runs the model through our kernels.
 
 Per step (order fixed by the scheduler's contract): swap_out (device -> host pool), block
-copies (copy-on-write), swap_in (host -> device), then one forward pass over all scheduled
-chunks. The runner reads the plan only: block ids come with the chunks (``ScheduledChunk.blocks``),
-never from the KV manager. Every attention layer first writes the new tokens' K/V through ``slot_mapping``
+copies (copy-on-write), swap_in (host -> device), then one forward pass over the plan's batch.
+The runner reads the plan only: block ids come with the batch (``Batch.tables``), never from the
+KV manager. Every attention layer first writes the new tokens' K/V through ``slot_mapping``
 (``kernels.write_kv``) and then reads the whole context through block tables
 (``paged_prefill_attention``; ``paged_decode_attention`` when every chunk is one decode
 token). Only the rows that sample a token pay for the LM head.
@@ -22,8 +22,9 @@ from .batch import BatchMetadata, build_batch
 from . import torch_attention
 from .swap import SwapExecutor
 from .kv_sharing import cache_index, check_share_map, owner_layers
-from paged.core.kv_manager import KVCacheManager
-from paged.core.plan import ScheduledChunk, SchedulerOutput
+from typing import Callable
+
+from paged.core.plan import Batch, SchedulerOutput
 from paged.models.llama import LlamaForCausalLM
 
 
@@ -68,16 +69,17 @@ class ModelRunner:
     """Holds one device cache layer per owner layer (every layer without ``kv_share_with``;
     see :mod:`paged.engine.kv_sharing`) and (for swap) as many host layers. ``layers`` are the
     owners' caches (what cache ops move); ``layer_caches[i]`` is the cache model layer i reads.
-    ``kv`` gives the cache's shape (``num_blocks``, ``block_size``); of it only its pool's read-only
-    ``ref_count`` is kept (a window format keeps a shared block's exact rows)."""
+    ``num_blocks`` x ``block_size`` is the pool's shape; ``ref_count(block_id)`` (read-only, the
+    pool's) tells a window format which blocks are shared (it keeps their exact rows)."""
 
-    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, *, kv_cache_dtype: str = "auto",
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, *,
+                 ref_count: Callable[[int], int] = lambda block_id: 1, kv_cache_dtype: str = "auto",
                  num_cpu_blocks: int = 0, attention_backend: str | None = None, max_num_seqs: int = 256,
                  num_staging_blocks: int | None = None,
                  swap_mode: str = "sync", swap_compression: str | None = None,
                  kv_share_with: dict[int, int] | None = None) -> None:
         self.model = model
-        self.block_size = kv.block_size
+        self.block_size = block_size
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.backend = attention_backend if attention_backend is not None else default_backend(self.device)
@@ -93,18 +95,18 @@ class ModelRunner:
         fmt = kernels.get_format(kv_cache_dtype, self.dtype)
         staged = fmt.staged
         fixed = num_staging_blocks
-        tables = self._split_tables(fmt, kv.block_size) if fmt.split else None
+        tables = self._split_tables(fmt, block_size) if fmt.split else None
         owners = list(owner_layers(share, cfg.num_layers))
         staging = lambda n, dev: ({} if not staged else  # noqa: E731
                                   {"num_staging_blocks": fixed, "grow_staging": False}
                                   if fixed is not None and dev == self.device else
                                   {"num_staging_blocks": min(n, max_num_seqs + 16), "grow_staging": True})
         mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
-            n, kv.block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
+            n, block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,
             **staging(n, dev), **({"tables": tables[i]} if tables else {}))
             for i in owners]  # int4 group: kernels.int4_group's default, as the engine's byte budget assumes
-        self._ref_count = kv.pool.ref_count  # read-only: a window's shared blocks keep their staging
-        self.layers = mk(kv.num_blocks, self.device)
+        self._ref_count = ref_count  # read-only: a window's shared blocks keep their staging
+        self.layers = mk(num_blocks, self.device)
         self.layer_caches = [self.layers[k] for k in cache_index(share, cfg.num_layers)]
         self.shared = frozenset(share or ())
         self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks and not swap_compression else []
@@ -185,15 +187,14 @@ class ModelRunner:
             for layer in self.layers:
                 kernels.release_blocks(layer, block_ids)
 
-    def forward(self, chunks: Sequence[ScheduledChunk], prompt_limits: dict[str, int] | None = None
-                ) -> ForwardResult:
-        """One forward pass over ``chunks``; logits only for the chunks that sample, and for
+    def forward(self, batch: Batch, prompt_limits: dict[str, int] | None = None) -> ForwardResult:
+        """One forward pass over ``batch``; logits only for the entries that sample, and for
         request ids in ``prompt_limits`` also for their positions below the limit (prompt
         log-probs: position p predicts token p + 1)."""
         t1 = time.perf_counter()
-        if not chunks:
+        if not batch:
             return ForwardResult([], torch.zeros(0, self.model.config.vocab_size), 0.0, 0)
-        host_meta = build_batch(chunks, self.block_size)
+        host_meta = build_batch(batch, self.block_size)
         meta = host_meta.to(self.device)
         attn = (torch_attention.TorchAttentionPlan(self.layer_caches, meta, self.shared) if self.planned
                 else PagedAttention(self.layer_caches, meta, self.backend, self.shared))
@@ -203,11 +204,11 @@ class ModelRunner:
         prompt = {}
         if prompt_limits:
             off = 0
-            for c in chunks:
-                n = min(c.num_tokens, prompt_limits.get(c.request_id, 0) - c.start)
+            for r, start, num in zip(batch.requests, batch.starts, batch.num_tokens):
+                n = min(num, prompt_limits.get(r.request_id, 0) - start)
                 if n > 0:
-                    prompt[c.request_id] = (c.start, self.model.compute_logits(hidden[off:off + n]))
-                off += c.num_tokens
+                    prompt[r.request_id] = (start, self.model.compute_logits(hidden[off:off + n]))
+                off += num
         self._retire_window(host_meta)
         self._sync()
         return ForwardResult([meta.request_ids[i] for i in rows], logits,

@@ -68,8 +68,8 @@ class TorchAttentionPlan:
         dev = first.device
         num_slots = first.num_blocks * bs
         self.slots = meta.slot_mapping.to(device=dev, dtype=torch.long)
-        if meta.kv_indices.numel():  # the used blocks of every sequence, once per step
-            lo, hi = int(meta.kv_indices.min()), int(meta.kv_indices.max())
+        if meta.block_tables.numel():  # every sequence's blocks (rows padded with block 0), once per step
+            lo, hi = int(meta.block_tables.min()), int(meta.block_tables.max())
             if lo < 0 or hi >= first.num_blocks:
                 raise kernels.ShapeError(f"block id {lo if lo < 0 else hi} is not a block of this cache "
                                          f"(ids 0..{first.num_blocks - 1}); every used block-table entry must be "

@@ -98,7 +98,7 @@ class SplitCache:
         raw = kd if self.raw[layer] is None else torch.cat([self.raw[layer], kd])
         self.raw[layer] = raw
         if side.exact:
-            return raw if side.storage == "float16" else raw  # exact sides read the staged values
+            return raw  # an exact side stores its keys as given (already rounded to its storage dtype)
         done = self.kq[layer]
         nd = 0 if done is None else done.shape[0]
         full = (raw.shape[0] // bs) * bs

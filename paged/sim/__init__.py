@@ -3,6 +3,6 @@ roofline cost model of a model/GPU preset, so a 70B deployment runs without a GP
 
 ``Simulator`` (steppable: ``iter_steps``/``result``, or ``run``), its ``SimConfig`` and
 ``SimResult``; the studies run on it live in ``paged.studies``."""
-from .simulator import SimConfig, SimResult, SimStep, Simulator, simulate
+from .simulator import SimConfig, SimResult, Simulator, simulate
 
-__all__ = ["SimConfig", "SimResult", "SimStep", "Simulator", "simulate"]
+__all__ = ["SimConfig", "SimResult", "Simulator", "simulate"]

@@ -1,6 +1,7 @@
 """Contiguous KV allocation, the baselines that paging replaced (vLLM paper, section 2.3 and 6).
 
-``ContiguousKVCacheManager`` is a drop-in ``KVCacheManager`` for the same ``Scheduler``: at a
+``ContiguousKVCacheManager`` implements the KV-cache protocol (``paged.core.kv_cache.KVCache``) for
+the same ``Scheduler`` as the paged manager: at a
 request's first allocation it reserves one *contiguous* run of token slots (first fit over a
 linear address space of ``capacity_tokens`` slots) and never grows it. The reservation is
 
@@ -12,9 +13,10 @@ linear address space of ``capacity_tokens`` slots) and never grows it. The reser
 Because slots are contiguous, a request can wait although enough slots are free in total
 (external fragmentation), as in the paper's Fig. 2. Accounting is per token, so the manager's
 ``block_size`` is 1 and ``num_blocks`` is the capacity in tokens; ``token_usage`` is slots holding
-tokens / reserved slots. No prefix sharing, fork or swap: reservations cannot be shared or moved
-(``swap_out`` answers None, so the scheduler recomputes; with full reservations preemption
-never happens, since a reserved request always has room).
+tokens / reserved slots. No prefix sharing, fork, swap, decode lane or host tier, each said
+through the protocol: reservations cannot be shared or moved (``swap_out`` answers None, so the
+scheduler recomputes; with full reservations preemption never happens, since a reserved request
+always has room); ``append_decode_slots`` handles no request (each takes ``allocate_slots``).
 
 Invariants: holes and reservations tile ``[0, capacity)`` exactly; holes are sorted, disjoint
 and never adjacent (merged on free).
@@ -29,7 +31,7 @@ import numpy as np
 
 from paged.core import events as ev
 from paged.core.block import Block, BlockMapping
-from paged.core.kv_manager import KVCacheManager
+from paged.core.kv_parts import check_request_fits
 from paged.core.request import Request
 from paged.core.snapshot import ContiguousSnapshot
 from paged.errors import BlockStateError, ConfigError, InvalidRequestError, UnknownRequestError
@@ -41,8 +43,20 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-class ContiguousKVCacheManager(KVCacheManager):
+class ContiguousKVCacheManager:
     """Contiguous per-request reservations over ``capacity_tokens`` slots (see module doc)."""
+
+    block_size = 1              # one "block" = one token slot
+    enable_prefix_caching = False
+    prefix_cache_queries = 0    # no prefix sharing: never queried, never hit
+    prefix_cache_hits = 0
+    host_cache_hits = 0
+    has_host_tier = False       # nothing is cached, so nothing is demoted
+    num_host_cached_blocks = 0
+    num_cached_free_blocks = 0
+    num_cpu_blocks = 0
+    num_swapped_out_blocks = 0  # never swaps
+    num_swapped_in_blocks = 0
 
     def __init__(self, capacity_tokens: int, reservation: str = "max", *, max_model_len: int,
                  recorder: ev.Recorder | None = None) -> None:
@@ -50,9 +64,11 @@ class ContiguousKVCacheManager(KVCacheManager):
             raise ConfigError(f"reservation must be one of {RESERVATIONS}, got {reservation!r}")
         if not isinstance(capacity_tokens, int) or capacity_tokens < 1:
             raise ConfigError(f"capacity_tokens must be a positive integer, got {capacity_tokens!r}")
-        super().__init__(1, 1, enable_prefix_caching=False, num_cpu_blocks=0, max_model_len=max_model_len,
-                         recorder=recorder)
-        self.num_blocks = capacity_tokens  # one "block" = one token slot
+        if not isinstance(max_model_len, int) or max_model_len < 1:
+            raise ConfigError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+        self.num_blocks = capacity_tokens
+        self.max_model_len = max_model_len
+        self.recorder = recorder if recorder is not None else ev.NullRecorder()
         self.reservation = reservation
         self._holes_start: list[int] = [0]
         self._holes_len: list[int] = [capacity_tokens]
@@ -88,18 +104,11 @@ class ContiguousKVCacheManager(KVCacheManager):
         return self._num_filled / self._num_reserved if self._num_reserved else 0.0
 
     @property
-    def num_cached_free_blocks(self) -> int:
-        return 0
-
-    prefix_cache_queries = 0  # no prefix sharing: never queried, never hit
-    prefix_cache_hits = 0
-
-    @property
     def largest_hole(self) -> int:
         return max(self._holes_len, default=0)
 
     def check_request(self, request: Request) -> None:
-        super().check_request(request)
+        check_request_fits(request, self.max_model_len, 1, self.num_blocks)
         r = self.reservation_for(request)
         if r > self.num_blocks:
             raise InvalidRequestError(f"request {request.request_id!r} reserves {r} slots but the cache holds "
@@ -143,9 +152,9 @@ class ContiguousKVCacheManager(KVCacheManager):
     def take_freed_blocks(self) -> list[int]:
         return []  # no per-block state to release
 
-    host = None                 # no host tier: nothing is cached, so nothing is demoted
-    num_host_cached_blocks = 0
-    host_cache_hits = 0
+    def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int, starts: list[int],
+                            tables: list[Sequence[Block]], last_only: bool = True) -> int:
+        return i  # no decode lane: every request takes allocate_slots
 
     def demote_above_threshold(self) -> int:
         return 0
@@ -157,7 +166,8 @@ class ContiguousKVCacheManager(KVCacheManager):
     def block_fragmentation(self, order=None) -> float:
         return 0.0
 
-    def compact(self, order=None, **kw) -> BlockMapping:
+    def compact(self, order=None, *, drop_cached: bool = False, max_copies: int | None = None,
+                max_rounds: int = 4) -> BlockMapping:
         return []
 
     def find_cached_prefix(self, request: Request) -> list[Block]:

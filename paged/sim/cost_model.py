@@ -31,12 +31,19 @@ encode/decode adds ``swap_bytes x (1 + r) / W`` of HBM traffic). Without ``swap_
 is ``compute + x``; with it (side streams, per-layer swap-in fences) ``max(c, x) + min(c, x) / L``:
 the larger of the forward's GPU time ``c`` and the transfer, plus one layer's share of the smaller
 (the pipeline's fill: layer 0 waits for its own blocks, or the last layer's transfer trails).
+
+``linear`` replaces the weights part ``max(F_lin / P, B_w / W)`` (opt-in; None keeps the closed
+form, bit for bit): ``"kernels"`` prices each layer's GEMMs and element-wise kernels with floors,
+tile rounding and measured rates (:mod:`paged.sim.kernel_costs`, figures per GPU fitted to vidur's
+profiles), a :class:`paged.sim.profiles.VidurProfile` reads measured layer times; either way the
+step's linear part is ``layers x layer_seconds(T)`` plus the LM head on the closed form, and
+``mfu``/``mbu`` still price attention. See docs/cost_model.md for the validation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -46,6 +53,12 @@ from paged.sim import calibration
 from paged.sim.calibration import FitReport, calibration_frame, read_calibration, shapes_from_frame, shapes_from_steps
 from paged.sim.shapes import StepShape, plan_shape, step_shape
 from paged.sim.specs import GPUSpec, KVFormat, ModelSpec, get_gpu, get_model
+
+
+class LayerTimes(Protocol):
+    """Measured or modelled seconds of one layer's linear and element-wise kernels for T tokens."""
+
+    def layer_seconds(self, num_tokens: np.ndarray | float) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +89,7 @@ class CostModel:
     kv_block_size: int | None = None  # paged KV: scale KV-read bandwidth by paged_attention_efficiency
     swap_overlap: bool = False  # transfers beside the forward: max(compute, transfer) + fill (see docstring)
     swap_compression: str | None = None  # None | "fp8" | "int4": host blocks quantized (fewer link bytes)
+    linear: Any = None  # None (closed form) | "kernels" | a LayerTimes (e.g. paged.sim.profiles.VidurProfile)
     # derived constants (filled in __post_init__)
     _kv_bytes: float = field(init=False, default=0.0)
     _attn_flops_per_tok: float = field(init=False, default=0.0)
@@ -83,6 +97,7 @@ class CostModel:
     _head_flops_per_tok: float = field(init=False, default=0.0)
     _weight_bytes: float = field(init=False, default=0.0)
     _swap_ratio: float = field(init=False, default=1.0)
+    _layers: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.model, self.gpu = get_model(self.model), get_gpu(self.gpu)
@@ -102,6 +117,35 @@ class CostModel:
         self._weight_bytes = (m.matmul_params_per_token + m.lm_head_params) * m.dtype_bytes / tp
         self._swap_ratio = swap_bytes_ratio(self.swap_compression, m.head_dim, self.kv_format,
                                             self.kv_block_size or 16)
+        self._layers = self._layer_times()
+
+    def _layer_times(self) -> LayerTimes | None:
+        if self.linear is None:
+            return None
+        if isinstance(self.linear, str):
+            if self.linear != "kernels":
+                raise ConfigError(f"linear must be None, 'kernels' or a profile, got {self.linear!r}")
+            from paged.sim.kernel_costs import KernelRoofline
+            return KernelRoofline(self.model, self.gpu, self.tensor_parallel)
+        if not hasattr(self.linear, "layer_seconds"):
+            raise ConfigError(f"linear={self.linear!r} has no layer_seconds(num_tokens); pass 'kernels' or a "
+                              "paged.sim.profiles.VidurProfile")
+        tp = getattr(self.linear, "tensor_parallel", self.tensor_parallel)
+        if tp != self.tensor_parallel:
+            raise ConfigError(f"the profile was read for tensor parallel {tp}, the model runs at {self.tensor_parallel}")
+        return self.linear
+
+    def linear_seconds(self, num_tokens: float, num_sampled: int) -> float:
+        """Seconds of the step's weights part: matmuls (and, with ``linear``, element-wise kernels) + LM head."""
+        P, W = self.effective_flops, self.effective_bandwidth
+        if self._layers is None:
+            f = num_tokens * self._lin_flops_per_tok + num_sampled * self._head_flops_per_tok
+            return float(max(f / P, self._weight_bytes / W))
+        t = self.model.num_layers * float(self._layers.layer_seconds(float(num_tokens)))
+        if num_sampled:
+            m = self.model
+            t += max(num_sampled * self._head_flops_per_tok / P, m.lm_head_params * m.dtype_bytes / self.tensor_parallel / W)
+        return t
 
     # -- effective rates ------------------------------------------------------------------------
     @property
@@ -173,7 +217,8 @@ class CostModel:
     def breakdown(self, s: StepShape) -> StepBreakdown:
         f, b = self.roofline_parts(s)
         P, W = self.effective_flops, self.effective_bandwidth
-        lin = float(max(f[0] / P, b[0] / W))
+        lin = float(max(f[0] / P, b[0] / W)) if self._layers is None else self.linear_seconds(float(s.q.sum()),
+                                                                                             s.num_sampled)
         attn = float(np.maximum(f[1:] / P, b[1:] / W).sum())
         ovh = self.step_overhead_s + self.per_seq_s * s.num_seqs + self.per_token_s * float(s.q.sum())
         comm = self.comm_seconds(s)
@@ -189,8 +234,11 @@ class CostModel:
         P, W = self.effective_flops, self.effective_bandwidth
         q, c = s.q, s.ctx
         T = float(q.sum())
-        f_lin = T * self._lin_flops_per_tok + s.num_sampled * self._head_flops_per_tok
-        t = float(max(f_lin / P, self._weight_bytes / W))
+        if self._layers is None:
+            f_lin = T * self._lin_flops_per_tok + s.num_sampled * self._head_flops_per_tok
+            t = float(max(f_lin / P, self._weight_bytes / W))
+        else:
+            t = self.linear_seconds(T, s.num_sampled)
         f = self._attn_flops_per_tok / P * q * (c + (q + 1.0) * 0.5)
         b = (self._kv_bytes / W) * (c + q)
         t += float(np.maximum(f, b).sum())
@@ -207,7 +255,10 @@ class CostModel:
     # -- calibration ----------------------------------------------------------------------------
     def fit(self, shapes: Sequence[StepShape], seconds: Sequence[float], holdout_fraction: float = 0.25,
             seed: int = 0, ridge_grid: Sequence[float] | None = None) -> FitReport:
-        """This model calibrated to measured steps: :func:`paged.sim.calibration.fit`."""
+        """This model calibrated to measured steps: :func:`paged.sim.calibration.fit` (closed form only)."""
+        if self.linear is not None:
+            raise ConfigError("fit calibrates the closed-form roofline; build the CostModel with linear=None "
+                              "(a measured linear part needs no fit)")
         return calibration.fit(self, shapes, seconds, holdout_fraction, seed, ridge_grid)
 
 
@@ -245,6 +296,6 @@ def paged_attention_efficiency(block_size: int) -> float:
     return float(np.interp(np.log2(block_size), xs, ys))
 
 
-__all__ = ["StepShape", "StepBreakdown", "CostModel", "FitReport", "paged_attention_efficiency", "swap_bytes_ratio",
+__all__ = ["StepShape", "StepBreakdown", "CostModel", "LayerTimes", "FitReport", "paged_attention_efficiency", "swap_bytes_ratio",
            "step_shape", "plan_shape", "shapes_from_steps", "calibration_frame", "read_calibration",
            "shapes_from_frame"]

@@ -1,9 +1,9 @@
 """What one step computes, as the cost model reads it: per scheduled chunk, its new tokens and the
 cached context before it, plus the step's sampled tokens and swapped/copied bytes.
 
-``step_shape`` builds a ``StepShape`` from chunks (the scheduler's ``ScheduledChunk`` or the
-engine's ``ChunkInfo``), ``plan_shape`` from a plan's ``work`` without unrolling its decode runs
-(the simulator's hot path); both give the same shape for the same step.
+``plan_shape`` builds a ``StepShape`` from a plan's ``Batch`` columns (the simulator's hot path),
+``step_shape`` from chunk views (``ScheduledChunk``: a plan's or an engine step's ``scheduled``);
+both give the same shape for the same step.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from paged.core.plan import DecodeRun
+from paged.core.plan import Batch
 from paged.errors import ConfigError
 
 __all__ = ["StepShape", "step_shape", "plan_shape"]
@@ -49,7 +49,7 @@ class StepShape:
 def step_shape(chunks: Sequence[Any], num_swapped_blocks: int = 0, num_copied_blocks: int = 0,
                block_bytes: float = 0.0) -> StepShape:
     """The ``StepShape`` of one step from its chunks (anything with ``num_tokens``, ``start``,
-    ``samples``: the scheduler's ``ScheduledChunk`` or the engine's ``ChunkInfo``); swapped and
+    ``samples``: ``ScheduledChunk`` views); swapped and
     copied blocks are priced at ``block_bytes`` each. The simulator and ``shapes_from_steps``
     both build shapes here."""
     return StepShape(np.array([c.num_tokens for c in chunks], dtype=np.float64),
@@ -58,23 +58,9 @@ def step_shape(chunks: Sequence[Any], num_swapped_blocks: int = 0, num_copied_bl
                      num_copied_blocks * block_bytes)
 
 
-def plan_shape(work: Sequence[Any], num_swapped_blocks: int = 0, num_copied_blocks: int = 0,
+def plan_shape(batch: Batch, num_swapped_blocks: int = 0, num_copied_blocks: int = 0,
                block_bytes: float = 0.0) -> StepShape:
-    """``step_shape`` of a scheduler plan's ``work`` (chunks and ``DecodeRun``s, in order) without
-    unrolling the decode runs: the simulator's hot path. The same shape as
-    ``step_shape(plan.scheduled, ...)``."""
-    q: list[float] = []
-    ctx: list[int] = []
-    sampled = 0
-    for w in work:
-        if w.__class__ is DecodeRun:
-            n = len(w.starts)
-            q += [1.0] * n
-            ctx += w.starts
-            sampled += n
-        else:
-            q.append(w.num_tokens)
-            ctx.append(w.start)
-            sampled += w.samples
-    return StepShape(np.array(q, dtype=np.float64), np.array(ctx, dtype=np.float64), sampled,
-                     num_swapped_blocks * block_bytes, num_copied_blocks * block_bytes)
+    """``step_shape`` of a plan's ``batch``, read from its columns: the simulator's hot path. The
+    same shape as ``step_shape(plan.scheduled, ...)``."""
+    return StepShape(np.array(batch.num_tokens, dtype=np.float64), np.array(batch.starts, dtype=np.float64),
+                     batch.num_sampled, num_swapped_blocks * block_bytes, num_copied_blocks * block_bytes)

@@ -1,11 +1,12 @@
 """Discrete-event simulation of a deployment with the engine's own Scheduler and KV-cache manager.
 
-The loop: requests of a trace are added when the simulated clock passes their arrival time;
-``Scheduler.schedule()`` plans a step; the ``CostModel`` turns the plan (new tokens and cached
-context per chunk, swapped and copied blocks) into a duration; every chunk that samples gets a
-dummy token (no stop tokens, so a request ends at its trace output length); ``Scheduler.update``
-moves requests on. Memory decisions (admission, preemption, prefix hits, swaps) are therefore
-exactly those the real engine makes; only time is modelled.
+The simulator is a front over one ``StepLoop`` (``paged.core.loop``) with the roofline executor
+(``paged.sim.executor``: the ``CostModel`` turns each plan into a duration; every chunk that samples
+gets a dummy token, so a request ends at its trace output length) on a ``SimulatedClock``. The front
+adds the trace's requests when the clock passes their arrival time, moves the clock to the next
+arrival while nothing runs, and stamps each request's times. Memory decisions (admission,
+preemption, prefix hits, swaps) are therefore exactly those the real engine makes; only time is
+modelled.
 
 Prompts are synthesized token ids (seeded; ``paged.sim.arrivals``): requests with the same
 ``prefix_id`` share their first ``prefix_tokens`` ids, everything else is random over the
@@ -27,22 +28,23 @@ import numpy as np
 import pandas as pd
 
 from paged import telemetry
+from paged.core.clock import SimulatedClock
 from paged.core.config import build_kv_manager, check_share_map, cpu_pool_blocks
-from paged.core.events import Event, NullRecorder, Recorder
-from paged.core.kv_manager import KVCacheManager
-from paged.core.plan import DecodeRun
+from paged.core.events import NullRecorder, Recorder
+from paged.core.kv_cache import KVCache
+from paged.core.loop import Step, StepLoop
+from paged.core.record import StepRecord
 from paged.core.request import Request
 from paged.core.scheduler import Scheduler, SchedulerOutput
 from paged.errors import ConfigError, InvalidRequestError, PagedError
 from paged.sim.arrivals import Arrivals, SyntheticPrompts
 from paged.sim.baselines import ContiguousKVCacheManager
 from paged.sim.config import ALLOCATORS, DEFAULT_SWAP_SPACE_GIB, SimConfig, build_cost_model
-from paged.sim.cost_model import CostModel, plan_shape, swap_bytes_ratio
+from paged.sim.cost_model import CostModel, swap_bytes_ratio
+from paged.sim.executor import RooflineExecutor
 from paged.sim.specs import get_kv_format, get_model, kv_cache_sizing
 from paged.sim.summary import summarize
 from paged.sim.workload import normalize_trace
-
-DUMMY_TOKEN = 17  # first non-control id of SmolLM2's vocabulary; never a stop token here
 
 
 class SimulationStuck(PagedError, RuntimeError):
@@ -69,16 +71,6 @@ class SimResult:
     recorder: Recorder | None = field(default=None, repr=False)
 
 
-class SimStep:
-    """One simulated step: ``row`` (``paged.telemetry.STEP_COLUMNS``), the step's ``events``
-    (empty unless ``record_events``) and the scheduler's ``plan``."""
-
-    __slots__ = ("row", "events", "plan")
-
-    def __init__(self, row: dict[str, Any], events: list[Event], plan: SchedulerOutput) -> None:
-        self.row, self.events, self.plan = row, events, plan
-
-
 class _ReqStat:
     """Simulated-clock stamps of one trace request (None: not yet)."""
 
@@ -98,7 +90,8 @@ class _ReqStat:
 class Simulator:
     """One simulated deployment (build a new one per run: the scheduler keeps state).
 
-    Steppable: ``for s in sim.iter_steps(trace): ...`` yields a ``SimStep`` per executed step;
+    Steppable: ``for s in sim.iter_steps(trace): ...`` yields the loop's ``Step`` per executed step
+    (``s.record``, ``s.row``, ``s.events``: empty unless ``record_events``, ``s.plan``);
     ``sim.kv``, ``sim.scheduler`` and ``sim.recorder`` may be inspected between steps (not
     changed); ``sim.result()`` summarises what ran so far. ``run(trace)`` does both.
     """
@@ -129,7 +122,7 @@ class Simulator:
                                                              self.kv_format.name, cfg.block_size)  # compressed: smaller
             num_cpu = cpu_pool_blocks(cfg.cache, cfg.preemption_mode, self.num_blocks, host_block,
                                       default_swap_space=DEFAULT_SWAP_SPACE_GIB)
-            self.kv: KVCacheManager = build_kv_manager(cfg.cache, self.num_blocks, num_cpu_blocks=num_cpu,
+            self.kv: KVCache = build_kv_manager(cfg.cache, self.num_blocks, num_cpu_blocks=num_cpu,
                                                        max_model_len=self.max_model_len, recorder=self.recorder)
         else:
             # same memory, counted in token slots
@@ -149,8 +142,9 @@ class Simulator:
         self._stats: list[_ReqStat] = []
         self._rejected: list[tuple[int, str]] = []
         self._tbt = array("d")
-        self._rows: list[dict[str, Any]] = []
-        self._sampled: dict[str, int] = {}  # the executor's tokens: DUMMY_TOKEN for every request ever added
+        self._rows: list[StepRecord] = []
+        self.clock = SimulatedClock()
+        self.loop = StepLoop(self.scheduler, RooflineExecutor(self.cost, self.block_bytes), self.clock, observer=self)
         self._done = 0
         self._wall = 0.0
         self._bar = None
@@ -181,30 +175,29 @@ class Simulator:
         return self.result()
 
     def iter_steps(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False,
-                   max_steps: int | None = None) -> Iterator[SimStep]:
+                   max_steps: int | None = None) -> Iterator[Step]:
         """Simulate ``trace`` one step at a time, yielding each executed step (see class doc).
 
         Time spent by the consumer between steps is not counted in ``wall_s``."""
         arrivals = self._start(trace, progress)
         toks = SyntheticPrompts(self.model.vocab_size, self.config.seed)
-        sched, recorder, rejected = self.scheduler, self.recorder, self._rejected
+        sched, loop, clock, rejected = self.scheduler, self.loop, self.clock, self._rejected
         wall0 = time.perf_counter()
-        clock, n_steps = 0.0, 0
+        n_steps = 0
         while self._done + len(rejected) < arrivals.n:
-            self._admit(arrivals, toks, clock)
+            self._admit(arrivals, toks, clock.now())
             if not sched.has_unfinished_requests():
                 if arrivals.next < arrivals.n:
-                    clock = arrivals.clock_after_idle(clock)
+                    clock.advance_to(arrivals.clock_after_idle(clock.now()))
                 continue
-            mark = len(recorder)
-            plan = sched.schedule()
-            if not plan.work:
-                clock = self._idle(plan, arrivals, clock)
+            step = loop.step()
+            if step.record is None:
+                clock.advance_to(self._idle(step.plan, arrivals, clock.now()))
                 continue
-            row, clock = self._execute(plan, clock)
+            self._rows.append(step.record)
             n_steps += 1
             self._wall += time.perf_counter() - wall0
-            yield SimStep(row, recorder.since(mark), plan)
+            yield step
             wall0 = time.perf_counter()
             if max_steps is not None and n_steps >= max_steps:
                 break
@@ -237,12 +230,11 @@ class Simulator:
                 rejected.append((i, f"request {i}: prompt ({p}) + output ({o}) = {p + o} tokens exceeds "
                                     f"max_model_len={max_len}; shorten the row or raise max_model_len"))
                 continue
-            req = Request(str(i), toks.prompt(p, int(a.prefix_id[i]), int(a.prefix_tokens[i])), o,
+            req = Request(str(i), a.prompt_ids(i, toks), o,
                           arrival_time=float(a.time[i]),
                           priority=int(a.priority[i]) if a.priority is not None else 0, data=stats[i])
             try:
-                self.scheduler.add_request(req)
-                self._sampled[req.request_id] = DUMMY_TOKEN
+                self.loop.add_request(req)
             except InvalidRequestError as exc:
                 rejected.append((i, str(exc)))
 
@@ -258,50 +250,25 @@ class Simulator:
                 f"scheduled and no arrival is pending; lower the watermark or give the cache more blocks")
         return later
 
-    def _execute(self, plan: SchedulerOutput, clock: float) -> tuple[dict[str, Any], float]:
-        """Run ``plan`` on the cost model from ``clock``: stamp its tokens, move the requests on,
-        record the step row and the finished requests. Returns the row and the new clock."""
-        moved = len(plan.swap_out) + len(plan.swap_in) + len(plan.tier_out) + len(plan.tier_in)  # over PCIe
-        shape = plan_shape(plan.work, moved, len(plan.block_copies) + len(plan.compaction_copies), self.block_bytes)
-        dt = self.cost.step_time(shape)
-        t_end = clock + dt
-        num_decode = self._stamp_tokens(plan, clock, t_end)
-        finished = self.scheduler.update(plan, self._sampled)
-        num_tokens = shape.num_tokens
-        row = telemetry.step_row(plan, time_s=clock, step_time_s=dt, num_batched_tokens=num_tokens,
-                                 num_prefill_tokens=num_tokens - num_decode, num_decode_tokens=num_decode,
-                                 num_finished=len(finished))
-        self._rows.append(row)
-        if finished:
-            self._finish(finished, t_end)
-        return row, t_end
-
-    def _stamp_tokens(self, plan: SchedulerOutput, clock: float, t_end: float) -> int:
-        """Time stamps of every request the step samples for, in batch order (first scheduled at
-        ``clock``, tokens at ``t_end``, gaps into the TBT samples); returns the decode tokens."""
+    def after_update(self, step: Step) -> None:
+        """The loop's observer: stamp the step's requests (first scheduled at the step's start,
+        tokens at its end, gaps into the TBT samples, in batch order) and the finished ones."""
+        clock, t_end, batch = step.start_s, step.end_s, step.plan.batch
         tbt_append = self._tbt.append
-        num_decode = 0
-        for w in plan.work:
-            if w.__class__ is DecodeRun:  # admitted in an earlier step: first_scheduled is set
-                reqs, starts = w.requests, w.starts
+        for r, samples in zip(batch.requests, batch.samples):
+            d = r.data
+            if d.first_scheduled is None:
+                d.first_scheduled = clock
+            if not samples:
+                continue
+            last = d.last_token
+            if last is None:
+                d.first_token = t_end
             else:
-                d = w.request.data
-                if d.first_scheduled is None:
-                    d.first_scheduled = clock
-                if not w.samples:
-                    continue
-                reqs, starts = (w.request,), (w.start if w.is_decode else -1,)  # -1: not counted as decode
-            for r, start in zip(reqs, starts):
-                d = r.data
-                last = d.last_token
-                if last is None:
-                    d.first_token = t_end
-                else:
-                    tbt_append(t_end - last)
-                d.last_token = t_end
-                if start >= r.num_prompt_tokens:  # a decode, not the last token of a prompt
-                    num_decode += 1
-        return num_decode
+                tbt_append(t_end - last)
+            d.last_token = t_end
+        if step.finished:
+            self._finish(step.finished, t_end)
 
     def _finish(self, finished: list[Request], t_end: float) -> None:
         """Stamp the requests that finished at ``t_end`` and report progress."""
@@ -362,5 +329,5 @@ def simulate(trace: pd.DataFrame, config: SimConfig | None = None, progress: boo
     return Simulator(cfg, cost_model).run(trace, progress=progress)
 
 
-__all__ = ["ALLOCATORS", "SimConfig", "SimResult", "SimStep", "Simulator", "SimulationStuck", "simulate",
+__all__ = ["ALLOCATORS", "SimConfig", "SimResult", "Simulator", "SimulationStuck", "simulate",
            "build_cost_model"]

@@ -213,6 +213,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, max_model_len=4096),
         ModelSpec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, max_model_len=8192),
         ModelSpec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, max_model_len=8192),
+        # Llama 3.1 (meta-llama/Llama-3.1-{8B,70B} config.json): the 3.0 shapes, 131,072-token context
+        ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, max_model_len=131072),
+        ModelSpec("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, max_model_len=131072),
         ModelSpec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, max_model_len=32768),
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, max_model_len=32768, qkv_bias=True),
         ModelSpec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, max_model_len=8192, tie_word_embeddings=True),
@@ -265,6 +268,9 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         # "141 GB" on the datasheet is the driver's 143,771 MiB (140.4 GiB), not 141e9 bytes (131 GiB).
         GPUSpec("h200", 989e12, 143771 * MiB, 4.8e12, 64e9, 450e9),
         GPUSpec("l4", 121e12, 24e9, 300e9, 32e9, 0.0),
+        # A40 datasheet: 149.7 TFLOP/s dense FP16 tensor, 48 GB GDDR6 at 696 GB/s (the datasheet's 48 GB, not
+        # checked against nvidia-smi), PCIe 4.0, NVLink bridge 112.5 GB/s both ways (vidur profiled it).
+        GPUSpec("a40", 149.7e12, 48e9, 696e9, 32e9, 56e9),
         # Not a GPU: a rough starting point for calibrating on a CPU (CostModel.fit replaces the rates).
         GPUSpec("cpu", 2e11, 128 * GiB, 20e9, 20e9, 0.0),
     )

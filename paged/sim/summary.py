@@ -65,6 +65,7 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
         "num_preemptions_swap": int(sim.scheduler.num_preemptions.get("swap", 0)),
         "num_swapped_blocks": int(kv.num_swapped_out_blocks + kv.num_swapped_in_blocks),
         "prefix_cache_hit_rate": kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
+        "prefix_cache_hit_tokens": int(kv.prefix_cache_hits), "prefix_cache_query_tokens": int(kv.prefix_cache_queries),
         # host tier (0 without one): share of prompt tokens served from it, blocks moved GPU <-> host
         "host_cache_hit_rate": (getattr(kv, "host_cache_hits", 0) / kv.prefix_cache_queries
                                 if kv.prefix_cache_queries else 0.0),

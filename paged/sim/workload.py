@@ -7,7 +7,10 @@ from here too). A trace is a pandas DataFrame sorted by ``arrival_time`` with co
 - ``prompt_tokens`` (int >= 1, includes any shared prefix), ``output_tokens`` (int >= 1),
 - ``prefix_id`` (int, -1 = none): requests with the same id share their first ``prefix_tokens``
   prompt tokens (a system prompt or an earlier turn of a session),
-- optionally ``priority`` (int, lower is served first under ``policy="priority"``).
+- optionally ``priority`` (int, lower is served first under ``policy="priority"``),
+- optionally ``block_hashes`` (the ids of the prompt's content blocks of
+  ``attrs["content_block_size"]`` tokens, as in Mooncake's traces): equal ids mean equal prompt
+  tokens, see ``paged.sim.content_blocks``.
 
 Length presets are lognormals clipped to ``[lo, hi]`` whose location is solved so that the
 *clipped* mean equals a published mean:
@@ -31,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from paged.errors import ConfigError
+from paged.sim.content_blocks import BLOCK_COLUMN, content_block_size, cut_blocks
 from paged.sim.trace_files import TRACE_COLUMNS, TraceFormatError, load_trace, normalize_trace, save_trace
 
 # ----------------------------------------------------------------------------------------------
@@ -200,20 +204,30 @@ def with_shared_prefix(df: pd.DataFrame, num_prefixes: int, prefix_tokens: int, 
 
 
 def fit_to_context(df: pd.DataFrame, max_model_len: int) -> pd.DataFrame:
-    """Cut prompts to ``max_model_len - 1`` and outputs so ``prompt + output <= max_model_len``."""
+    """Cut prompts to ``max_model_len - 1`` and outputs so ``prompt + output <= max_model_len``
+    (content blocks are cut with their prompt)."""
     df = df.copy()
     p = np.minimum(df["prompt_tokens"].to_numpy(), max_model_len - 1)
     df["prompt_tokens"] = p
     df["output_tokens"] = np.minimum(df["output_tokens"].to_numpy(), max_model_len - p)
     df["prefix_tokens"] = np.minimum(df["prefix_tokens"].to_numpy(), p - 1)
+    if BLOCK_COLUMN in df.columns:
+        bs = content_block_size(df)
+        cut = np.empty(len(df), dtype=object)
+        cut[:] = [cut_blocks(ids, int(n), bs) for ids, n in zip(df[BLOCK_COLUMN], p)]
+        df[BLOCK_COLUMN] = cut
     return df
 
 
 def concat_traces(traces: Iterable[pd.DataFrame]) -> pd.DataFrame:
-    """Merge traces by arrival time (prefix ids are kept apart by offsetting them)."""
+    """Merge traces by arrival time (prefix ids are kept apart by offsetting them; traces with
+    content blocks are refused: their ids would have to be renumbered apart)."""
     parts, off = [], 0
     for tr in traces:
         tr = normalize_trace(tr)
+        if BLOCK_COLUMN in tr.columns:
+            raise ConfigError("concat_traces does not merge traces with content blocks (block_hashes); "
+                              "merge their rows yourself, keeping their block ids apart")
         pid = tr["prefix_id"].to_numpy()
         tr = tr.assign(prefix_id=np.where(pid >= 0, pid + off, -1))
         off += int(pid.max()) + 1 if (pid >= 0).any() else 0

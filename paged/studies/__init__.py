@@ -14,6 +14,8 @@ dataclass where the answer is a verdict). Nothing here draws: the figures of a s
     host_tier       recompute evicted prefixes vs bring them back from host memory (simulator, engine)
     compaction      does block compaction pay: reads, copies, the engine, the simulator, a before/after demo
     sharing         cross-layer KV sharing: memory saved vs quality lost, and what predicts it
+    cache_replay    a trace's prompts through the prefix cache alone (no model): hit rate per capacity
+    mooncake        Mooncake FAST'25 reproduced: the trace table (Table 2), hit rate vs capacity (Fig. 9)
     kv_formats      greedy output and capacity under each KV format on the engine
     demo            the headline demo and its markdown report (``python -m paged demo``)
     grid            simulated runs over a grid of points (trace keys + ``SimConfig`` fields)

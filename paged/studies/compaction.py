@@ -46,8 +46,10 @@ import pandas as pd
 import torch
 
 from paged._kernels import kernels
+from paged.core.clock import SimulatedClock
 from paged.core.compaction import CompactionPlan, count_runs, own_blocks
 from paged.core.kv_manager import KVCacheManager
+from paged.core.loop import MemoryOnlyExecutor, StepLoop
 from paged.core.request import Request
 from paged.core.scheduler import Scheduler, SchedulerConfig
 from paged.core.snapshot import KVSnapshot
@@ -158,23 +160,22 @@ def _drive(on: bool, requests: int, num_blocks: int, threshold: float, interval:
     kv = KVCacheManager(num_blocks, 16)
     sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=32, enable_block_compaction=on,
                                           compaction_threshold=threshold, compaction_interval=interval))
+    loop = StepLoop(sched, MemoryOnlyExecutor(lambda rid: 7), SimulatedClock())
     reqs = _workload(requests, seed)
     r = dict(steps=0, passes=[], frag=[], plan_ms=[], ctx=[], decodes=[], schedule=[])
-    while reqs or sched.has_unfinished_requests():
+    while reqs or loop.has_unfinished_requests():
         for _ in range(min(2, len(reqs))):
-            sched.add_request(reqs.pop())
-        t0 = time.perf_counter()
-        plan = sched.schedule()
-        dt = (time.perf_counter() - t0) * 1e3
+            loop.add_request(reqs.pop())
+        step = loop.step()
+        plan = step.plan
         if plan.compaction_copies:
             lc = kv.last_compaction
             r["passes"].append(plan.compaction_copies)
-            r["plan_ms"].append(dt)
+            r["plan_ms"].append(step.schedule_s * 1e3)
             r["frag"].append((lc.fragmentation_before, lc.fragmentation_after))
         r["ctx"] += [c.start + 1 for c in plan.scheduled if c.is_decode]
         r["decodes"].append(plan.num_decode_tokens)
         r["schedule"].append([(c.request_id, c.start, c.num_tokens) for c in plan.scheduled])
-        sched.update(plan, {c.request_id: 7 for c in plan.scheduled if c.samples})
         r["steps"] += 1
     return r
 
@@ -318,6 +319,7 @@ def compaction_snapshots(num_blocks: int = 192, block_size: int = 4, num_request
     rng = random.Random(seed)
     kv = KVCacheManager(num_blocks, block_size)
     sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=num_requests))
+    loop = StepLoop(sched, MemoryOnlyExecutor(lambda rid: rng.randrange(100)), SimulatedClock())
     system = [rng.randrange(100) for _ in range(3 * block_size)]
     for i in range(num_requests):
         prompt = (system if i % 2 else []) + [rng.randrange(100) for _ in range(rng.randint(2, 6 * block_size))]
@@ -325,8 +327,7 @@ def compaction_snapshots(num_blocks: int = 192, block_size: int = 4, num_request
     for _ in range(steps):
         if not sched.has_unfinished_requests():
             break
-        plan = sched.schedule()
-        sched.update(plan, {c.request_id: rng.randrange(100) for c in plan.scheduled if c.samples})
+        loop.step()
         sched.take_finished()
     order = [r.request_id for r in sched.running]
     before = kv.snapshot(sched.requests)

@@ -107,7 +107,7 @@ def block_size_sweep(block_sizes: Sequence[int] = (1, 8, 16, 32, 64, 128, 256), 
 
 def engine_workload(num_requests: int = 8, prompt_tokens: tuple[int, int] = (20, 120),
                     output_tokens: tuple[int, int] = (8, 48), seed: int = 0, vocab: tuple[int, int] = (17, 49152)):
-    """Seeded requests of token-id prompts with varied lengths for ``paged.runs.EngineRun``.
+    """Seeded requests of token-id prompts with varied lengths for ``paged.runs.Run``.
 
     Outputs ignore EOS so every request produces exactly its drawn length (fixed memory footprint).
     """
@@ -138,7 +138,7 @@ def engine_block_sizes(loaded_model, workload, block_sizes: Sequence[int] = (4, 
     for b in block_sizes:
         llm = paged.LLM(loaded_model, block_size=int(b), num_blocks=pool_tokens // int(b), max_model_len=max_model_len,
                         enable_prefix_caching=False, record_events=False)
-        st = runs.EngineRun(llm, workload).run_to_completion().steps_frame()
+        st = runs.Run(llm, workload).run_to_completion().steps_frame()
         st["block_size"] = int(b)
         st["reserved"] = st["num_used_blocks"] * int(b)
         st["held"] = st["reserved"] * st["token_usage"]

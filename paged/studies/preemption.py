@@ -41,7 +41,7 @@ def pressure_prompts(num_requests: int = 6, prompt_tokens: int = 48, seed: int =
 
 
 def pressure_workload(prompts, max_tokens: int = 32, arrive_every: int = 1) -> list[dict]:
-    """``paged.runs.EngineRun`` requests of ``prompts`` (greedy, EOS ignored: each grows to its full length)."""
+    """``paged.runs.Run`` requests of ``prompts`` (greedy, EOS ignored: each grows to its full length)."""
     from paged.engine import SamplingParams
 
     return [{"request_id": f"p{i}", "prompt": list(p), "arrival_step": 1 + i * arrive_every,
@@ -163,7 +163,7 @@ def engine_swap_study(model: str | None = None, *, num_requests: int = 12, promp
             st = eng.step()
             preempt += len(st.preempted)
             blocks += st.num_swapped_out_blocks + st.num_swapped_in_blocks
-            if st.scheduled and all(not c.is_prefill for c in st.scheduled):
+            if st.scheduled and all(c.is_decode for c in st.scheduled):
                 tbt.append(st.total_ms)
             for o in st.finished:
                 outs[o.request_id] = list(o.outputs[0].token_ids)

@@ -1,10 +1,10 @@
 """The scenarios of notebook 00's tour: one workload and engine setting per mechanism to watch.
 
     SCENARIOS[name] -> Scenario(description, settings, builder, kwargs, views)
-    scenario_run(run, name)   # a fresh EngineRun over the same loaded model, set up for `name`
+    scenario_run(run, name)   # a fresh Run over the same loaded model, set up for `name`
     sim_burst(...)            # the simulated 70B trace that fills its pool (a burst of chats)
 
-A scenario is data: `settings` are EngineConfig fields (applied with `EngineRun.fresh`), `builder`
+A scenario is data: `settings` are EngineConfig fields (applied with `Run.fresh`), `builder`
 is a workload function of `paged.runs` called as ``builder(tokenizer, **kwargs)``. Each is sized
 to show its mechanism within a few dozen steps on a laptop CPU.
 """
@@ -54,7 +54,7 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def scenario_run(run, name: str):
-    """A fresh `EngineRun` over `run`'s loaded model with scenario `name`'s settings and workload."""
+    """A fresh `Run` over `run`'s loaded model with scenario `name`'s settings and workload."""
     if name not in SCENARIOS:
         raise ConfigError(f"unknown scenario {name!r}; choose one of {sorted(SCENARIOS)}")
     s = SCENARIOS[name]

@@ -105,6 +105,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           doc="KV-quantization error study (perplexity, KL, greedy divergence)"),
     Study("sharing", "paged.studies.sharing:sharing_study", doc="cross-layer KV sharing: memory vs quality"),
     Study("swap_error", "paged.studies.swap_error:swap_error_study", doc="the error compressed swap adds"),
+    Study("mooncake_table", "paged.studies.mooncake:table2", doc="Mooncake Table 2: requests, lengths, reuse"),
+    Study("prefix_capacity", "paged.studies.mooncake:capacity_point", files=("trace",),
+          doc="Mooncake Fig. 9: prefix hit rate at one cache capacity (cache-only replay)"),
 )}
 
 

@@ -6,8 +6,8 @@ Three layers (each usable alone):
 
        from paged import runs
        llm = paged.LLM(num_blocks=48)                            # SmolLM2-135M, real kernels
-       run = runs.EngineRun(llm, runs.chat_workload(llm.tokenizer, 8, n=3))
-       run = runs.SimRun(SimConfig(model="llama-2-70b", tensor_parallel=4), trace)
+       run = runs.Run(llm, runs.chat_workload(llm.tokenizer, 8, n=3))
+       run = runs.Run(SimConfig(model="llama-2-70b", tensor_parallel=4), trace)
        row = run.step()        # dict of paged.telemetry STEP_COLUMNS (seconds)
        run.done, run.rows, run.events, run.snapshot(), run.request_rows(), run.tbt_samples()
        run.steps_frame(), run.requests_frame(), run.events_frame(), run.fresh(**changes)

@@ -136,7 +136,8 @@ def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8
                  gpu: str = "a100-80gb", tensor_parallel: int = 1):
     """Sliders (model, context, batch, KV format, GPU, tensor parallelism) over the figures and the formula.
 
-    Returns an ``ipywidgets.VBox``; each change redraws both ``FigureWidget``s inside ``batch_update``.
+    Returns an ``ipywidgets.VBox``; each change redraws both ``LivePlot``s inside ``batch_update`` (not plotly's
+    FigureWidget: on a busy machine its model misses anywidget's start-up window and stays empty; see liveplot).
     """
     import ipywidgets as W
 
@@ -149,8 +150,10 @@ def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8
         gpu=W.Dropdown(options=["a100-40gb", "a100-80gb", "h100-sxm", "h200", "l4"], value=gpu, description="GPU"),
         tensor_parallel=W.Dropdown(options=[1, 2, 4, 8], value=tensor_parallel, description="GPUs (tp)"),
     )
-    growth = go.FigureWidget(kv_growth_figure(model, context, batch, kv_format, gpu, tensor_parallel))
-    formats = go.FigureWidget(kv_format_figure(model, context, batch, tensor_parallel=tensor_parallel))
+    from .liveplot import LivePlot
+
+    growth = LivePlot(kv_growth_figure(model, context, batch, kv_format, gpu, tensor_parallel))
+    formats = LivePlot(kv_format_figure(model, context, batch, tensor_parallel=tensor_parallel))
     text = W.HTML(formula_text(batch_budget(model, context, batch, kv_format, gpu, tensor_parallel)))
 
     def redraw(_change=None) -> None:

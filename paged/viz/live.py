@@ -41,7 +41,7 @@ __all__ = ["CachedDecoder", "Dashboard", "ReplayView", "RingBuffer", "VIEWS", "w
 
 
 class Dashboard:
-    """Live figures and a control panel over `run` (an EngineRun or SimRun).
+    """Live figures and a control panel over `run` (a `paged.runs.Run`).
 
     `settings`: cache settings shown in the panel (name -> initial value; applied on reset
     via `run.fresh(**settings)`); `workload`: (builder, kwargs) whose int kwargs get sliders,

@@ -60,7 +60,7 @@ class ScenarioPanel:
 
 
 def scenario_panel(run, scenario: str = "chat", autoplay: bool = True):
-    """A `ScenarioPanel` over `run`'s loaded model (an `EngineRun`)."""
+    """A `ScenarioPanel` over `run`'s loaded model (a `paged.runs.Run`)."""
     from .buffers import widgets_available
     reason = widgets_available()
     if reason is not None:

@@ -1,0 +1,34 @@
+"""The roofline executor: a plan's time from the cost model, a dummy token per sampling chunk.
+
+Memory decisions stay the scheduler's and the KV manager's; only time is modelled. Every chunk
+that samples gets ``DUMMY_TOKEN`` (never a stop token here), so a request ends at its trace output
+length. A plan without work takes no time and is not executed (the simulator then moves its clock
+to the next arrival).
+"""
+from __future__ import annotations
+
+from paged.core.loop import Executed
+from paged.core.plan import SchedulerOutput
+from paged.sim.cost_model import CostModel
+from paged.sim.shapes import plan_shape
+
+__all__ = ["DUMMY_TOKEN", "RooflineExecutor"]
+
+DUMMY_TOKEN = 17  # first non-control id of SmolLM2's vocabulary; never a stop token here
+
+
+class RooflineExecutor:
+    """``execute(plan)``: the cost model's duration of the plan's shape (new tokens and cached context
+    per chunk, blocks over the host link at ``block_bytes`` each, blocks copied on the device)."""
+
+    executes_empty_plans = False
+
+    def __init__(self, cost: CostModel, block_bytes: float) -> None:
+        self.cost = cost
+        self.block_bytes = block_bytes
+
+    def execute(self, plan: SchedulerOutput) -> Executed:
+        batch = plan.batch
+        shape = plan_shape(batch, plan.num_moved_blocks, plan.num_copied_blocks, self.block_bytes)
+        sampled = dict.fromkeys([r.request_id for r, x in zip(batch.requests, batch.samples) if x], DUMMY_TOKEN)
+        return Executed(sampled, self.cost.step_time(shape))
