@@ -83,7 +83,9 @@ class PreciseCache(_KeyMatch):
         self.live: dict[int, object] = {}         # chain key -> block hash
         self.key_of: dict[object, int] = {}      # block hash -> chain key (live blocks)
         self.num_batches = 0
-        self.num_events = 0
+        self.num_events = 0        # decoded events applied
+        self.num_stored = 0        # blocks stored (through events or ``store``)
+        self.num_removed = 0       # live blocks removed
 
     def apply(self, events: Iterable[KVEvent], t: float = 0.0) -> None:
         """Apply decoded events in order at time ``t`` (seconds on the caller's clock)."""
@@ -98,17 +100,28 @@ class PreciseCache(_KeyMatch):
                 continue
             elif isinstance(e, BlockStored):
                 for h, parent, tokens in e.blocks():
-                    pkey = 0 if parent is None else self.key_of.get(parent)
-                    if pkey is None:
-                        pkey = hash(("unknown parent", parent))   # joined late: matches nothing we route
-                    key = hash((pkey, tuple(tokens)))
-                    self.key_of[h] = key
-                    self.live[key] = h
+                    self.store(h, parent, tokens)
             elif isinstance(e, BlockRemoved):
                 for h in e.block_hashes:
-                    key = self.key_of.pop(h, None)
-                    if key is not None and self.live.get(key) == h:
-                        del self.live[key]
+                    self.remove(h)
+
+    def store(self, h: object, parent: object, tokens: Sequence[int]) -> None:
+        """One block of a ``BlockStored`` (``apply`` calls it per block; an in-process publisher
+        may call it directly, without the forest)."""
+        pkey = 0 if parent is None else self.key_of.get(parent)
+        if pkey is None:
+            pkey = hash(("unknown parent", parent))   # joined late: matches nothing we route
+        key = hash((pkey, tuple(tokens)))
+        self.key_of[h] = key
+        self.live[key] = h
+        self.num_stored += 1
+
+    def remove(self, h: object) -> None:
+        """One hash of a ``BlockRemoved``."""
+        key = self.key_of.pop(h, None)
+        if key is not None and self.live.get(key) == h:
+            del self.live[key]
+            self.num_removed += 1
 
     def apply_batch(self, batch: Batch, t: float = 0.0) -> None:
         """Apply one decoded message; a batch after a publisher restart clears the view first
