@@ -178,15 +178,6 @@ class BlockPool:
             self.num_filled_slots += num_filled - block.num_filled
             block.num_filled = num_filled
 
-    def fill_each(self, blocks: list[Block], fills: list[int]) -> None:
-        """``fill(block, n)`` for each pair (one call for a run of the decode lane)."""
-        added = 0
-        for block, n in zip(blocks, fills):
-            if n > block.num_filled:
-                added += n - block.num_filled
-                block.num_filled = n
-        self.num_filled_slots += added
-
     def fill_span(self, blocks: list[Block], first: int, end: int, block_size: int) -> None:
         """``fill(blocks[i], min(block_size, end - i * block_size))`` for every block holding a
         position below ``end`` from index ``first`` on (one call for a chunk's blocks)."""

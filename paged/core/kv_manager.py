@@ -136,12 +136,9 @@ class KVCacheManager(KVCacheParts):
         calls it for one token into a partly filled block (``last_only=False``: the token need
         not be the request's last; a new block is left to its general path)."""
         bs, pool, caching = self.block_size, self.pool, self.enable_prefix_caching
-        index = self.prefix.index_full
+        index, fill = self.prefix.index_full, pool.fill
         first = len(starts)
         get, mark, keep = self._tables.get, starts.append, tables.append
-        grown: list[Block] = []  # blocks the run writes a token into, and the fill each reaches
-        fills: list[int] = []
-        grow, reach = grown.append, fills.append
         run = requests if i == 0 and stop == len(requests) else requests[i:stop]  # no copy in the usual case
         for req in run:  # the common case (room in the last block) first, in few bytecodes
             start = req.num_computed_tokens
@@ -155,8 +152,7 @@ class KVCacheManager(KVCacheParts):
                 block = table[start // bs]
                 if block.ref_cnt != 1:
                     break
-                grow(block)
-                reach(offset + 1)
+                fill(block, offset + 1)
                 if offset + 1 == bs and caching:
                     index(req, table, start + 1)
             else:  # the token opens a new block: take one if the pool has it
@@ -164,14 +160,11 @@ class KVCacheManager(KVCacheParts):
                     break  # general path: the table has the block, a full pool, or latency events
                 block = pool.allocate(1, req.request_id)[0]
                 table.append(block)
-                grow(block)
-                reach(1)
+                fill(block, 1)
                 if bs == 1 and caching:  # one slot: the new block is also full (earlier ones are indexed)
                     index(req, table, start + 1)
             mark(start)
             keep(table)
-        if grown:
-            pool.fill_each(grown, fills)
         return i + len(starts) - first
 
     def allocate_slots(self, request: Request, num_new_tokens: int,

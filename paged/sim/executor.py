@@ -7,6 +7,8 @@ to the next arrival).
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 from paged.core.loop import Executed
 from paged.core.plan import SchedulerOutput
 from paged.sim.cost_model import CostModel
@@ -26,9 +28,14 @@ class RooflineExecutor:
     def __init__(self, cost: CostModel, block_bytes: float) -> None:
         self.cost = cost
         self.block_bytes = block_bytes
+        # the token of every chunk that samples, whatever the request: one mapping for the whole run,
+        # so a step builds nothing per request (the scheduler's update reads it once per sampling chunk)
+        self.tokens: defaultdict[str, int] = defaultdict(_dummy)
 
     def execute(self, plan: SchedulerOutput) -> Executed:
-        batch = plan.batch
-        shape = plan_shape(batch, plan.num_moved_blocks, plan.num_copied_blocks, self.block_bytes)
-        sampled = dict.fromkeys([r.request_id for r, x in zip(batch.requests, batch.samples) if x], DUMMY_TOKEN)
-        return Executed(sampled, self.cost.step_time(shape))
+        shape = plan_shape(plan.batch, plan.num_moved_blocks, plan.num_copied_blocks, self.block_bytes)
+        return Executed(self.tokens, self.cost.step_time(shape))
+
+
+def _dummy() -> int:
+    return DUMMY_TOKEN
