@@ -2,7 +2,7 @@
 
     router = paged.fleet.make_router("kv_aware", overlap_weight=1.0)   # or round_robin, least_outstanding,
     #   least_kv_usage, session_affinity, cache_aware (paged.fleet.ROUTERS)
-    fleet = paged.fleet.LiveFleet([EngineReplica(llm), ServerReplica.of(server)], router)   # live engines
+    fleet = paged.fleet.LiveFleet([EngineReplica(llm, events), ServerReplica.of(server)], router)   # live engines
 
 Modules: ``caches`` (a replica's cache as its KV events rebuild it, and as the router guesses it),
 ``routers`` (the policies and their decisions), ``dispatch`` (what was sent where; the routing
