@@ -42,7 +42,15 @@ def save_figure(fig: go.Figure, path: str | os.PathLike, *, width: int | None = 
     w = width or fig.layout.width or 900
     h = height or fig.layout.height or 500
     try:
-        fig.write_image(path, format=suffix, width=w, height=h, scale=scale)
+        for attempt in range(3):
+            try:
+                fig.write_image(path, format=suffix, width=w, height=h, scale=scale)
+                break
+            except Exception as e:  # noqa: BLE001 - kaleido's own start-up race, retried; others re-raised
+                # kaleido 1.x sometimes evaluates before its page script loaded ("kaleido_scopes is not
+                # defined"), seen on a loaded 2-core machine; a fresh attempt then succeeds
+                if "kaleido_scopes" not in str(e) or attempt == 2:
+                    raise
     except (RuntimeError, OSError, ValueError) as e:
         if "chrom" in str(e).lower() or "browser" in str(e).lower():
             raise ConfigError(f"save_figure: kaleido found no Chromium ({e}); install one (apt install chromium) "
