@@ -6,7 +6,7 @@ check every field in ``__post_init__``, so a config that exists is valid (values
 on the way: numpy integers become ``int``, KV-format aliases their canonical name). The engine's
 ``EngineConfig`` and the simulator's ``SimConfig`` embed one of each (``.cache``,
 ``.scheduler``), and both executors build their KV manager from the ``CacheConfig`` with
-``paged.core.kv_manager.build_kv_manager``. ``ExecutorConfig`` is the flat base of those two: every cache and
+``paged.core.kv_factory.build_kv_manager``. ``ExecutorConfig`` is the flat base of those two: every cache and
 scheduler knob as its own field, the two parts built from them once, in ``__post_init__``.
 
 Units are stated in names where a quantity has one: bytes (``kv_cache_memory_bytes``), GiB

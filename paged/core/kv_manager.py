@@ -23,7 +23,7 @@ evict; ``take_tier_ops`` hands the planned copies to the plan's ``tier_out``/``t
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from . import events as ev
 from .block import Block, BlockMapping
@@ -33,11 +33,6 @@ from paged.errors import BlockStateError, DuplicateRequestError, InvalidRequestE
 from .host_tier import HostBlock
 from .kv_parts import KVCacheParts
 from .request import Request
-
-if TYPE_CHECKING:
-    from .kv_cache import KVCache
-    from .kv_groups import KVLayout
-
 __all__ = ["BlockMapping", "KVCacheManager", "build_kv_manager"]
 
 
@@ -362,21 +357,3 @@ class KVCacheManager(KVCacheParts):
         for bid, n in holders.items():
             assert self.pool.blocks[bid].ref_cnt == n, (bid, self.pool.blocks[bid].ref_cnt, n)
         assert sum(holders.values()) >= self.pool.num_used == len(holders)
-
-
-def build_kv_manager(cache: CacheConfig, num_blocks: int, *, num_cpu_blocks: int, max_model_len: int,
-                     recorder: ev.Recorder | None = None, layout: "KVLayout | None" = None) -> "KVCache":
-    """The KV-cache manager of ``cache`` over ``num_blocks`` GPU and ``num_cpu_blocks`` CPU blocks
-    (the one place both executors build theirs); a hybrid ``layout`` (several KV-cache groups:
-    sliding windows, state layers) gets the ``HybridKVCacheManager`` over its pages."""
-    if layout is not None and layout.is_hybrid:
-        from .hybrid_manager import HybridKVCacheManager  # it wraps this module's manager
-        return HybridKVCacheManager(num_blocks, layout, enable_prefix_caching=cache.enable_prefix_caching,
-                                    hash_fn=cache.hash_fn, eviction=cache.eviction, num_cpu_blocks=num_cpu_blocks,
-                                    max_model_len=max_model_len, recorder=recorder,
-                                    enable_host_tier=cache.enable_host_tier,
-                                    host_tier_threshold=cache.host_tier_threshold)
-    return KVCacheManager(num_blocks, cache.block_size, enable_prefix_caching=cache.enable_prefix_caching,
-                          hash_fn=cache.hash_fn, eviction=cache.eviction, num_cpu_blocks=num_cpu_blocks,
-                          max_model_len=max_model_len, recorder=recorder, enable_host_tier=cache.enable_host_tier,
-                          host_eviction=cache.host_eviction, host_tier_threshold=cache.host_tier_threshold)

@@ -20,7 +20,8 @@ from paged import telemetry
 from paged.checks import is_int
 from paged.core import events as ev
 from paged.core.clock import EngineClock
-from paged.core.kv_manager import KVCacheManager, build_kv_manager
+from paged.core.kv_factory import build_kv_manager
+from paged.core.kv_manager import KVCacheManager
 from paged.core.loop import Step, StepLoop
 from paged.core.scheduler import Scheduler
 from paged.errors import ConfigError, DuplicateRequestError, InvalidRequestError, StepFailedError, UnknownRequestError

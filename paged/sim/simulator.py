@@ -32,7 +32,7 @@ from paged.core.clock import SimulatedClock
 from paged.core.config import check_share_map, cpu_pool_blocks
 from paged.core.events import NullRecorder, Recorder
 from paged.core.kv_cache import KVCache
-from paged.core.kv_manager import build_kv_manager
+from paged.core.kv_factory import build_kv_manager
 from paged.core.loop import Step, StepLoop
 from paged.core.record import StepRecord
 from paged.core.request import Request
