@@ -13,3 +13,4 @@ info="metadata.language_info"
 extra="$info.codemirror_mode $info.file_extension $info.mimetype $info.nbconvert_exporter $info.pygments_lexer $info.version"
 git config filter.nbstripout.clean "'$(cd "$(dirname "$py")" && pwd)/$(basename "$py")' -m nbstripout --keep-id --extra-keys '$extra'"
 git config filter.nbstripout.required false
+git config diff.ipynb.textconv "'$(cd "$(dirname "$py")" && pwd)/$(basename "$py")' -m nbstripout -t --extra-keys '$extra'"

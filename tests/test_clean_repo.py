@@ -41,7 +41,11 @@ def _repo(tmp: Path) -> Path:
 
 
 def _with_outputs(path: Path) -> dict:
+    """The notebook as JupyterLab saves it after a run: outputs, counts, and the kernel's language details."""
     nb = json.loads(path.read_text())
+    nb["metadata"]["language_info"] = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                                       "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                                       "pygments_lexer": "ipython3", "version": "3.11.7"}
     for i, c in enumerate(x for x in nb["cells"] if x["cell_type"] == "code"):
         c["execution_count"] = i + 1
         c["outputs"] = [{"output_type": "stream", "name": "stdout", "text": [f"output of cell {i}\n" * 50]}]
@@ -79,6 +83,7 @@ def test_lab_saves_tracked_notebooks_without_outputs(tmp_path: Path) -> None:
     finally:
         os.killpg(srv.pid, signal.SIGTERM)
         srv.wait(timeout=30)
+    assert (repo / "notebooks" / NOTEBOOK).read_text() == _git(repo, "show", f"HEAD:notebooks/{NOTEBOOK}")  # byte for byte
     saved = json.loads((repo / "notebooks" / NOTEBOOK).read_text())
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in saved["cells"]
                if c["cell_type"] == "code")
