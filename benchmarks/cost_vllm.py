@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops the server too (finally below)
     cache = CacheConfig(block_size=BS, num_blocks=BLOCKS, enable_prefix_caching=False)
     sched = SchedulerConfig(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET)
-    llm = paged.LLM(cache=cache, scheduler=sched)
+    from paged.core.config import flat_knobs
+    llm = paged.LLM(**flat_knobs(cache, sched))
     cal, held = ce.make_trace(ce.CALIBRATION), ce.make_trace(ce.HELD_OUT)
     steps, secs, _, _ = ce.run_engine(LLMEngine(llm.engine.loaded, llm.engine.config), cal, seed=ce.CALIBRATION.seed)
     ours = ce.calibrate(steps, secs).model

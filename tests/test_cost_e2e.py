@@ -26,7 +26,8 @@ def served():
     import paged
     from paged.engine import LLMEngine
 
-    llm = paged.LLM(cache=CACHE, scheduler=SCHED)
+    from paged.core.config import flat_knobs
+    llm = paged.LLM(**flat_knobs(CACHE, SCHED))
     trace = ce.make_trace(ce.Workload("tiny", 5, 50.0, (8, 40), (8, 14), 3))
     return trace, ce.run_engine(LLMEngine(llm.engine.loaded, llm.engine.config), trace, seed=3)
 

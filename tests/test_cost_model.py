@@ -79,10 +79,10 @@ def test_shapes_from_engine_steps():
     from paged.sim.cost_model import shapes_from_steps
 
     chunk = lambda start, n, samples: NS(start=start, num_tokens=n, samples=samples)  # noqa: E731
-    steps = [NS(scheduled=[chunk(0, 100, True), chunk(50, 1, True)], total_ms=12.0, num_block_copies=1,
+    steps = [NS(scheduled=[chunk(0, 100, True), chunk(50, 1, True)], step_time_s=0.012, num_block_copies=1,
                 num_swapped_out_blocks=2, num_swapped_in_blocks=0),
-             NS(scheduled=[], total_ms=0.1),
-             NS(scheduled=[chunk(0, 64, False)], total_ms=8.0, num_block_copies=0, num_swapped_out_blocks=0,
+             NS(scheduled=[], step_time_s=0.0001),
+             NS(scheduled=[chunk(0, 64, False)], step_time_s=0.008, num_block_copies=0, num_swapped_out_blocks=0,
                 num_swapped_in_blocks=0)]
     shapes, secs = shapes_from_steps(steps, block_bytes=1000.0)
     assert len(shapes) == 2 and secs.tolist() == [0.012, 0.008]
@@ -107,8 +107,8 @@ def test_step_frame_roundtrip():
 
     chunk = lambda start, n, samples: NS(start=start, num_tokens=n, samples=samples)  # noqa: E731
     none = dict(num_block_copies=0, num_swapped_out_blocks=0, num_swapped_in_blocks=0)
-    steps = [NS(scheduled=[chunk(0, 100, True), chunk(50, 1, True)], total_ms=12.0, **none),
-             NS(scheduled=[chunk(0, 64, False)], total_ms=8.0, **none)]
+    steps = [NS(scheduled=[chunk(0, 100, True), chunk(50, 1, True)], step_time_s=0.012, **none),
+             NS(scheduled=[chunk(0, 64, False)], step_time_s=0.008, **none)]
     a, sa = shapes_from_steps(steps)
     b, sb = shapes_from_frame(calibration_frame(steps))
     assert sa.tolist() == sb.tolist()

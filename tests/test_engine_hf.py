@@ -204,7 +204,7 @@ def test_step_api_and_abort(tiny):
     s1 = eng.step()
     assert s1.step == 1 and s1.num_prefill_tokens == 16 and s1.num_decode_tokens == 0
     assert [c.request_id for c in s1.scheduled] == ["a"] and s1.new_tokens == {}
-    assert any(e.kind == ev.ALLOCATE for e in s1.events) and s1.forward_ms > 0
+    assert any(e.kind == ev.ALLOCATE for e in s1.events) and s1.forward_s > 0
     assert eng.kv_manager.block_table("a")
     steps = [eng.step() for _ in range(4)]
     assert any(s.num_decode_tokens and s.num_prefill_tokens for s in steps)  # mixed batch

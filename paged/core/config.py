@@ -31,7 +31,7 @@ from .eviction import make_policy
 from .prefix_cache import DEFAULT_HASH_FN, resolve_hash_fn
 
 __all__ = ["CacheConfig", "DEFAULT_TOKEN_BUDGET", "ExecutorConfig", "GiB", "KV_CACHE_DTYPES", "SWAP_COMPRESSIONS", "SWAP_MODES",
-           "SchedulerConfig", "check_share_map", "cpu_pool_blocks"]
+           "SchedulerConfig", "check_share_map", "cpu_pool_blocks", "flat_knobs"]
 
 GiB = 1024**3
 DEFAULT_TOKEN_BUDGET = 2048
@@ -299,6 +299,12 @@ class ExecutorConfig(SchedulerConfig, CacheConfig):  # fields: the cache's first
     def as_dict(self) -> dict[str, Any]:
         """Every setting by name (``type(self)(**self.as_dict()) == self``)."""
         return {name: getattr(self, name) for name in self.knob_fields()}
+
+
+def flat_knobs(*parts: CacheConfig | SchedulerConfig) -> dict[str, Any]:
+    """The settings of ``parts`` as flat keywords, for ``paged.LLM(**flat_knobs(cache, scheduler))`` or
+    ``SimConfig(model=..., **flat_knobs(cache, scheduler))`` (a config is built from its knobs, not its parts)."""
+    return {f.name: getattr(p, f.name) for p in parts for f in fields(p) if f.init}
 
 
 def cpu_pool_blocks(cache: CacheConfig, preemption_mode: str, num_blocks: int, host_block_bytes: float,

@@ -70,8 +70,9 @@ class ModelExecutor:
             except StepFailedError:
                 raise e
         eng.groups.note_preempted(plan.preempted)
-        return Executed(sampled, None, {"cache_ops_ms": cache_ms, "forward_ms": forward_ms,
-                                        "prefill_ms": prefill_ms, "decode_ms": decode_ms}, post)
+        ms = lambda x: None if x is None else x * 1e-3  # noqa: E731 - the runner's ms, the record's seconds
+        return Executed(sampled, None, {"cache_ops_s": ms(cache_ms), "forward_s": ms(forward_ms),
+                                        "prefill_s": ms(prefill_ms), "decode_s": ms(decode_ms)}, post)
 
     def _forward(self, batch: Batch, limits: dict[str, int]):
         runner = self.engine.runner  # prompt_limits only when asked: callers may wrap runner.forward(batch)

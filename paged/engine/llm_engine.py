@@ -172,13 +172,13 @@ class LLMEngine:
         self._step_outputs, self._step_failures = [], []
         step = self.loop.step()
         r, ph = step.record, step.executed.phases
-        schedule_ms, total_ms = step.schedule_s * 1e3, r.step_time_s * 1e3
         finished, failed = self._step_outputs, self._step_failures
         out = StepOutput(**{**r.to_row(), "num_finished": len(finished)}, plan=step.plan,
-                         new_tokens=dict(step.executed.sampled), finished=finished, schedule_ms=schedule_ms,
-                         cache_ops_ms=ph["cache_ops_ms"], forward_ms=ph["forward_ms"], prefill_ms=ph["prefill_ms"],
-                         decode_ms=ph["decode_ms"],
-                         sample_ms=total_ms - schedule_ms - ph["cache_ops_ms"] - ph["forward_ms"], events=step.events)
+                         new_tokens=dict(step.executed.sampled), finished=finished, schedule_s=step.schedule_s,
+                         cache_ops_s=ph["cache_ops_s"], forward_s=ph["forward_s"], prefill_s=ph["prefill_s"],
+                         decode_s=ph["decode_s"],
+                         sample_s=r.step_time_s - step.schedule_s - ph["cache_ops_s"] - ph["forward_s"],
+                         events=step.events)
         if failed:
             ids = [rid for rid, _ in failed]
             raise StepFailedError(

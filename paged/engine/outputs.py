@@ -40,12 +40,12 @@ class RequestOutput:
 
 @dataclass
 class StepOutput(StepRecord):
-    """Everything that happened in one ``step()``: the record's fields, then (``*_ms`` in
-    milliseconds) ``schedule_ms`` + ``cache_ops_ms`` + ``forward_ms`` + ``sample_ms`` =
-    ``total_ms``, where ``sample_ms`` is the rest of the step (sampling and the bookkeeping after
-    it: scheduler update, forks, finishing requests); ``total_ms`` is ``step_time_s`` in ms.
+    """Everything that happened in one ``step()``: the record's fields, then (``*_s`` in
+    seconds, like every time of the record) ``schedule_s`` + ``cache_ops_s`` + ``forward_s`` + ``sample_s`` =
+    ``step_time_s``, where ``sample_s`` is the rest of the step (sampling and the bookkeeping after
+    it: scheduler update, forks, finishing requests).
 
-    ``prefill_ms``/``decode_ms`` are measured forward times of the step's prefill and decode
+    ``prefill_s``/``decode_s`` are measured forward times of the step's prefill and decode
     work: for a pure step one of them is the whole forward pass and the other 0; a mixed step
     runs one pass and reports both as None, unless ``split_prefill_decode`` ran two passes
     (a decode chunk that reads a block written by a prefill chunk of the same step runs, and
@@ -57,12 +57,12 @@ class StepOutput(StepRecord):
     plan: SchedulerOutput
     new_tokens: dict[str, int]
     finished: list[RequestOutput]
-    schedule_ms: float
-    cache_ops_ms: float
-    forward_ms: float
-    prefill_ms: float | None
-    decode_ms: float | None
-    sample_ms: float
+    schedule_s: float
+    cache_ops_s: float
+    forward_s: float
+    prefill_s: float | None
+    decode_s: float | None
+    sample_s: float
     events: list[ev.Event] = field(default_factory=list)
 
     @property
@@ -77,7 +77,3 @@ class StepOutput(StepRecord):
     @property
     def num_tokens(self) -> int:
         return self.num_batched_tokens
-
-    @property
-    def total_ms(self) -> float:
-        return self.step_time_s * 1e3

@@ -132,12 +132,12 @@ def fit(model: "Roofline", shapes: Sequence[StepShape], seconds: Sequence[float]
 
 
 def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
-                      time_field: str = "total_ms") -> tuple[list[StepShape], np.ndarray]:
+                      time_field: str = "step_time_s") -> tuple[list[StepShape], np.ndarray]:
     """Engine step records -> (``StepShape`` list, seconds) for ``CostModel.fit``.
 
     Each record (an engine ``StepOutput``) needs ``scheduled`` (chunks with ``start``, ``num_tokens``,
     ``samples``), ``num_swapped_out_blocks``, ``num_swapped_in_blocks``, ``num_block_copies`` and a
-    time in milliseconds (``time_field``; ``total_ms`` of ``paged.engine.StepOutput`` covers
+    time in seconds (``time_field``; ``step_time_s`` of ``paged.engine.StepOutput`` covers
     scheduling, cache ops, forward and sampling, which is what ``step_time`` predicts). Steps that
     scheduled nothing are skipped. ``block_bytes`` prices swapped/copied blocks (see ``step_shape``).
     """
@@ -149,17 +149,17 @@ def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
             continue
         shapes.append(step_shape(chunks, st.num_swapped_out_blocks + st.num_swapped_in_blocks,
                                  st.num_block_copies, block_bytes))
-        secs.append(float(getattr(st, time_field)) * 1e-3)
+        secs.append(float(getattr(st, time_field)))
     return shapes, np.asarray(secs)
 
 
-def calibration_frame(steps: Iterable[Any], time_field: str = "total_ms") -> "pd.DataFrame":
+def calibration_frame(steps: Iterable[Any], time_field: str = "step_time_s") -> "pd.DataFrame":
     """Engine step records -> tidy DataFrame, one row per chunk (``step, start, num_tokens, samples,
     seconds``), to save measurements and fit later (``shapes_from_frame``). Unlike
     ``paged.telemetry.steps_frame`` (one row per step) it keeps each chunk's shape."""
     import pandas as pd
 
-    rows = [(i, c.start, c.num_tokens, bool(c.samples), float(getattr(st, time_field)) * 1e-3)
+    rows = [(i, c.start, c.num_tokens, bool(c.samples), float(getattr(st, time_field)))
             for i, st in enumerate(steps) for c in st.scheduled]
     return pd.DataFrame(rows, columns=["step", "start", "num_tokens", "samples", "seconds"])
 

@@ -236,8 +236,8 @@ def engine_table(model=None, *, layers: int = 2, requests: int = 16, max_tokens:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
             outputs.setdefault(on, [o.outputs[0].token_ids for o in out])
             rows.append(dict(compaction=on, repeat=rep, steps=len(steps), wall_s=wall, cpu_s=cpu,
-                             forward_ms=sum(st.forward_ms for st in steps),
-                             cache_ops_ms=sum(st.cache_ops_ms for st in steps),
+                             forward_ms=1e3 * sum(st.forward_s for st in steps),
+                             cache_ops_ms=1e3 * sum(st.cache_ops_s for st in steps),
                              copies=sum(st.num_compaction_copies for st in steps),
                              passes=sum(1 for st in steps if st.num_compaction_copies)))
     df = pd.DataFrame(rows)

@@ -112,7 +112,8 @@ def simulate(trace: pd.DataFrame, cost_model: Any, cache: Any, scheduler: Any,
     """The simulator on ``trace`` with ``cost_model``: (per-request ``ttft_s``, every TBT gap)."""
     from paged.sim.simulator import SimConfig, Simulator
 
-    sim = Simulator(SimConfig(model=model, gpu=gpu, cache=cache, scheduler=scheduler, paged_kernel_penalty=False),
+    from paged.core.config import flat_knobs
+    sim = Simulator(SimConfig(model=model, gpu=gpu, **flat_knobs(cache, scheduler), paged_kernel_penalty=False),
                     cost_model=cost_model)
     res = sim.run(trace)
     return res.requests[["ttft_s"]], sim.tbt_samples()
@@ -128,12 +129,12 @@ def e2e_table(calibration: Workload = CALIBRATION, held_out: Workload = HELD_OUT
               block_size: int = 16, max_num_seqs: int = 16, max_num_batched_tokens: int = 512,
               llm: Any = None, clock: str = "cpu") -> tuple[pd.DataFrame, Any]:
     """Measured vs predicted TTFT/TBT p50/p99 on both workloads; the FitReport of the calibration."""
-    from paged.core.config import CacheConfig, SchedulerConfig
+    from paged.core.config import CacheConfig, SchedulerConfig, flat_knobs
     import paged
 
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=False)
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-    llm = llm or paged.LLM(cache=cache, scheduler=sched)
+    llm = llm or paged.LLM(**flat_knobs(cache, sched))
     rows, report = [], None
     for w in (calibration, held_out):
         from paged.engine import LLMEngine

@@ -152,7 +152,7 @@ def engine_swap_study(model: str | None = None, *, num_requests: int = 12, promp
             preempt += len(st.preempted)
             blocks += st.num_swapped_out_blocks + st.num_swapped_in_blocks
             if st.scheduled and all(c.is_decode for c in st.scheduled):
-                tbt.append(st.total_ms)
+                tbt.append(st.step_time_s * 1e3)
             for o in st.finished:
                 outs[o.request_id] = list(o.outputs[0].token_ids)
         cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
