@@ -82,6 +82,7 @@ class ServerSource(RecordFrames):
             self._sub = KVEventSubscriber(events, replay_endpoint=replay, topic=topic, timeout=timeout,
                                           connect_timeout=connect_timeout, warn=False)
             self._sub.connect()  # ConnectError if no publisher answers
+            self._sub_counts = self._counts()
         if background:
             self._thread = threading.Thread(target=self._loop, daemon=True, name="paged-connect")
             self._thread.start()
@@ -109,7 +110,8 @@ class ServerSource(RecordFrames):
                 batches = []
             for when, msg in self._sub.status.warnings[seen:]:
                 self._note(msg)
-            with self.lock:
+            with self.lock:  # the counters readers see move only with the warnings they come with
+                self._sub_counts = self._counts()
                 for b in batches:
                     self._apply(b)
             n = len(batches)
@@ -175,10 +177,11 @@ class ServerSource(RecordFrames):
         except PagedError as e:
             if first:
                 raise
-            self.metrics_failures += 1
             if not self._metrics_down:
                 self._metrics_down = True
                 self._note(f"metrics: {e} (the view keeps what it has; retrying every {self.poll_interval:g} s)")
+            with self.lock:  # counted after its warning: a reader seeing the count sees the warning
+                self.metrics_failures += 1
             return
         if self._metrics_down:
             self._metrics_down = False
@@ -229,6 +232,12 @@ class ServerSource(RecordFrames):
                                  "ttft_mean_s": val("ttft_sum") / n if n else math.nan})
         self._last = s
 
+    def _counts(self) -> dict[str, Any]:
+        """The subscriber's counters but the raw event count, the clock and the warning list."""
+        st = self._sub.status
+        return {**{k: v for k, v in vars(st).items() if k not in ("events", "last_message_s", "warnings")},
+                "unknown_events": dict(st.unknown_events)}
+
     def _note(self, msg: str) -> None:
         with self.lock:
             self.warnings.append((self.now, msg))
@@ -242,10 +251,8 @@ class ServerSource(RecordFrames):
         with self.lock:
             out: dict[str, Any] = {"scrapes": len(self.rows), "metrics_failures": self.metrics_failures,
                                    "warnings": len(self.warnings)}
-            if self._sub is not None:  # every counter but the raw event count, the clock and the warning list
-                out.update({k: v for k, v in vars(self._sub.status).items()
-                            if k not in ("events", "last_message_s", "warnings")},
-                           unknown_events=dict(self._sub.status.unknown_events))
+            if self._sub is not None:
+                out.update(self._sub_counts)
             out.update({f"forest_{k}": v for k, v in self.forest.counts().items()})
             return out
 
