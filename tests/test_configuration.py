@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-import paged.core.kv_manager as kv_manager_module
+import paged.core.kv_factory as kv_manager_module  # where build_kv_manager builds the manager
 from kernels.format_table import ALIASES, FORMATS, lookup
 from paged.core.config import KV_CACHE_DTYPES, CacheConfig, SchedulerConfig
 from paged.engine import EngineConfig, LLMEngine

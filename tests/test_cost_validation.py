@@ -89,7 +89,7 @@ def test_cost_model_kernels_mode_is_opt_in():
         CostModel("llama-2-7b", "h200", linear="kernels")
     with pytest.raises(ConfigError, match="closed-form"):
         kern.fit([shape] * 8, [1.0] * 8)
-    assert get_kernel_costs("h100") is KERNEL_COSTS["h100-sxm"] and "vidur" in KERNEL_COSTS["h100-sxm"].source
+    assert get_kernel_costs("h100-sxm") is KERNEL_COSTS["h100-sxm"] and "vidur" in KERNEL_COSTS["h100-sxm"].source
 
 
 def test_profile_reads_interpolates_and_names_what_is_missing():
@@ -161,7 +161,7 @@ def test_simulator_runs_on_the_kernel_model():
     from paged.sim.workload import synthetic_trace
 
     cfg = SimConfig(model="llama-2-7b", gpu="a100-80gb", tensor_parallel=8)
-    trace = synthetic_trace("sharegpt", 20, rate=5.0, seed=1)
+    trace = synthetic_trace("sharegpt", 20, rate=5.0, trace_seed=1)
     base = Simulator(cfg)
     kern = Simulator(cfg, cost_model=CostModel("llama-2-7b", "a100-80gb", tensor_parallel=8, linear="kernels",
                                                kv_block_size=base.cost.kv_block_size))

@@ -31,7 +31,7 @@ def warm_up(engine) -> float:
     prompt = max(2, min(2 * bs, engine.max_model_len - 2))
     cfg = dataclasses.replace(engine.config, warm_up=False, record_events=False, num_blocks=prompt // bs + 3,
                               kv_cache_memory_bytes=None, enable_prefix_caching=False, enable_host_tier=False,
-                              preemption_mode="recompute", num_cpu_blocks=0, swap_space_gib=None, max_model_len=None,
+                              host_tier_threshold=1.0, preemption_mode="recompute", num_cpu_blocks=0, swap_space_gib=None, max_model_len=None,
                               enable_block_compaction=False)
     scratch = type(engine)(engine.loaded, cfg)  # an engine of the same kind, its own pool
     vocab = engine.loaded.config.vocab_size
