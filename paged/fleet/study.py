@@ -35,7 +35,7 @@ def routing_study(policy: str = "kv_aware", num_replicas: int = 8, model: str = 
     router's own (``overlap_weight``, ``view``, ``temperature``, ``cache_threshold``, ...)."""
     trace_kw, router_kw = _split(dict(options))
     cfg = SimConfig(model=model, gpu=gpu, tensor_parallel=tensor_parallel, block_size=block_size,
-                    num_blocks=num_blocks, seed=seed)
+                    num_blocks=num_blocks, prompt_seed=seed)
     fleet = SimFleet(cfg, policy, num_replicas=num_replicas, precise=precise, seed=seed, **router_kw)
     res = fleet.run(shared_prefix_trace(seed=seed, **trace_kw))
     return {**res.summary, **{f"router_{k}": v for k, v in router_kw.items()}}
