@@ -16,7 +16,7 @@ replica holds (by tokens, so neither needs the replica's hash function). ``gap``
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Protocol, Sequence
+from typing import Container, Iterable, Protocol, Sequence
 
 from paged.connect.forest import PrefixForest
 from paged.connect.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, KVEvent, MEDIUM_GPU
@@ -59,9 +59,21 @@ def _check_block_size(block_size: int) -> int:
 
 
 class _KeyMatch:
-    """``match_blocks`` through ``match_keys`` (both views)."""
+    """``match_blocks`` and ``match_keys`` over the view's key container ``_known()`` (both views)."""
 
     block_size: int
+
+    def _known(self) -> Container[int]:
+        raise NotImplementedError
+
+    def match_keys(self, keys: Sequence[int]) -> int:
+        """Leading keys the view holds."""
+        n, known = 0, self._known()
+        for k in keys:
+            if k not in known:
+                break
+            n += 1
+        return n
 
     def match_blocks(self, token_ids: Sequence[int]) -> int:
         return self.match_keys(chain_keys(token_ids, self.block_size))
@@ -131,13 +143,8 @@ class PreciseCache(_KeyMatch):
         self.apply(batch.events, t)
         self.num_batches += 1
 
-    def match_keys(self, keys: Sequence[int]) -> int:
-        n, live = 0, self.live
-        for k in keys:
-            if k not in live:
-                break
-            n += 1
-        return n
+    def _known(self) -> Container[int]:
+        return self.live
 
     def num_blocks(self) -> int:
         return len(self.live)
@@ -161,13 +168,8 @@ class ApproxCache(_KeyMatch):
         self.lru: OrderedDict[int, None] = OrderedDict()   # oldest first
         self.num_evicted = 0
 
-    def match_keys(self, keys: Sequence[int]) -> int:
-        n, lru = 0, self.lru
-        for k in keys:
-            if k not in lru:
-                break
-            n += 1
-        return n
+    def _known(self) -> Container[int]:
+        return self.lru
 
     def record(self, token_ids: Sequence[int], keys: Sequence[int] | None = None) -> None:
         """The router sent ``token_ids`` here (``keys``: their chain keys, if computed): its full
