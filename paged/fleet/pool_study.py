@@ -25,6 +25,7 @@ overlapping its compute (it is added to the node's busy time and the TTFT).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,12 +35,12 @@ from paged.errors import ConfigError
 from paged.sim.arrivals import Arrivals, SyntheticPrompts
 from paged.sim.cost_model import CostModel
 from paged.sim.shapes import StepShape
-from paged.sim.workload import normalize_trace
+from paged.sim.workload import load_trace, normalize_trace
 
 from .caches import chain_keys
 from .pool import Network, PooledTier, chain_ids, max_hit_blocks
 
-__all__ = ["PAPER_FIG10", "ROUTINGS", "MODES", "replay", "pool_point", "global_vs_local", "capacity_sweep"]
+__all__ = ["PAPER_FIG10", "ROUTINGS", "MODES", "replay", "pool_point", "global_vs_local", "capacity_sweep", "fig10_table"]
 
 PAPER_FIG10 = {"nodes": 10, "tokens_per_node": 3_000_000, "hit_rate_gain_up_to": 1.36, "prefill_cut_up_to": 0.48}
 ROUTINGS = ("cache_aware", "max_local", "round_robin")
@@ -152,11 +153,22 @@ def _summary(reqs: pd.DataFrame, tier: PooledTier, cost: CostModel, routing: str
             "link_gb_s": tier.network.bytes_per_s / 1e9}
 
 
+MOONCAKE = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake"
+
+
 def _trace(trace: str | pd.DataFrame, num_requests: int | None) -> tuple[str, pd.DataFrame]:
+    """A trace frame, a Mooncake trace by name (``data/traces/mooncake``) or a trace file path."""
     if isinstance(trace, pd.DataFrame):
         return "custom", trace.iloc[:num_requests] if num_requests else trace
-    from paged.studies.mooncake import mooncake_trace   # studies sit above fleet only for the data path
-    return str(trace), mooncake_trace(trace, num_requests)
+    path = Path(trace)
+    if not path.exists():
+        found = sorted(MOONCAKE.glob(f"{trace}_trace.jsonl*"))
+        if not found:
+            have = sorted(p.name.split("_trace")[0] for p in MOONCAKE.glob("*_trace.jsonl*"))
+            raise ConfigError(f"no Mooncake trace {trace!r} in {MOONCAKE}; use one of {have} or a trace file path")
+        path = found[0]
+    tr = load_trace(path)
+    return str(trace), tr.iloc[:num_requests] if num_requests else tr
 
 
 def pool_point(trace: str = "conversation", mode: str = "pooled", nodes: int = 10,
@@ -198,3 +210,17 @@ def _beside_paper(df: pd.DataFrame) -> pd.DataFrame:
     df["paper_hit_rate_gain_up_to"] = PAPER_FIG10["hit_rate_gain_up_to"]
     df["paper_prefill_cut_up_to"] = PAPER_FIG10["prefill_cut_up_to"]
     return df
+
+
+def fig10_table(traces: Sequence[str] = ("conversation", "synthetic"), nodes: int = 10,
+                tokens_per_node: float = 3_000_000, **kw: Any) -> pd.DataFrame:
+    """Fig. 10 beside the paper, per trace: per-node caches with cache-aware routing and with round
+    robin (locality left to chance), and the pooled tier with cache-aware routing; ratios to the
+    cache-aware local row (``hit_rate_vs_local``, ``prefill_gpu_s_vs_local``)."""
+    out = []
+    for name in traces:
+        rows = [pool_point(name, "local", nodes, tokens_per_node, routing="cache_aware", **kw),
+                pool_point(name, "local", nodes, tokens_per_node, routing="round_robin", **kw),
+                pool_point(name, "pooled", nodes, tokens_per_node, routing="cache_aware", **kw)]
+        out.append(_beside_paper(pd.DataFrame(rows)))
+    return pd.concat(out, ignore_index=True)

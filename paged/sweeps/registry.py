@@ -137,6 +137,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           doc="a simulated fleet: routing policy x replicas x pool -> hit rate, TTFT, replica spread"),
     Study("swap_error", "paged.studies.swap_error:swap_error_study", doc="the error compressed swap adds"),
     Study("mooncake_table", "paged.studies.mooncake:table2", doc="Mooncake Table 2: requests, lengths, reuse"),
+    Study("fleet_pool", "paged.fleet.pool_study:pool_point", files=("trace",),
+          doc="Mooncake Fig. 10: per-node caches vs a pooled KV tier (cache-only replay, cost-model prefill)"),
     Study("prefix_capacity", "paged.studies.mooncake:capacity_point", files=("trace",),
           doc="Mooncake Fig. 9: prefix hit rate at one cache capacity (cache-only replay)"),
 )}
