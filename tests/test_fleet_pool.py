@@ -154,3 +154,34 @@ def test_bad_node_leaves_the_tier_unchanged():
     assert (t.holders, t.served_remote, [list(c.entries) for c in t.nodes]) == before
     with pytest.raises(ConfigError, match="nic_gbps"):
         Network(nic_gbps=0)
+
+
+def test_the_pool_point_is_registered_for_sweeps():
+    from paged.sweeps import STUDIES
+    s = STUDIES["fleet_pool"]
+    point = {"trace": "synthetic", "mode": "pooled", "nodes": 3, "tokens_per_node": 100_000, "num_requests": 150}
+    out = s(point)
+    assert out == pool_point(**point) and 0 < out["hit_rate"] < 1 and out["mode"] == "pooled"
+
+
+def test_the_figure_draws_each_mode():
+    from paged.fleet.pool_study import capacity_sweep
+    from paged.viz.pool_view import pool_figure
+    sw = capacity_sweep("synthetic", nodes=3, tokens_per_node=(50_000, 200_000), num_requests=150)
+    fig = pool_figure(sw)
+    names = {t.name for t in fig.data}
+    assert {"local (cache_aware)", "pooled (cache_aware)", "pooled (cache_aware): local part"} <= names
+    pooled = next(t for t in fig.data if t.name == "pooled (cache_aware)")
+    assert list(pooled.y) == list(sw[sw["mode"] == "pooled"]["hit_rate"])
+
+
+def test_the_benchmark_runs_small(capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fleet_pool.py"
+    spec = importlib.util.spec_from_file_location("bench_fleet_pool", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "Fig. 10" in out and "pooled vs local (round_robin)" in out and "capacity per node" in out
