@@ -6,7 +6,8 @@
 
 Modules: ``caches`` (a replica's cache as its KV events rebuild it, and as the router guesses it),
 ``routers`` (the policies and their decisions), ``dispatch`` (what was sent where; the routing
-record), ``live`` (the router in front of engines that publish vLLM's KV events).
+record), ``live`` (the router in front of engines that publish vLLM's KV events), ``pool`` (per-node DRAM
+caches pooled over a network; ``pool_study``: Mooncake's global vs local).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ _NAMES = {
     "ROUTERS": "routers", "make_router": "routers", "Router": "routers", "ReplicaView": "routers",
     "Decision": "routers",
     "Dispatcher": "dispatch", "ReplicaState": "dispatch",
+    "PooledTier": "pool", "Network": "pool",
     "LiveFleet": "live", "EngineReplica": "live", "ServerReplica": "live", "Arrival": "live",
 }
 
