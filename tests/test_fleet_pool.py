@@ -67,6 +67,11 @@ def test_lru_per_node_pins_the_request_and_evicts_the_oldest():
     s = t.serve(0, keys(1, 8, 9), 3)      # its own hit (block 1) is pinned while others make room
     assert s.local_blocks == 1 and keys(1)[0] in c and len(c) == 3
     t.check()
+    t = PooledTier(1, 4, BB)
+    t.serve(0, keys(1, 2), 2)
+    t.serve(0, keys(5, 6), 2)
+    t.serve(0, keys(1, 8, 9), 3)          # room for 2 new blocks: 2 evicted, never the hit itself
+    assert t.evicted == [2] and set(t.nodes[0].entries) == {keys(1)[0], keys(5)[0], *keys(1, 8, 9)[1:]}
 
 
 def _trace(rows, block=4):

@@ -23,14 +23,13 @@ nodes whose cache holds ``k``; without ``pooled`` no remote hit is ever counted.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 from paged.core.eviction import make_policy
 from paged.errors import ConfigError
 
-__all__ = ["Network", "NodeCache", "PooledTier", "Serve", "chain_ids"]
+__all__ = ["Network", "NodeCache", "PooledTier", "Serve", "chain_ids", "max_hit_blocks"]
 
 
 def chain_ids(ids: Sequence[int]) -> list[int]:
@@ -233,7 +232,3 @@ class PooledTier:
 def max_hit_blocks(prompt_tokens: int, block_size: int) -> int:
     """Blocks a hit may cover: the last prompt token is always computed."""
     return max(0, (int(prompt_tokens) - 1) // block_size)
-
-
-def blocks_of(tokens: float, block_size: int) -> int:
-    return math.ceil(tokens / block_size)
