@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import pandas as pd  # noqa: E402
 
-from paged.fleet.pool_study import capacity_sweep, fig10_table  # noqa: E402
+from paged.fleet.pool_study import capacity_sweep, fig10_table, pool_point  # noqa: E402
 
 COLS = ["trace", "mode", "routing", "requests", "hit_rate", "local_hit_rate", "remote_hit_rate", "hit_rate_vs_local",
         "prefill_gpu_s", "prefill_gpu_s_vs_local", "bytes_moved", "transfer_s", "ttft_p99_s", "max_node_share"]
@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{tr}: pooled vs local ({loc['routing']}): hit rate {pooled['hit_rate'] / loc['hit_rate'] - 1:+.0%} "
                   f"(paper up to +136%), prefill GPU time {pooled['prefill_gpu_s'] / loc['prefill_gpu_s'] - 1:+.0%} "
                   "(paper up to -48%)")
+    t0 = time.perf_counter()
+    rep = pd.DataFrame([pool_point("conversation", "pooled", replicate_after=k, num_requests=n) for k in (None, 2)])
+    rep["replicate_after"] = ["never", 2]
+    print(f"\n== hot-block replication, conversation, pooled ({time.perf_counter() - t0:.1f} s)")
+    print(rep[["replicate_after", "hit_rate", "local_hit_rate", "remote_hit_rate", "replicated_blocks", "bytes_moved",
+               "prefill_gpu_s"]].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     t0 = time.perf_counter()
     sw = capacity_sweep("conversation", tokens_per_node=(1e6, 3e6, 1e7) if a.quick else (1e6, 3e6, 1e7, 5e7),
                         num_requests=n)
