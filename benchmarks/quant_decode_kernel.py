@@ -68,7 +68,7 @@ def main() -> None:
         lay = kernels.allocate_kv_cache(nb, bs, h, d, name, dtype=torch.float32, **extra)
         for i, (k, v) in enumerate(kv):
             slots = tabs[i].long()[torch.arange(length) // bs] * bs + torch.arange(length) % bs
-            kernels.write_kv(k, v, lay, None, slots.int(), positions=torch.arange(length), backend="torch")
+            kernels.write_kv(k, v, lay, slots.int(), positions=torch.arange(length), backend="torch")
         return lay
 
     f32 = layer("fp32")

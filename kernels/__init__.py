@@ -11,7 +11,7 @@ Typical use by a model runner::
 
     layer = kernels.allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim,
                                       kv_format="auto", dtype=torch.float16, device="cuda")
-    kernels.write_kv(k, v, layer, None, slot_mapping)
+    kernels.write_kv(k, v, layer, slot_mapping)
     out = kernels.paged_prefill_attention(q, layer, None, block_tables, seq_lens, query_start_loc)  # mixed batch
     out = kernels.paged_decode_attention(q, layer, None, block_tables, seq_lens)  # one query token per sequence
     kernels.copy_blocks([layer0, layer1, ...], [(src, dst), ...])      # copy-on-write
@@ -27,8 +27,7 @@ Entry points (each takes ``backend=None|"triton"|"interpreter"|"native"|"torch"`
   v_scale=None, k_zero=None, v_zero=None, kv_format=None, backend=None, return_lse=False, num_splits=None)``
 * ``paged_prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *, scale=None,
   k_scale=None, v_scale=None, k_zero=None, v_zero=None, kv_format=None, backend=None)``
-* ``write_kv(key, value, k_cache, v_cache, slot_mapping, *, kv_format=None, k_scale=None, v_scale=None,
-  k_zero=None, v_zero=None, backend=None)``
+* ``write_kv(key, value, layer, slot_mapping, *, backend=None, positions=None)``: into a layer only
 * ``copy_blocks(caches, block_mapping, *, backend=None)``, ``swap_blocks(src, dst, block_mapping)``
 * ``quantize_kv(x, kv_format, *, scale=None, group_size=32) -> QuantizedKV(data, scale, zero)``,
   ``dequantize_kv(data, kv_format, scale, zero, *, dtype=torch.float32)``

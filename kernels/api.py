@@ -17,7 +17,7 @@ import weakref
 import torch
 
 from .backend import resolve_backend
-from .cache import KVCacheLayer, as_layer
+from .cache import KVCacheLayer, as_layer, check_layer
 from .errors import ShapeError
 from .reference import decode_attention_ref, prefill_attention_ref, write_kv_ref
 
@@ -197,18 +197,18 @@ def _split_prefill(q, layer, bt, sl, qsl, scale, be):
     return split_prefill_triton(q, layer, bt, sl, qsl, sc)
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer,
-             v_cache: torch.Tensor | None, slot_mapping: torch.Tensor, *, kv_format: str | None = None,
-             k_scale: Scale = None, v_scale: Scale = None, k_zero: Side = None, v_zero: Side = None,
+def write_kv(key: torch.Tensor, value: torch.Tensor, layer: KVCacheLayer, slot_mapping: torch.Tensor, *,
              backend: str | None = None, positions: torch.Tensor | None = None) -> None:
     """Store ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_mapping`` (int,
     ``[num_tokens]``, slot = block_id * block_size + offset; slots < 0 are skipped), quantizing on
-    write. Quantized formats write into the per-token scale/zero tensors too (pass them, or a layer).
-    ``positions`` (int ``[num_tokens]``, each token's index in its sequence): needed by split
-    formats with ``+pre`` keys, a sink or a window; ignored by the others.
+    write into ``layer`` (its format, scales and staging pool travel with it; loose tensors become a
+    layer through :func:`kernels.as_layer`). ``positions`` (int ``[num_tokens]``, each token's index
+    in its sequence): needed by split formats with ``+pre`` keys, a sink or a window; ignored by the others.
     """
-    layer = as_layer(k_cache, v_cache, kv_format=kv_format, k_scale=k_scale, v_scale=v_scale,
-                     k_zero=k_zero, v_zero=v_zero)
+    if not isinstance(layer, KVCacheLayer):
+        raise ShapeError(f"write_kv writes into a KVCacheLayer, got {type(layer).__name__}; allocate one with "
+                         "kernels.allocate_kv_cache or wrap loose tensors with kernels.as_layer(k_cache, v_cache)")
+    check_layer(layer)
     for name, x in (("key", key), ("value", value)):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.dtype not in _FLOATS or \
                 tuple(x.shape[1:]) != (layer.num_kv_heads, layer.head_dim) or x.device != layer.device:

@@ -241,3 +241,16 @@ def test_the_kv_caches_implement_the_protocol():
     from paged.sim.baselines import ContiguousKVCacheManager
     assert isinstance(KVCacheManager(8, 4), KVCache)
     assert isinstance(ContiguousKVCacheManager(64, "max", max_model_len=32), KVCache)
+    from paged.core.hybrid_manager import HybridKVCacheManager
+    from paged.core.kv_groups import make_layout
+    assert isinstance(HybridKVCacheManager(16, make_layout(["full", "sliding"], 64, 4, window=8)), KVCache)
+
+
+def test_no_delegation_through_getattr_in_core():
+    """A class in ``paged/core`` states its interface: none forwards unknown names with ``__getattr__``
+    (a wrapper writes each member of the protocol it implements)."""
+    offenders = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in sorted((ROOT / "paged/core").rglob("*.py"))
+                 for node in ast.walk(ast.parse(p.read_text()))
+                 if isinstance(node, ast.ClassDef)
+                 for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__getattr__"]
+    assert not offenders, f"__getattr__ delegation in paged/core: {offenders}"

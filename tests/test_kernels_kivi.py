@@ -77,12 +77,12 @@ def _batch(bs: int, lens: list[int], dtype: torch.dtype, seed: int, num_staging:
         k, v = torch.randn(n, H, D, generator=g), torch.randn(n, H, D, generator=g)
         k[:, :, 3] += 8.0  # an outlier channel
         if s % 2 == 0:
-            kernels.write_kv(k, v, layer, None, _slots(ids, n, bs))
+            kernels.write_kv(k, v, layer, _slots(ids, n, bs))
         else:
             first = n // 2
-            kernels.write_kv(k[:first], v[:first], layer, None, _slots(ids, first, bs))
+            kernels.write_kv(k[:first], v[:first], layer, _slots(ids, first, bs))
             for p in range(first, n):
-                kernels.write_kv(k[p:p + 1], v[p:p + 1], layer, None, _slots(ids, 1, bs, p))
+                kernels.write_kv(k[p:p + 1], v[p:p + 1], layer, _slots(ids, 1, bs, p))
         ks.append(k)
         vs.append(v)
     layer.staging.check()
@@ -162,7 +162,7 @@ def test_per_channel_k_beats_per_token_on_outlier_channels():
     outliers = torch.tensor([3, 17, 40, 41])
     k[:, :, outliers] = k[:, :, outliers] * 4 + torch.tensor([15.0, -12.0, 10.0, 20.0])
     layer = allocate_kv_cache(t // bs, bs, H, D, "int4_kivi", dtype=torch.float32)
-    kernels.write_kv(k, torch.zeros_like(k), layer, None, torch.arange(t, dtype=torch.int32))
+    kernels.write_kv(k, torch.zeros_like(k), layer, torch.arange(t, dtype=torch.int32))
     per_channel = gather_kv(layer, "k", torch.arange(t // bs)).reshape(t, H, D)
     per_token = dequantize_kv(quantize_kv(k, "int4"), "int4")
     rel = lambda x: float((x - k).pow(2).sum() / k.pow(2).sum())  # noqa: E731
@@ -197,7 +197,7 @@ def test_token_by_token_until_full(dtype):
     b = allocate_kv_cache(6, bs, H, D, "int4_kivi", dtype=dtype, num_staging_blocks=3)
     _nan_fill(a)
     for p in range(bs):
-        kernels.write_kv(k[p:p + 1], v[p:p + 1], a, None, torch.tensor([3 * bs + p], dtype=torch.int32))
+        kernels.write_kv(k[p:p + 1], v[p:p + 1], a, torch.tensor([3 * bs + p], dtype=torch.int32))
         slot = int(a.staging.map_host[3])
         if p < bs - 1:
             assert slot >= 0 and a.staging.num_used == 1
@@ -208,7 +208,7 @@ def test_token_by_token_until_full(dtype):
         a.staging.check()
     codes, s, z = quantize_k_blocks(k.to(dtype).float()[None])
     assert torch.equal(a.k[3], codes[0]) and torch.equal(a.k_scale[3], s[0]) and torch.equal(a.k_zero[3], z[0])
-    kernels.write_kv(k, v, b, None, torch.arange(3 * bs, 4 * bs, dtype=torch.int32))  # the same block at once
+    kernels.write_kv(k, v, b, torch.arange(3 * bs, 4 * bs, dtype=torch.int32))  # the same block at once
     assert b.staging.num_used == 0
     for x, y in zip(a.block_tensors(), b.block_tensors()):
         assert torch.equal(x[3], y[3])
@@ -219,14 +219,14 @@ def test_new_life_and_reopen():
     g = torch.Generator().manual_seed(2)
     layer = allocate_kv_cache(4, bs, H, D, "int4_kivi", dtype=torch.float32, num_staging_blocks=2)
     k = torch.randn(3 * bs, H, D, generator=g)
-    kernels.write_kv(k[:3], k[:3], layer, None, _slots([1], 3, bs))
+    kernels.write_kv(k[:3], k[:3], layer, _slots([1], 3, bs))
     slot = int(layer.staging.map_host[1])
-    kernels.write_kv(k[4:6], k[4:6], layer, None, _slots([1], 2, bs))  # rewritten from offset 0: same slot, zeroed
+    kernels.write_kv(k[4:6], k[4:6], layer, _slots([1], 2, bs))  # rewritten from offset 0: same slot, zeroed
     assert int(layer.staging.map_host[1]) == slot
     assert torch.equal(layer.staging.k[slot, :2], k[4:6]) and (layer.staging.k[slot, 2:] == 0).all()
-    kernels.write_kv(k[:bs], k[:bs], layer, None, _slots([2], bs, bs))  # sealed at once, no slot
+    kernels.write_kv(k[:bs], k[:bs], layer, _slots([2], bs, bs))  # sealed at once, no slot
     sealed = gather_kv(layer, "k", torch.tensor([2]))[0]
-    kernels.write_kv(k[8:9], k[8:9], layer, None, _slots([2], 1, bs, 1))  # reopen a sealed block at offset 1
+    kernels.write_kv(k[8:9], k[8:9], layer, _slots([2], 1, bs, 1))  # reopen a sealed block at offset 1
     assert int(layer.staging.map_host[2]) >= 0
     got = gather_kv(layer, "k", torch.tensor([2]))[0]
     assert torch.equal(got[1], k[8]) and torch.equal(got[[0, 2, 3]], sealed[[0, 2, 3]])
@@ -241,8 +241,8 @@ def test_copy_on_write_of_a_partial_block_then_divergent_writes():
     ka, kb = torch.randn(bs - 5, H, D, generator=g), torch.randn(bs - 5, H, D, generator=g)
     layers = [allocate_kv_cache(6, bs, H, D, "int4_kivi", num_staging_blocks=3) for _ in range(2)]
     for layer in layers:
-        kernels.write_kv(k[:5], v[:5], layer, None, _slots([1], 5, bs))
-        kernels.write_kv(k, v, layer, None, _slots([0], bs, bs))  # a full block copied along: no staging for it
+        kernels.write_kv(k[:5], v[:5], layer, _slots([1], 5, bs))
+        kernels.write_kv(k, v, layer, _slots([0], bs, bs))  # a full block copied along: no staging for it
     kernels.copy_blocks(layers, [(1, 4), (0, 5)], backend=BACKEND)
     for layer in layers:
         sm = layer.staging
@@ -250,12 +250,12 @@ def test_copy_on_write_of_a_partial_block_then_divergent_writes():
         assert torch.equal(sm.k[sm.map_host[4], :5], sm.k[sm.map_host[1], :5])
         sm.check()
     layer = layers[0]
-    kernels.write_kv(ka, ka, layer, None, _slots([1], bs - 5, bs, 5))  # parent and child diverge, both fill up
-    kernels.write_kv(kb, kb, layer, None, _slots([4], bs - 5, bs, 5))
+    kernels.write_kv(ka, ka, layer, _slots([1], bs - 5, bs, 5))  # parent and child diverge, both fill up
+    kernels.write_kv(kb, kb, layer, _slots([4], bs - 5, bs, 5))
     assert layer.staging.num_used == 0
     direct = allocate_kv_cache(2, bs, H, D, "int4_kivi")
-    kernels.write_kv(torch.cat([k[:5], ka]), torch.cat([v[:5], ka]), direct, None, _slots([0], bs, bs))
-    kernels.write_kv(torch.cat([k[:5], kb]), torch.cat([v[:5], kb]), direct, None, _slots([1], bs, bs))
+    kernels.write_kv(torch.cat([k[:5], ka]), torch.cat([v[:5], ka]), direct, _slots([0], bs, bs))
+    kernels.write_kv(torch.cat([k[:5], kb]), torch.cat([v[:5], kb]), direct, _slots([1], bs, bs))
     for x, y in zip(layer.block_tensors(), direct.block_tensors()):
         assert torch.equal(x[1], y[0]) and torch.equal(x[4], y[1])
     # copy into a staged destination from a sealed source releases its slot
@@ -270,7 +270,7 @@ def test_swap_out_and_in_round_trips_exactly():
     cpu = allocate_kv_cache(5, bs, H, D, "int4_kivi", dtype=torch.bfloat16, num_staging_blocks=2)
     _nan_fill(gpu)
     k, v = torch.randn(bs + 3, H, D, generator=g), torch.randn(bs + 3, H, D, generator=g)
-    kernels.write_kv(k, v, gpu, None, _slots([2, 5], bs + 3, bs))  # block 2 full, block 5 partial
+    kernels.write_kv(k, v, gpu, _slots([2, 5], bs + 3, bs))  # block 2 full, block 5 partial
     before_k = gather_kv(gpu, "k", torch.tensor([2, 5]))
     before_v = gather_kv(gpu, "v", torch.tensor([2, 5]))
     kernels.swap_blocks(gpu, cpu, [(2, 0), (5, 1)])
@@ -278,7 +278,7 @@ def test_swap_out_and_in_round_trips_exactly():
     kernels.release_blocks(gpu, [2, 5])  # the manager freed them
     assert gpu.staging.num_used == 0
     # block 5 reused meanwhile
-    kernels.write_kv(torch.randn(2, H, D), torch.randn(2, H, D), gpu, None, _slots([5], 2, bs))
+    kernels.write_kv(torch.randn(2, H, D), torch.randn(2, H, D), gpu, _slots([5], 2, bs))
     kernels.swap_blocks([cpu], [gpu], [(0, 7), (1, 8)])
     exact = dict(atol=0, rtol=0, equal_nan=True)  # unwritten V rows are NaN on both sides
     torch.testing.assert_close(gather_kv(gpu, "k", torch.tensor([7, 8])), before_k, **exact)
@@ -286,7 +286,7 @@ def test_swap_out_and_in_round_trips_exactly():
     gpu.staging.check()
     cpu.staging.check()
     # the swapped-in partial block keeps filling and seals like one that never left
-    kernels.write_kv(k[:bs - 3], v[:bs - 3], gpu, None, _slots([8], bs - 3, bs, 3))
+    kernels.write_kv(k[:bs - 3], v[:bs - 3], gpu, _slots([8], bs - 3, bs, 3))
     assert gpu.staging.map_host[8] == -1
     codes, _, _ = quantize_k_blocks(torch.cat([k[bs:], k[:bs - 3]]).to(torch.bfloat16).float()[None])
     assert torch.equal(gpu.k[8], codes[0])
@@ -295,7 +295,7 @@ def test_swap_out_and_in_round_trips_exactly():
 def test_release_blocks():
     layer = allocate_kv_cache(6, 4, H, D, "int4_kivi", num_staging_blocks=2)
     x = torch.randn(3, H, D)
-    kernels.write_kv(x, x, layer, None, torch.tensor([4, 12, 13], dtype=torch.int32))
+    kernels.write_kv(x, x, layer, torch.tensor([4, 12, 13], dtype=torch.int32))
     assert layer.staging.num_used == 2
     kernels.release_blocks(layer, torch.tensor([3, 0, 3]))  # unstaged and repeated ids are fine
     assert layer.staging.num_used == 1 and layer.staging.map_host[3] == -1
@@ -310,12 +310,12 @@ def test_exhaustion_leaves_state_unchanged():
     g = torch.Generator().manual_seed(5)
     layer = allocate_kv_cache(8, bs, H, D, "int4_kivi", num_staging_blocks=2)
     x = torch.randn(bs, H, D, generator=g)
-    kernels.write_kv(x[:2], x[:2], layer, None, _slots([0], 2, bs))
-    kernels.write_kv(x[:1], x[:1], layer, None, _slots([1], 1, bs))
+    kernels.write_kv(x[:2], x[:2], layer, _slots([0], 2, bs))
+    kernels.write_kv(x[:1], x[:1], layer, _slots([1], 1, bs))
     snap = _state(layer)
     with pytest.raises(StagingExhaustedError, match="num_staging_blocks"):
         # block 2 opens, block 0 stays
-        kernels.write_kv(x[:3], x[:3], layer, None, torch.tensor([8, 9, 2], dtype=torch.int32))
+        kernels.write_kv(x[:3], x[:3], layer, torch.tensor([8, 9, 2], dtype=torch.int32))
     assert _same_state(snap, _state(layer))
     with pytest.raises(StagingExhaustedError):
         kernels.copy_blocks(layer, [(0, 5)])
@@ -325,7 +325,7 @@ def test_exhaustion_leaves_state_unchanged():
         kernels.swap_blocks(layer, other, [(0, 0), (1, 1)])
     assert _same_state(snap, _state(layer)) and other.staging.num_used == 0
     # sealing block 0 frees the slot that block 2 takes in the same write
-    kernels.write_kv(x[:3], x[:3], layer, None, torch.tensor([2, 3, 8], dtype=torch.int32))
+    kernels.write_kv(x[:3], x[:3], layer, torch.tensor([2, 3, 8], dtype=torch.int32))
     assert layer.staging.map_host[0] == -1 and layer.staging.map_host[2] >= 0
     layer.staging.check()
 
@@ -359,7 +359,7 @@ def test_empty_staging_pool():
     g = torch.Generator().manual_seed(8)
     layer = allocate_kv_cache(4, 1, H, D, "int4_kivi", num_staging_blocks=0)
     k = torch.randn(3, H, D, generator=g)
-    kernels.write_kv(k, k, layer, None, torch.tensor([2, 0, 3], dtype=torch.int32))
+    kernels.write_kv(k, k, layer, torch.tensor([2, 0, 3], dtype=torch.int32))
     assert torch.equal(gather_kv(layer, "k", torch.tensor([2, 0, 3]))[:, 0], k.half().float())  # exact: scale 0
     tables, lens = torch.tensor([[2, 0, 3]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
     q = torch.randn(1, H, D, generator=g)
@@ -368,7 +368,7 @@ def test_empty_staging_pool():
         out = kernels.paged_decode_attention(q, layer, None, tables, lens, backend=BACKEND)
         torch.testing.assert_close(out, ref, **_tol(torch.float32))
     with pytest.raises(StagingExhaustedError):
-        kernels.write_kv(k[:1], k[:1], allocate_kv_cache(4, 4, H, D, "int4_kivi", num_staging_blocks=0), None,
+        kernels.write_kv(k[:1], k[:1], allocate_kv_cache(4, 4, H, D, "int4_kivi", num_staging_blocks=0),
                          lens.new_tensor([0]))
 
 
@@ -378,10 +378,10 @@ def test_growable_staging_grows_instead_of_failing():
     layer = kernels.allocate_kv_cache(6, 4, 1, 64, "int4_kivi", dtype=torch.float32, num_staging_blocks=1,
                                       grow_staging=True)
     k = torch.randn(6, 1, 64)
-    kernels.write_kv(k, k.clone(), layer, None, torch.tensor([0, 4, 8, 12, 16, 20]))  # one token into each of 6 blocks
+    kernels.write_kv(k, k.clone(), layer, torch.tensor([0, 4, 8, 12, 16, 20]))  # one token into each of 6 blocks
     assert layer.staging.num_slots == 6 and layer.staging.num_used == 6
     layer.staging.check()
     fixed = kernels.allocate_kv_cache(6, 4, 1, 64, "int4_kivi", dtype=torch.float32, num_staging_blocks=1)
     with pytest.raises(kernels.StagingExhaustedError):
-        kernels.write_kv(k[:2], k[:2].clone(), fixed, None, torch.tensor([0, 4]))
+        kernels.write_kv(k[:2], k[:2].clone(), fixed, torch.tensor([0, 4]))
     assert fixed.staging.num_used == 0

@@ -41,7 +41,7 @@ def _paged(num_blocks, block_size, fmt, k, v, perm, dtype=torch.float32):
         layer.k_scale[:] = kernels.fp8_scale(k, fmt)
         layer.v_scale[:] = kernels.fp8_scale(v, fmt)
     slots = (perm[:, None] * block_size + torch.arange(block_size)).reshape(-1)[: k.shape[0]].int()
-    kernels.write_kv(k, v, layer, None, slots, backend="torch")
+    kernels.write_kv(k, v, layer, slots, backend="torch")
     return layer
 
 
@@ -94,7 +94,7 @@ def test_reference_ignores_nan_slots():
     layer.k.fill_(float("nan"))
     layer.v.fill_(float("nan"))
     k = torch.randn(5, 1, 64)
-    kernels.write_kv(k, k, layer, None, torch.arange(8, 13, dtype=torch.int32), backend="torch")
+    kernels.write_kv(k, k, layer, torch.arange(8, 13, dtype=torch.int32), backend="torch")
     out = paged_decode_attention(torch.randn(1, 2, 64, dtype=torch.float16), layer, None,
                                  torch.tensor([[1, 3]], dtype=torch.int32), torch.tensor([5], dtype=torch.int32),
                                  backend="torch")
@@ -104,7 +104,7 @@ def test_reference_ignores_nan_slots():
 def test_write_skips_negative_slots_and_copy_swap():
     layer = allocate_kv_cache(4, 2, 1, 64, "int4", dtype=torch.float32)
     k = torch.randn(3, 1, 64)
-    kernels.write_kv(k, -k, layer, None, torch.tensor([0, -1, 3], dtype=torch.int32), backend="torch")
+    kernels.write_kv(k, -k, layer, torch.tensor([0, -1, 3], dtype=torch.int32), backend="torch")
     assert (layer.k[0, 1] == 0).all() and (layer.k[1, 0] == 0).all() and (layer.k[1, 1] != 0).any()
     before = [t.clone() for t in layer.block_tensors()]
     kernels.copy_blocks([layer], [(0, 2), (1, 3)], backend="torch")
@@ -141,7 +141,7 @@ def test_errors_say_what_to_change():
                                 torch.tensor([0, 3], dtype=torch.int32))
     x = torch.randn(1, 2, 64)
     with pytest.raises(ShapeError, match="past the cache"):
-        kernels.write_kv(x, x, layer, None, torch.tensor([8], dtype=torch.int32))
+        kernels.write_kv(x, x, layer, torch.tensor([8], dtype=torch.int32))
 
 
 def test_bytes_per_token():

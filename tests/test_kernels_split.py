@@ -48,7 +48,7 @@ def _fill(layer, lens, tables, seed=0, step=None):
         slots = torch.tensor(tb)[torch.arange(L) // bs] * bs + torch.arange(L) % bs
         pieces = [(0, L)] if step is None else [(a, min(L, a + step)) for a in range(0, L, step)]
         for a, b in pieces:
-            kernels.write_kv(k[a:b], v[a:b], layer, None, slots[a:b].int(), positions=torch.arange(a, b))
+            kernels.write_kv(k[a:b], v[a:b], layer, slots[a:b].int(), positions=torch.arange(a, b))
 
 
 def test_names_parse_to_canonical_split_formats():
@@ -157,7 +157,7 @@ def test_positions_are_required_where_the_format_uses_them():
     layer = _layer("kivi3+pre/cb3")
     k = torch.randn(3, 2, 64)
     with pytest.raises(kernels.ShapeError, match="positions="):
-        kernels.write_kv(k, k, layer, None, torch.arange(3, dtype=torch.int32))
+        kernels.write_kv(k, k, layer, torch.arange(3, dtype=torch.int32))
 
 
 def test_staging_exhaustion_changes_nothing():
@@ -165,7 +165,7 @@ def test_staging_exhaustion_changes_nothing():
     before = [t.clone() for t in layer.block_tensors()]
     k = torch.randn(24, 2, 64)
     with pytest.raises(kernels.StagingExhaustedError, match="staging pool is full"):
-        kernels.write_kv(k, k, layer, None, torch.arange(24, dtype=torch.int32), positions=torch.arange(24))
+        kernels.write_kv(k, k, layer, torch.arange(24, dtype=torch.int32), positions=torch.arange(24))
     assert all(torch.equal(x, y) for x, y in zip(before, layer.block_tensors()))
     assert layer.staging.num_used == 0
 
@@ -258,7 +258,7 @@ def test_retired_window_blocks_are_not_read_and_the_sink_pool_serves_the_first_t
     k, v = torch.randn(2, 2, 64, generator=g), torch.randn(2, 2, 64, generator=g)
     slots = torch.tensor([tables[0][45 // bs] * bs + 45 % bs, tables[1][17 // bs] * bs + 17 % bs], dtype=torch.int32)
     for layer in (kept, retired):
-        kernels.write_kv(k, v, layer, None, slots, positions=torch.tensor([45, 17]))
+        kernels.write_kv(k, v, layer, slots, positions=torch.tensor([45, 17]))
     lens1 = [46, 18]
     backends = ["torch"] + (["interpreter"] if interpreter_enabled() else [])
     ref = _reads(kept, lens1, tables, "torch")

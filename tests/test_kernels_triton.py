@@ -107,7 +107,7 @@ def _make_batch(fmt: str, bs: int, hd: int, group: int, lens: list[int], seed: i
     slot_mapping = torch.cat(slots).int()
     k = torch.randn(slot_mapping.numel(), NUM_KV_HEADS, hd, generator=g).to(dtype)
     v = torch.randn(slot_mapping.numel(), NUM_KV_HEADS, hd, generator=g).to(dtype)
-    kernels.write_kv(k.to(DEVICE), v.to(DEVICE), layer, None, slot_mapping.to(DEVICE), backend="torch")
+    kernels.write_kv(k.to(DEVICE), v.to(DEVICE), layer, slot_mapping.to(DEVICE), backend="torch")
     return layer, tables.to(DEVICE), torch.tensor(lens, dtype=torch.int32, device=DEVICE), g
 
 
@@ -161,8 +161,8 @@ def test_head_dim_not_a_power_of_two(fmt):
         twin.k_scale.copy_(layer.k_scale)
         twin.v_scale.copy_(layer.v_scale)
     slots = torch.tensor([0, 5, -1, 17, 33], dtype=torch.int32, device=DEVICE)
-    kernels.write_kv(k, -k, layer, None, slots, backend=BACKEND)
-    kernels.write_kv(k, -k, twin, None, slots, backend="torch")
+    kernels.write_kv(k, -k, layer, slots, backend=BACKEND)
+    kernels.write_kv(k, -k, twin, slots, backend="torch")
     for a, b in zip(layer.block_tensors(), twin.block_tensors()):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
@@ -200,8 +200,8 @@ def test_write_kv_bit_exact(fmt, hd, in_dtype):
     v[1, 1] = 0.0  # constant row: zero scale
     slots = torch.randperm(40, generator=g)[:n].int()
     slots[[3, 11]] = -1
-    kernels.write_kv(k.to(DEVICE), v.to(DEVICE), layers[0], None, slots.to(DEVICE), backend=BACKEND)
-    kernels.write_kv(k.to(DEVICE), v.to(DEVICE), layers[1], None, slots.to(DEVICE), backend="torch")
+    kernels.write_kv(k.to(DEVICE), v.to(DEVICE), layers[0], slots.to(DEVICE), backend=BACKEND)
+    kernels.write_kv(k.to(DEVICE), v.to(DEVICE), layers[1], slots.to(DEVICE), backend="torch")
     for a, b in zip(layers[0].block_tensors(), layers[1].block_tensors()):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 

@@ -22,7 +22,7 @@ except ImportError:  # no triton: the torch reference alone
 def _layer() -> kernels.KVCacheLayer:
     layer = kernels.allocate_kv_cache(NB, BS, H, D, "fp16")
     x = torch.randn(NB * BS, H, D)
-    kernels.write_kv(x, x, layer, None, torch.arange(NB * BS, dtype=torch.int32))
+    kernels.write_kv(x, x, layer, torch.arange(NB * BS, dtype=torch.int32))
     return layer
 
 
@@ -76,3 +76,15 @@ def test_device_checks_follow_the_debug_flag(monkeypatch):
     assert _check_values(torch.empty(1)) and not _check_values(meta)
     monkeypatch.setenv("PAGED_KERNEL_CHECKS", "1")
     assert _check_values(meta)
+
+
+def test_write_kv_takes_a_layer_only():
+    """One calling convention: loose cache tensors are refused (with the way to wrap them), nothing written."""
+    k = torch.zeros(NB, BS, H, D, dtype=torch.float16)
+    x = torch.ones(1, H, D)
+    with pytest.raises(ShapeError, match="as_layer"):
+        kernels.write_kv(x, x, k, torch.zeros(1, dtype=torch.int32))
+    assert not k.any()
+    layer = kernels.as_layer(k, torch.zeros_like(k))
+    kernels.write_kv(x, x, layer, torch.zeros(1, dtype=torch.int32))
+    assert bool((k[0, 0] == 1).all())

@@ -62,7 +62,7 @@ def test_plain_decode_matches_the_reference(name):
         k[:, :, 5] += 3
         slots = torch.tensor(tb, dtype=torch.long)[torch.arange(L) // bs] * bs + torch.arange(L) % bs
         for a in range(0, L, 6):  # int4_kivi: blocks sealed and staged
-            kernels.write_kv(k[a:a + 6], v[a:a + 6], layer, None, slots[a:a + 6].int(), backend="torch")
+            kernels.write_kv(k[a:a + 6], v[a:a + 6], layer, slots[a:a + 6].int(), backend="torch")
     q = _q(g, len(lens), 9, d)
     bt, sl = torch.tensor(tabs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
     ref = decode_attention_ref(q, layer, bt, sl, 0.125, need_lse=False)[0]

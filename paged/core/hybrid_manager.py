@@ -2,8 +2,8 @@
 
 A ``KVCache`` (``paged.core.kv_cache``) that wraps a ``KVCacheManager`` (``manager``: the table of
 the layout's first group, full attention) and ``paged.core.window.GroupTables`` (the other groups'
-tables, in the same pool). Everything not listed here is the manager's (attribute access falls
-through to it); these calls add the groups:
+tables, in the same pool). Each protocol member is written out below: most answer what the
+manager answers (its pool, counts and tables of the first group); these calls add the groups:
 
 - ``num_blocks_to_allocate`` adds the other groups' new pages and subtracts the sliding blocks
   that fall out of every window (freed first, so they count as free);
@@ -46,11 +46,90 @@ class HybridKVCacheManager:
         self.groups = GroupTables(layout, self.manager.pool, self.manager.recorder)
         self._hits: dict[str, tuple[int, GroupHit]] = {}  # request id -> its pending trimmed hit
 
-    def __getattr__(self, name: str) -> Any:
-        """Counts, queries and parts (pool, prefix index, block size, ...) are the manager's."""
-        if name == "manager":  # not built yet (during __init__)
-            raise AttributeError(name)
-        return getattr(self.manager, name)
+        m = self.manager  # its parts, read-only here: the pool, prefix index, swap space, recorder
+        self.pool, self.prefix, self.swap_space, self.recorder = m.pool, m.prefix, m.swap_space, m.recorder
+        self.block_size, self.num_blocks, self.max_model_len = m.block_size, m.num_blocks, m.max_model_len
+        self.num_cpu_blocks, self.enable_prefix_caching = m.num_cpu_blocks, m.enable_prefix_caching
+        self.host = None  # no host tier (refused above)
+
+    # ---- the manager's counters and reads (the groups hold no request's table of their own) ----
+    @property
+    def prefix_cache_queries(self) -> int:
+        return self.manager.prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        return self.manager.prefix_cache_hits
+
+    @property
+    def num_cow_copies(self) -> int:
+        return self.manager.num_cow_copies
+
+    @property
+    def num_swapped_out_blocks(self) -> int:
+        return self.manager.num_swapped_out_blocks
+
+    @property
+    def num_swapped_in_blocks(self) -> int:
+        return self.manager.num_swapped_in_blocks
+
+    host_cache_hits = 0
+    has_host_tier = False
+    num_host_cached_blocks = 0
+
+    @property
+    def kv_cache_usage_perc(self) -> float:
+        return self.manager.kv_cache_usage_perc
+
+    @property
+    def token_usage(self) -> float:
+        return self.manager.token_usage
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_used
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return self.manager.num_cached_free_blocks
+
+    def has(self, request_id: str) -> bool:
+        return self.manager.has(request_id)
+
+    def request_ids(self) -> list[str]:
+        return self.manager.request_ids()
+
+    def blocks_of(self, request_id: str) -> Sequence[Block]:
+        """The first (full-attention) group's table."""
+        return self.manager.blocks_of(request_id)
+
+    def block_table(self, request_id: str) -> list[int]:
+        return self.manager.block_table(request_id)
+
+    def is_swapped(self, request_id: str) -> bool:
+        return self.manager.is_swapped(request_id)
+
+    def can_swap_in(self, request: Request, num_new_tokens: int, *, keep_free: int = 0) -> bool:
+        return self.manager.can_swap_in(request, num_new_tokens, keep_free=keep_free)
+
+    def take_freed_blocks(self) -> list[int]:
+        return self.manager.take_freed_blocks()
+
+    def demote_above_threshold(self) -> int:
+        return self.manager.demote_above_threshold()
+
+    def take_tier_ops(self) -> tuple[BlockMapping, BlockMapping, int]:
+        return self.manager.take_tier_ops()
+
+    def reset_prefix_cache(self) -> int:
+        return self.manager.reset_prefix_cache()
+
+    def snapshot(self, requests=None, **kw):
+        return self.manager.snapshot(requests, **kw)
 
     def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int, starts: list[int],
                             tables: list, last_only: bool = True) -> int:
@@ -173,7 +252,7 @@ class HybridKVCacheManager:
     def check_invariants(self) -> None:
         """The manager's invariants over every group: each used block is held exactly by the
         table entries that name it (its ref count), and by nothing else."""
-        self.check_parts()
+        self.manager.check_parts()
         holders = self.groups.holders()
         for rid in self.request_ids():
             for b in self.blocks_of(rid):

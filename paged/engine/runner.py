@@ -42,7 +42,7 @@ class PagedAttention:
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         layer, m = self.layers[layer_idx], self.meta
         if layer_idx not in self.shared:
-            kernels.write_kv(k, v, layer, None, m.slot_mapping, backend=self.backend, positions=m.positions)
+            kernels.write_kv(k, v, layer, m.slot_mapping, backend=self.backend, positions=m.positions)
         if self.decode_only:
             return kernels.paged_decode_attention(q, layer, None, m.block_tables, m.seq_lens, backend=self.backend)
         return kernels.paged_prefill_attention(q, layer, None, m.block_tables, m.seq_lens, m.query_start_loc,
