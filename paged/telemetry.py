@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .core import events as ev
-from .core.record import STEP_FIELDS
+from .core.record import STEP_FIELDS, StepRecord, record_values
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,6 +52,9 @@ def steps_frame(steps: Iterable[Any]) -> "pd.DataFrame":
     """One row per step, columns ``STEP_COLUMNS`` in order: from step rows (dicts), ``StepRecord``s
     (an engine ``StepOutput`` is one) or the loop's ``Step``s."""
     import pandas as pd
+    steps = list(steps)
+    if steps and all(s.__class__ is StepRecord for s in steps):  # the simulator's: values, not dicts
+        return pd.DataFrame(list(map(record_values, steps)), columns=list(STEP_COLUMNS))
     rows = [s if isinstance(s, dict) else s.to_row() if hasattr(s, "to_row") else s.row for s in steps]
     return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
 

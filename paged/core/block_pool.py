@@ -178,6 +178,14 @@ class BlockPool:
             self.num_filled_slots += num_filled - block.num_filled
             block.num_filled = num_filled
 
+    def fill_next(self, blocks: list[Block]) -> None:
+        """``fill(block, block.num_filled + 1)`` for each of ``blocks``: one more token written into
+        each, right after its filled slots (the caller knows each has room); the KV manager's decode
+        lane reports a whole run of decodes in one call."""
+        for block in blocks:
+            block.num_filled += 1
+        self.num_filled_slots += len(blocks)
+
     def fill_span(self, blocks: list[Block], first: int, end: int, block_size: int) -> None:
         """``fill(blocks[i], min(block_size, end - i * block_size))`` for every block holding a
         position below ``end`` from index ``first`` on (one call for a chunk's blocks)."""

@@ -136,9 +136,10 @@ class KVCacheManager(KVCacheParts):
         calls it for one token into a partly filled block (``last_only=False``: the token need
         not be the request's last; a new block is left to its general path)."""
         bs, pool, caching = self.block_size, self.pool, self.enable_prefix_caching
-        index, fill = self.prefix.index_full, pool.fill
+        index = self.prefix.index_full
         first = len(starts)
-        get, mark, keep = self._tables.get, starts.append, tables.append
+        written: list[Block] = []  # the block of each token, filled through the pool once at the end
+        get, mark, keep, write = self._tables.get, starts.append, tables.append, written.append
         run = requests if i == 0 and stop == len(requests) else requests[i:stop]  # no copy in the usual case
         for req in run:  # the common case (room in the last block) first, in few bytecodes
             start = req.num_computed_tokens
@@ -150,9 +151,9 @@ class KVCacheManager(KVCacheParts):
             offset = start % bs
             if offset:
                 block = table[start // bs]
-                if block.ref_cnt != 1:
-                    break
-                fill(block, offset + 1)
+                if block.ref_cnt != 1 or block.num_filled != offset:
+                    break  # shared (copy-on-write), or not filled up to the token: the general path
+                write(block)
                 if offset + 1 == bs and caching:
                     index(req, table, start + 1)
             else:  # the token opens a new block: take one if the pool has it
@@ -160,11 +161,13 @@ class KVCacheManager(KVCacheParts):
                     break  # general path: the table has the block, a full pool, or latency events
                 block = pool.allocate(1, req.request_id)[0]
                 table.append(block)
-                fill(block, 1)
+                write(block)  # a new block holds nothing
                 if bs == 1 and caching:  # one slot: the new block is also full (earlier ones are indexed)
                     index(req, table, start + 1)
             mark(start)
             keep(table)
+        if written:
+            pool.fill_next(written)
         return i + len(starts) - first
 
     def allocate_slots(self, request: Request, num_new_tokens: int,

@@ -107,6 +107,17 @@ class Batch:
         self.num_tokens.extend([1] * count)
         self.samples.extend([True] * count)
 
+    def runs(self) -> list[tuple[Sequence[Request], int]]:
+        """The entries in batch order as ``(decodes, i)`` pairs: a run of the decode lane's entries
+        (maybe empty; one sampling token each, of requests scheduled in an earlier step), then the entry
+        ``i`` that ``add`` made (-1 after the last run). Hot loops read this instead of zipping columns."""
+        reqs, out, lo = self.requests, [], 0
+        for i in self._chunk_entries:
+            out.append((reqs[lo:i], i))
+            lo = i + 1
+        out.append((reqs[lo:] if lo else reqs, -1))
+        return out
+
     def __len__(self) -> int:
         return len(self.requests)
 

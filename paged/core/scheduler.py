@@ -292,22 +292,38 @@ class Scheduler:
         batch = out.batch
         req = None
         try:
-            for req, n, samples in zip(batch.requests, batch.num_tokens, batch.samples):
-                if req.status is not running_status:  # aborted or preempted since scheduling
-                    continue
-                if samples:
+            for decodes, i in batch.runs():
+                for req in decodes:  # the decode lane's entries: one token each, every one samples
+                    if req.status is not running_status:  # aborted since scheduling
+                        continue
                     token = sampled[req.request_id]  # KeyError: undone below
                     if token.__class__ is not int:
                         token = int(token)
-                    req.num_computed_tokens += n
+                    req.num_computed_tokens += 1
                     tokens = req.token_ids  # Request.append_token, inlined (the same two finish rules)
                     tokens.append(token)
                     if token in req.stop_token_ids:
                         done.append((req, stopped_status))
                     elif len(tokens) - req.num_prompt_tokens >= req.max_tokens:
                         done.append((req, length_status))
+                if i < 0:
+                    break
+                req = batch.requests[i]
+                if req.status is not running_status:  # aborted or preempted since scheduling
+                    continue
+                if batch.samples[i]:
+                    token = sampled[req.request_id]  # KeyError: undone below
+                    if token.__class__ is not int:
+                        token = int(token)
+                    req.num_computed_tokens += batch.num_tokens[i]
+                    tokens = req.token_ids
+                    tokens.append(token)
+                    if token in req.stop_token_ids:
+                        done.append((req, stopped_status))
+                    elif len(tokens) - req.num_prompt_tokens >= req.max_tokens:
+                        done.append((req, length_status))
                 else:
-                    req.num_computed_tokens += n
+                    req.num_computed_tokens += batch.num_tokens[i]
         except KeyError:
             self._undo_update(batch, req)
             raise PagedError(f"executor returned no token for request {req.request_id!r}; "

@@ -261,11 +261,21 @@ class Simulator:
         tokens at its end, gaps into the TBT samples, in batch order) and the finished ones."""
         clock, t_end, batch = step.start_s, step.end_s, step.plan.batch
         tbt_append = self._tbt.append
-        for r, samples in zip(batch.requests, batch.samples):
-            d = r.data
+        for decodes, i in batch.runs():
+            for r in decodes:  # the decode lane's: scheduled in an earlier step, one token each
+                d = r.data
+                last = d.last_token
+                if last is None:
+                    d.first_token = t_end
+                else:
+                    tbt_append(t_end - last)
+                d.last_token = t_end
+            if i < 0:
+                break
+            d = batch.requests[i].data
             if d.first_scheduled is None:
                 d.first_scheduled = clock
-            if not samples:
+            if not batch.samples[i]:
                 continue
             last = d.last_token
             if last is None:
