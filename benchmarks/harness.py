@@ -247,3 +247,18 @@ def _collector_paused(pause: bool) -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def spread_widths(bits: int, h: int, d: int, seed: int = 0):
+    """A non-uniform split-format width table ``[h, d]`` (0..8 bits per channel, some zeros) whose
+    mean is ``bits``: what the split kernels' benchmark and tests store (shared so both read the same)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    w = torch.full((h, d), bits, dtype=torch.int32)
+    for row in range(h):
+        for _ in range(d):
+            i, j = torch.randint(0, d, (2,), generator=g).tolist()
+            if w[row, i] > 0 and w[row, j] < 8 and i != j:
+                w[row, i] -= 1
+                w[row, j] += 1
+    return w

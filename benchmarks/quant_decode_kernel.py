@@ -21,21 +21,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import kernels  # noqa: E402
 from kernels import native  # noqa: E402
 from kernels.native import quant as nq  # noqa: E402
+from benchmarks.harness import spread_widths  # noqa: E402
 
 FORMATS = ["int8", "int4", "fp8_e4m3", "int4_kivi", "kvq4", "kvq3", "kvq2"]
-
-
-def widths(bits: int, h: int, d: int, seed: int = 0) -> torch.Tensor:
-    """A non-uniform width table (0..8 bits per channel) whose mean is ``bits``."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.full((h, d), bits, dtype=torch.int32)
-    for row in range(h):
-        for _ in range(d):
-            i, j = torch.randint(0, d, (2,), generator=g).tolist()
-            if w[row, i] > 0 and w[row, j] < 8 and i != j:
-                w[row, i] -= 1
-                w[row, j] += 1
-    return w
 
 
 def timed(f, reps: int) -> float:
@@ -64,7 +52,7 @@ def main() -> None:
         fmt = kernels.get_format(name)
         extra = {}
         if fmt.split:
-            extra["tables"] = kernels.default_tables(fmt, h, d, k_width=widths(fmt.k_side.bits, h, d))
+            extra["tables"] = kernels.default_tables(fmt, h, d, k_width=spread_widths(fmt.k_side.bits, h, d))
         lay = kernels.allocate_kv_cache(nb, bs, h, d, name, dtype=torch.float32, **extra)
         for i, (k, v) in enumerate(kv):
             slots = tabs[i].long()[torch.arange(length) // bs] * bs + torch.arange(length) % bs

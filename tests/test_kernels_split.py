@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kernels
+from benchmarks.harness import spread_widths
 from kernels import format_table as ft
 from kernels import split as S
 from kernels.backend import interpreter_enabled
@@ -17,17 +18,7 @@ FORMATS = ["kivi3+pre+alloc+q8/cb3+rot@sink4@win16", "kivi4+pre/cb4", "kivi2+q8/
 
 
 def _widths(fmt, h, d, seed=0):
-    """A non-uniform width table (0..8 bits, some zeros) with the format's mean."""
-    g = torch.Generator().manual_seed(seed)
-    b = fmt.k_side.bits
-    w = torch.full((h, d), b, dtype=torch.int32)
-    for row in range(h):
-        for _ in range(d):
-            i, j = torch.randint(0, d, (2,), generator=g).tolist()
-            if w[row, i] > 0 and w[row, j] < 8 and i != j:
-                w[row, i] -= 1
-                w[row, j] += 1
-    return w
+    return spread_widths(fmt.k_side.bits, h, d, seed)
 
 
 def _layer(name, nb=12, bs=8, h=2, d=64, slots=16, seed=0):
