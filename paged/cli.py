@@ -58,6 +58,7 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
     from paged.core.config import KV_CACHE_DTYPES, SWAP_COMPRESSIONS, SWAP_MODES
     from paged.core.eviction import POLICIES
     from paged.core.prefix_cache import HASH_FUNCTIONS
+    from paged.sim.config import LINEAR_MODELS
     from paged.sim.simulator import ALLOCATORS
     from paged.sim.specs import GPU_PRESETS, MODEL_PRESETS
     from paged.sim.workload import WORKLOADS
@@ -77,6 +78,8 @@ def _add_sim_args(p: argparse.ArgumentParser) -> None:
         "preemption_mode": dict(choices=("recompute", "swap")), "policy": dict(choices=("fcfs", "priority")),
         "max_num_batched_tokens": dict(help="token budget per step (default: 2048 with chunked prefill, "
                                             "else max(2048, max_model_len))"),
+        "linear": dict(choices=LINEAR_MODELS, help="weights part: per-kernel model fitted to vidur's measured "
+                                                   "profiles (a100-80gb, h100-sxm, a40; default: closed form)"),
         "calibration": dict(metavar="STEPS.csv", help="fit the cost model to engine steps saved with "
                                                       "paged.sim.cost_model.calibration_frame"),
     }

@@ -21,9 +21,11 @@ from paged.errors import ConfigError
 from paged.sim.cost_model import CostModel
 from paged.sim.specs import KVFormat, ModelSpec, get_gpu
 
-__all__ = ["ALLOCATORS", "DEFAULT_SWAP_SPACE_GIB", "SimConfig", "build_cost_model"]
+__all__ = ["ALLOCATORS", "DEFAULT_SWAP_SPACE_GIB", "LINEAR_MODELS", "SimConfig", "build_cost_model"]
 
 ALLOCATORS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")  # as the vLLM paper draws them
+LINEAR_MODELS = ("kernels",)
+"""``SimConfig.linear``: how the weights part is priced besides the closed form (None; see ``paged.sim.kernel_costs``)."""
 DEFAULT_SWAP_SPACE_GIB = 4.0
 """The CPU pool per GPU (swap preemption and the host tier) when neither num_cpu_blocks nor swap_space_gib is given."""
 
@@ -37,7 +39,9 @@ class SimConfig(ExecutorConfig):
     """A simulated deployment (see the module docstring). ``paged_kernel_penalty``: slow KV reads
     for small blocks (see ``paged.sim.cost_model``); ``mfu``/``mbu``/``step_overhead_s``: cost
     model overrides; ``calibration``: a CSV from ``cost_model.calibration_frame`` to fit the cost
-    model to; ``prompt_seed``: the synthetic prompts' token ids (a trace's arrivals and lengths
+    model to; ``linear``: None (the closed-form weights part) or one of ``LINEAR_MODELS``
+    (``"kernels"``: per-kernel floors, tiles and measured rates, GPUs with ``KERNEL_COSTS`` only);
+    ``prompt_seed``: the synthetic prompts' token ids (a trace's arrivals and lengths
 have their own ``trace_seed``, see ``paged.sim.workload``)."""
 
     model: str = "llama-2-13b"
@@ -50,6 +54,7 @@ have their own ``trace_seed``, see ``paged.sim.workload``)."""
     mbu: float | None = None
     step_overhead_s: float | None = None
     calibration: str | None = None
+    linear: str | None = None
     prompt_seed: int = 0
     record_events: bool = False
 
@@ -65,6 +70,17 @@ have their own ``trace_seed``, see ``paged.sim.workload``)."""
                                                 minimum=0.0, maximum=1.0, open_min=True))
         put("step_overhead_s", need_real("step_overhead_s", self.step_overhead_s, _error, minimum=0.0,
                                          optional=True))
+        if self.linear is not None:
+            from paged.sim.kernel_costs import KERNEL_COSTS
+
+            if self.linear not in LINEAR_MODELS:
+                raise _error(f"linear must be None (the closed form) or one of {LINEAR_MODELS}, got {self.linear!r}")
+            if self.gpu not in KERNEL_COSTS:
+                raise _error(f"linear={self.linear!r} has measured kernel figures for {sorted(KERNEL_COSTS)} only, "
+                             f"not gpu={self.gpu!r}; choose one of those GPUs or leave linear unset")
+            if self.calibration is not None:
+                raise _error("calibration fits the closed-form roofline; leave linear unset to calibrate, "
+                             "or drop calibration to use the measured kernel model")
         for name in ("paged_kernel_penalty", "record_events"):
             need_flag(name, getattr(self, name), _error)
 
@@ -78,4 +94,4 @@ def build_cost_model(cfg: SimConfig, model: ModelSpec, kv_format: KVFormat | str
     bs = cfg.block_size if (cfg.allocator == "paged" and cfg.paged_kernel_penalty) else None
     return CostModel(model, get_gpu(cfg.gpu), tensor_parallel=cfg.tensor_parallel,
                      kv_format=kv_format if kv_format is not None else cfg.kv_cache_dtype, kv_block_size=bs,
-                     swap_overlap=cfg.swap_mode == "overlap", swap_compression=cfg.swap_compression, **kw)
+                     swap_overlap=cfg.swap_mode == "overlap", swap_compression=cfg.swap_compression, linear=cfg.linear, **kw)
