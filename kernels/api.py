@@ -227,7 +227,16 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor | KVC
             return
         write_split(layer, key, value, sm, positions)  # torch ops on every backend (host bookkeeping)
         return
-    if _host(resolve_backend(backend, key.device)) == "torch" or layer.kv_format.k_per_channel:
+    be = resolve_backend(backend, key.device)
+    if be == "native":
+        from .native import quant_write
+        if quant_write.supports_plain(layer):
+            rest = quant_write.write_plain(layer, key, value, sm)
+            if rest is not None:
+                ix = rest.to(key.device)
+                write_kv_ref(layer, key.index_select(0, ix), value.index_select(0, ix), sm.index_select(0, ix))
+            return
+    if _host(be) == "torch" or layer.kv_format.k_per_channel:
         write_kv_ref(layer, key, value, sm)  # int4_kivi: torch ops on every backend (kernels.kivi_cache)
         return
     from .triton_impl.launch import write_kv_triton

@@ -76,3 +76,30 @@ def test_native_write_declines_what_it_does_not_take():
     assert rest.tolist() == [0]
     assert all(torch.equal(before[n], t) for n, t in _state(layer).items())
     assert not quant_write.supports(kernels.allocate_kv_cache(4, 8, 2, 64, "int8", dtype=torch.float32))
+
+
+@pytest.mark.parametrize("name,dtype", [("int8", torch.float32), ("int4", torch.float32), ("int4_kivi", torch.float32),
+                                        ("int4_kivi", torch.float16)])
+def test_native_plain_write_is_bit_identical_to_the_reference(name, dtype, monkeypatch):
+    g = torch.Generator().manual_seed(9)
+    bs, h, d, nb = 8, 2, 64, 40
+    ref, nat = (kernels.allocate_kv_cache(nb, bs, h, d, name, dtype=dtype) for _ in range(2))
+    assert quant_write.supports_plain(nat)
+    taken = []
+    real = quant_write.write_plain
+    def counted(*a):
+        rest = real(*a)
+        taken.append(a[1].shape[0] - (0 if rest is None else rest.numel()))
+        return rest
+    monkeypatch.setattr(quant_write, "write_plain", counted)
+    lens, tabs = [5, 17, 30], [[0, 1, 2, 3, 4, 5, 6, 7, 8], [10, 11, 12, 13, 14, 15, 16, 17, 18], list(range(20, 29))]
+    for k, v, sl, _ in _writes(g, lens, tabs, bs, h, d):
+        k, v = k.to(dtype), v.to(dtype)
+        v[0, 0, :4] = torch.tensor([0.5, -0.5, 1.5, 2.5])  # ties of torch.round (half to even)
+        kernels.write_kv(k, v, ref, None, sl.int(), backend="torch")
+        kernels.write_kv(k, v, nat, None, sl.int(), backend="native")
+        a, b = _state(ref), _state(nat)
+        for n in a:
+            assert torch.equal(a[n].view(torch.uint8) if a[n].is_floating_point() else a[n],
+                               b[n].view(torch.uint8) if b[n].is_floating_point() else b[n]), n
+    assert sum(taken) >= 80

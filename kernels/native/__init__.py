@@ -122,12 +122,13 @@ def _library() -> ctypes.CDLL | None:
                        ("quant_decode_f32", [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
                                              f32, ptr, i64, ptr, i64]),
                        ("split_write_f32", [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr]),
+                       ("plain_write_f32", [ptr, ptr, ptr, i64, ptr, ptr]),
                        ("rms_norm_f32", [ptr, ptr, f32, i64, i64, ptr]),
                        ("silu_mul_f32", [ptr, i64, i64, ptr]),
                        ("rope_f32", [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr])):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
-    lib.split_write_f32.restype = i64
+    lib.split_write_f32.restype = lib.plain_write_f32.restype = i64
     return lib
 
 

@@ -138,3 +138,86 @@ int64_t split_write_f32(const float *key, const float *val, const float *val_rot
     }
     return n_slow;
 }
+
+/* ---- plain int8 / int4 layers and int4_kivi (kernels/quant.py quantize_kv, kernels/kivi_cache.py) ---- */
+
+typedef struct {
+    int64_t bs, hkv, d, groups;       /* groups: int4 scale groups per row */
+    int64_t k_code, v_code;           /* 4 int8, 5 int4; k_code 6: int4_kivi K, staged rows only */
+    void *k, *v;
+    uint16_t *k_scale, *v_scale, *k_zero, *v_zero;
+    const int32_t *map;               /* int4_kivi staging host map; NULL otherwise */
+    void *sk;                         /* staging K rows [slots, bs, hkv, d] in stage_dtype (0 fp32, 1 fp16) */
+    int64_t stage_dtype;
+} pspec_t;
+
+static inline float safe(float s) { return s == 0.0f ? 1.0f : s; }
+
+static void int8_row(const float *x, int64_t d, int8_t *dst, uint16_t *scale) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < d; c++) { float a = fabsf(x[c]); amax = a > amax ? a : amax; }
+    uint16_t s = f2h(amax / 127.0f);
+    float sf = safe(h2f(s));
+    *scale = s;
+    for (int64_t c = 0; c < d; c++) {
+        float q = nearbyintf(x[c] / sf);  /* torch.round: half to even */
+        dst[c] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+    }
+}
+
+static void int4_row(const float *x, int64_t d, int64_t groups, uint8_t *dst, uint16_t *scale, uint16_t *zero) {
+    int64_t gs = d / groups;
+    for (int64_t g = 0; g < groups; g++) {
+        const float *xg = x + g * gs;
+        float mn = xg[0], mx = xg[0];
+        for (int64_t c = 1; c < gs; c++) { mn = xg[c] < mn ? xg[c] : mn; mx = xg[c] > mx ? xg[c] : mx; }
+        uint16_t s = f2h((mx - mn) / 15.0f), z = f2h(mn);
+        float sf = safe(h2f(s)), zf = h2f(z);
+        scale[g] = s;
+        zero[g] = z;
+        for (int64_t c = 0; c < gs; c += 2) {
+            float a = nearbyintf((xg[c] - zf) / sf), b = nearbyintf((xg[c + 1] - zf) / sf);
+            a = a < 0.0f ? 0.0f : a > 15.0f ? 15.0f : a;
+            b = b < 0.0f ? 0.0f : b > 15.0f ? 15.0f : b;
+            dst[(g * gs + c) / 2] = (uint8_t)((uint8_t)a | ((uint8_t)b << 4));  /* element 2j: low nibble */
+        }
+    }
+}
+
+static void plain_side(int64_t code, const float *x, int64_t r, const pspec_t *w, void *data, uint16_t *scale,
+                       uint16_t *zero) {
+    int64_t d = w->d;
+    if (code == 4) int8_row(x, d, (int8_t *)data + r * d, scale + r);
+    else int4_row(x, d, w->groups, (uint8_t *)data + r * (d / 2), scale + r * w->groups, zero + r * w->groups);
+}
+
+/* int4_kivi: tokens of a block at offset 0 or BS-1, or of an unstaged block, are marked in slow[]
+ * (with every token of their block) and left to the reference; returns their count */
+int64_t plain_write_f32(const float *key, const float *val, const int64_t *slots, int64_t n, const pspec_t *w,
+                        uint8_t *slow) {
+    int64_t bs = w->bs, hkv = w->hkv, d = w->d, n_slow = 0;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t off = slots[t] % bs;
+        slow[t] = slots[t] >= 0 && w->map && (off == 0 || off == bs - 1 || w->map[slots[t] / bs] < 0);
+    }
+    for (int64_t t = 0; t < n; t++) {
+        if (slow[t] != 1) continue;
+        for (int64_t u = 0; u < n; u++)
+            if (!slow[u] && slots[u] >= 0 && slots[u] / bs == slots[t] / bs) slow[u] = 2;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        if (slow[t]) { n_slow++; continue; }
+        if (slots[t] < 0) continue;
+        int64_t slot = slots[t];
+        for (int64_t h = 0; h < hkv; h++) {
+            const float *kx = key + (t * hkv + h) * d, *vx = val + (t * hkv + h) * d;
+            int64_t r = slot * hkv + h;
+            plain_side(w->v_code, vx, r, w, w->v, w->v_scale, w->v_zero);
+            if (w->k_code == 6) {
+                int64_t row = ((int64_t)w->map[slot / bs] * bs + slot % bs) * hkv + h;
+                store_row(w->stage_dtype, w->sk, row, d, kx);
+            } else plain_side(w->k_code, kx, r, w, w->k, w->k_scale, w->k_zero);
+        }
+    }
+    return n_slow;
+}
