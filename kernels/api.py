@@ -249,8 +249,8 @@ def _native_write(layer: KVCacheLayer, key, value, sm, positions) -> bool:
     from .native import quant_write
     if not quant_write.supports(layer):
         return False
-    from .split import _check_positions, write_split
-    pos = _check_positions(layer, positions, key.shape[0])
+    from .split import check_positions, write_split
+    pos = check_positions(layer, positions, key.shape[0])
     rest = quant_write.write_split(layer, key, value, sm, pos)
     if rest is not None:
         ix = rest.to(key.device)
