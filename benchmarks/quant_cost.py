@@ -43,6 +43,7 @@ from paged.engine.sampling import SamplingParams  # noqa: E402
 from paged.memory import memory_facts  # noqa: E402
 from paged.models import load_model  # noqa: E402
 
+LLAMA_BITS = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}  # ggml blocks of 32: fp16 scale + 32 codes
 FORMATS = ["auto", "int8", "int4_kivi", "kvq4", "kvq34", "kvq3", "kvq32", "kvq2"]
 
 
@@ -101,6 +102,27 @@ def our_steps(loaded, formats: list[str], batch: int, prompt: int, steps: int, r
     return times, {f: memory_facts(e).cache_bytes for f, e in engines.items()}
 
 
+def _publish(rows: list[dict], args, load0) -> None:
+    import json
+    import pandas as pd
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "precomputed")
+    df = pd.DataFrame(rows)[["tool", "prompt", "format", "bits_per_value", "step_ms", "lo", "hi", "x_base"]]
+    df.to_csv(os.path.join(root, "05_cost.csv"), index=False)
+    cmd = " ".join(["OMP_NUM_THREADS=1 python benchmarks/quant_cost.py", *sys.argv[1:]])
+    meta = {"made_by": cmd, "date": time.strftime("%Y-%m-%d"), "batch": args.batch,
+            "base": "ours: fp32 cache; llama.cpp: its f16 cache", "backend": args.backend or "native",
+            "load_average": [round(x, 1) for x in (*load0, *os.getloadavg())]}
+    with open(os.path.join(root, "05_cost.attrs.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(f"wrote {os.path.normpath(os.path.join(root, '05_cost.csv'))}")
+
+
+def _default_site() -> str | None:
+    import glob
+    found = sorted(glob.glob("/tmp/venv-llamacpp/lib/python3*/site-packages"))
+    return found[0] if found and os.path.exists("/tmp/venv-llamacpp/bin/python") else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=8)
@@ -109,10 +131,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--backend", default=None, help="attention backend of our engines (default: the engine's)")
-    ap.add_argument("--llama-site", default=None, help="site-packages of a llama-cpp-python build")
+    ap.add_argument("--llama-site", default=_default_site(), help="site-packages of a llama-cpp-python build "
+                    "(default: the one in /tmp/venv-llamacpp when it exists; 'none' skips llama.cpp)")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--publish", action="store_true",
+                    help="write notebook 05's data/precomputed/05_cost.csv (step ratios of both tools, bits)")
     args = ap.parse_args()
     formats = [f for f in args.formats.split(",") if f]
+    if args.llama_site == "none":
+        args.llama_site = None
+    load0 = os.getloadavg()
     loaded = load_model("smollm2", dtype=torch.float32)
     cfg = loaded.config
     h, d = cfg.num_kv_heads, cfg.head_dim
@@ -125,6 +153,7 @@ def main() -> None:
         for fmt in formats:
             bpt = bytes_per_token(get_format(fmt, torch.float32), h, d, dtype=torch.float32, block_size=32)
             rows.append({"tool": "ours", "prompt": prompt, "format": fmt, "step_ms": med[fmt],
+                         "bits_per_value": bpt * 8 / (2 * h * d),
                          "lo": min(times[fmt]), "hi": max(times[fmt]), "x_base": med[fmt] / base if base else None,
                          "x_int8": med[fmt] / i8 if i8 else None, "cache_bytes": cache[fmt], "bytes_per_token": bpt})
         if args.llama_site:
@@ -132,11 +161,14 @@ def main() -> None:
             lm = {k: statistics.median(v) for k, v in lt.items()}
             for k, v in lt.items():
                 rows.append({"tool": f"llama.cpp {version}", "prompt": prompt, "format": f"{k}/{k}",
+                             "bits_per_value": LLAMA_BITS[k],
                              "step_ms": lm[k], "lo": min(v), "hi": max(v), "x_base": lm[k] / lm["f16"]})
     backend = args.backend or "the engine's CPU default (native)"
     print(f"decode step, batch {args.batch}, {args.rounds} rounds x {args.steps} steps, thread CPU time on this CPU "
           f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '?')}); ours: {backend}, base fp32 ('auto'); "
           "llama.cpp: base its f16 cache")
+    print(f"load average (1/5/15 min) at the start {load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, at the end "
+          + "/".join(f"{x:.1f}" for x in os.getloadavg()))
     print("| tool | prompt | format | step ms (median) | range | x base | x int8 | cache bytes | bytes/token/layer |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     cell = lambda x, f: "" if x is None else f.format(x)  # noqa: E731
@@ -148,6 +180,8 @@ def main() -> None:
         import pandas as pd
         pd.DataFrame(rows).to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
+    if args.publish:
+        _publish(rows, args, load0)
     print("\nTriton decode kernel, bytes read per cached token and layer (fp16 model; GPU case, from the table)")
     print("| format | ctx 512 | ctx 2048 | ctx 8192 | x fp16 at 2048 |")
     print("| --- | --- | --- | --- | --- |")

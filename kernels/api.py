@@ -223,13 +223,40 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, layer: KVCacheLayer, slot_m
         raise ShapeError(f"slot {int(sm.max())} is past the cache ({layer.num_blocks} blocks x {layer.block_size})")
     if layer.kv_format.split:
         from .split import write_split
+        if resolve_backend(backend, key.device) == "native" and _native_write(layer, key, value, sm, positions):
+            return
         write_split(layer, key, value, sm, positions)  # torch ops on every backend (host bookkeeping)
         return
-    if _host(resolve_backend(backend, key.device)) == "torch" or layer.kv_format.k_per_channel:
+    be = resolve_backend(backend, key.device)
+    if be == "native":
+        from .native import quant_write
+        if quant_write.supports_plain(layer):
+            rest = quant_write.write_plain(layer, key, value, sm)
+            if rest is not None:
+                ix = rest.to(key.device)
+                write_kv_ref(layer, key.index_select(0, ix), value.index_select(0, ix), sm.index_select(0, ix))
+            return
+    if _host(be) == "torch" or layer.kv_format.k_per_channel:
         write_kv_ref(layer, key, value, sm)  # int4_kivi: torch ops on every backend (kernels.kivi_cache)
         return
     from .triton_impl.launch import write_kv_triton
     write_kv_triton(layer, key.contiguous(), value.contiguous(), sm)
+
+
+def _native_write(layer: KVCacheLayer, key, value, sm, positions) -> bool:
+    """The compiled split write of the tokens it takes (:mod:`kernels.native.quant_write`), the
+    reference for the rest; False when the compiled write does not take this layer."""
+    from .native import quant_write
+    if not quant_write.supports(layer):
+        return False
+    from .split import check_positions, write_split
+    pos = check_positions(layer, positions, key.shape[0])
+    rest = quant_write.write_split(layer, key, value, sm, pos)
+    if rest is not None:
+        ix = rest.to(key.device)
+        write_split(layer, key.index_select(0, ix), value.index_select(0, ix), sm.index_select(0, ix),
+                    None if positions is None else positions.index_select(0, rest.to(positions.device)))
+    return True
 
 
 def release_blocks(layer: KVCacheLayer, block_ids) -> None:

@@ -56,7 +56,8 @@ __all__ = ["SplitTables", "rope", "unrope", "rope_tables", "hadamard", "bit_layo
 
 # ---- writes -------------------------------------------------------------------------------------
 
-def _check_positions(layer: "KVCacheLayer", positions: torch.Tensor | None, n: int) -> torch.Tensor | None:
+def check_positions(layer: "KVCacheLayer", positions: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """Host int64 positions [n] when the format needs them (+pre, a sink or a window), else None."""
     fmt = layer.kv_format
     if not (fmt.k_side.pre_rope or fmt.sink or fmt.window):
         return None
@@ -81,7 +82,7 @@ def write_split(layer: "KVCacheLayer", key: torch.Tensor, value: torch.Tensor, s
     from .kivi_cache import write_plan
     fmt = layer.kv_format
     ks, vs = fmt.k_side, fmt.v_side
-    pos_host = _check_positions(layer, positions, key.shape[0])
+    pos_host = check_positions(layer, positions, key.shape[0])
     p = write_plan(slot_mapping, layer.block_size)
     if p is None:
         return

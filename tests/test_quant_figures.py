@@ -63,3 +63,18 @@ def test_front_vs_llamacpp_draws_both_rotations_and_our_front():
     front = fig.data[2]
     assert list(front.x) == [2.9, 3.9, 4.9]  # int8 (8.25 bits, 0.0012) is above the 4.9-bit point: off the front
     assert list(fig.data[3].x) == [4.5, 8.5] and fig.layout.yaxis.type == "log"
+
+
+def test_quality_and_speed_puts_the_step_ratios_beside_the_kld_panel():
+    ours = pd.DataFrame({"format": ["kvq3", "int8"], "bits": [3.9, 8.25], "kld_mean": [0.006, 0.0013]})
+    llama = pd.DataFrame({"format": ["q4_0/q4_0"], "bits_per_value": [4.5], "kld_mean": [0.074], "rotation": ["on"]})
+    cost = pd.DataFrame({"tool": ["ours", "ours", "ours", "llama.cpp 0.3.36", "llama.cpp 0.3.36"],
+                         "prompt": [512, 512, 2048, 512, 512], "format": ["auto", "kvq3", "kvq3", "f16/f16", "q4_0/q4_0"],
+                         "bits_per_value": [32, 3.9, 3.9, 16, 4.5], "x_base": [1.0, 1.4, 1.3, 1.0, 1.6]})
+    fig = figures.quality_and_speed(ours, llama, cost)
+    speed = [t for t in fig.data if t.xaxis == "x2"]
+    assert [t.name for t in speed] == ["ours (native C), batch x 512", "ours (native C), batch x 2048",
+                                       "llama.cpp 0.3.36, batch x 512"]
+    assert list(speed[0].text) == ["kvq3", "fp32"] and list(speed[0].y) == [1.4, 1.0]  # sorted by bits
+    assert list(speed[2].text) == ["q4_0", "f16"]
+    assert len([t for t in fig.data if t.xaxis in (None, "x")]) == len(figures.front_vs_llamacpp(ours, llama).data)

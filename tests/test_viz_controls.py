@@ -123,6 +123,8 @@ def test_chat_panel_serves_the_picked_format_beside_fp32(lm) -> None:
     df = p.run()
     assert list(df.format) == ["fp32", "kvq3"] and (df.num_tokens == 4).all()
     assert "kvq3" in p.view.value and "fp32" in p.view.value and "fp32 vs kvq3" in p.status.value
+    assert (df.decode_tokens_per_s > 0).all()  # 3 decode steps each, timed
+    assert all(f"{f} {r:.1f} tokens/s" in p.status.value for f, r in zip(df.format, df.decode_tokens_per_s))
     p.format.value = "nope"
     assert p.run() is df and "unknown KV format" in p.status.value and not p.button.disabled  # nothing changed
     with pytest.raises(ConfigError, match="at least one format"):

@@ -45,7 +45,8 @@ _FLAGS = ["-O3", "-fPIC"]
 _VARIANTS = [["-march=native", "-fopenmp"], ["-fopenmp"], []]
 _FAST = ["-ffast-math"]  # reassociated sums and vectorized expf (libmvec)
 _EXACT = ["-ffp-contract=off"]  # torch's rounding: no fused multiply-adds
-_SOURCES = [("paged_decode.c", _FAST), ("quant_decode.c", _FAST), ("norm_act.c", _FAST), ("rope.c", _EXACT)]
+_SOURCES = [("paged_decode.c", _FAST), ("quant_decode.c", _FAST), ("norm_act.c", _FAST), ("rope.c", _EXACT),
+            ("quant_write.c", _EXACT)]
 ENABLED = os.environ.get("PAGED_NATIVE", "1") != "0"
 _reason = ""
 
@@ -120,11 +121,14 @@ def _library() -> ctypes.CDLL | None:
                                              f32, ptr, ptr, ptr, i64, ptr, i64]),
                        ("quant_decode_f32", [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
                                              f32, ptr, i64, ptr, i64]),
+                       ("split_write_f32", [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr]),
+                       ("plain_write_f32", [ptr, ptr, ptr, i64, ptr, ptr]),
                        ("rms_norm_f32", [ptr, ptr, f32, i64, i64, ptr]),
                        ("silu_mul_f32", [ptr, i64, i64, ptr]),
                        ("rope_f32", [ptr, i64, i64, ptr, ptr, i64, i64, i64, ptr])):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
+    lib.split_write_f32.restype = lib.plain_write_f32.restype = i64
     return lib
 
 

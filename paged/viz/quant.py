@@ -17,7 +17,7 @@ from paged.quant.metrics import survival
 
 from .sizing import ROW_PX, count_axis, heatmap_height, label_positions
 
-__all__ = ["pareto", "front_vs_llamacpp", "error_vs_context", "survival_curves", "layer_heatmap",
+__all__ = ["pareto", "front_vs_llamacpp", "quality_and_speed", "error_vs_context", "survival_curves", "layer_heatmap",
            "key_outlier_heatmap", "render", "live_side_by_side"]
 
 
@@ -90,6 +90,36 @@ def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, 
     fig.update_layout(title=title, xaxis_title="bits per value (K and V mean; scales, zeros, staging at 2k context)",
                       yaxis_title="mean KL divergence vs fp32 (log)" if metric == "kld_mean" else metric,
                       yaxis=dict(type="log", dtick=1), height=500)
+    return fig
+
+
+def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFrame) -> go.Figure:
+    """Two panels sharing the bits axis: left :func:`front_vs_llamacpp` (KLD, log), right the decode
+    step of each format over its tool's base (``cost``: rows of ``benchmarks/quant_cost.py`` with
+    ``tool``, ``prompt``, ``format``, ``bits_per_value``, ``x_base``; ours over fp32, llama.cpp over
+    its f16 cache), one marker series per tool and prompt length."""
+    from plotly.subplots import make_subplots
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("quality: KLD vs fp32 (licence text, ctx 512; log)",
+                                        "speed on this CPU: decode step / its tool's base"))
+    for tr in front_vs_llamacpp(ours, llama).data:
+        fig.add_trace(tr, row=1, col=1)
+    symbols = {512: "circle", 2048: "square"}
+    for (tool, prompt), g in cost.groupby(["tool", "prompt"], sort=False):
+        g = g.sort_values("bits_per_value")
+        mine = tool == "ours"
+        names = g.format.replace({"auto": "fp32"}).str.partition("/")[0]
+        fig.add_scatter(x=g.bits_per_value, y=g.x_base, mode="markers+text", text=names, row=1, col=2,
+                        name=f"{'ours (native C)' if mine else tool}, batch x {prompt}",
+                        marker=dict(symbol=symbols.get(int(prompt), "circle") if mine else "diamond", size=9),
+                        textposition="top center" if int(prompt) == 512 else "bottom center",
+                        hovertemplate="%{text}<br>%{x:.3g} bits/value<br>step x base %{y:.2f}<extra></extra>")
+    fig.add_hline(y=1.0, line=dict(dash="dot", width=1), row=1, col=2)
+    fig.update_yaxes(type="log", dtick=1, title_text="mean KL divergence (log)", row=1, col=1)
+    fig.update_yaxes(title_text="decode step x base (lower is faster)", row=1, col=2)
+    fig.update_xaxes(title_text="bits per value", row=1, col=1)
+    fig.update_xaxes(title_text="bits per value", type="log", row=1, col=2)
+    fig.update_layout(height=520, legend=dict(orientation="h", y=-0.22), margin=dict(b=150))
     return fig
 
 

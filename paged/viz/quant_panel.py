@@ -165,7 +165,9 @@ class ChatPanel:
         first = int(self.df["first_divergence"].iloc[0])
         n = int(self.df["num_tokens"].min())
         same = "identical" if first >= n else f"the same for {first} of {n} tokens"
-        self.status.value = (f"{html.escape(' vs '.join(formats))}: {same} "
+        speed = ", ".join(f"{html.escape(f)} {r:.1f} tokens/s" for f, r in
+                          zip(self.df["format"], self.df["decode_tokens_per_s"]))
+        self.status.value = (f"{html.escape(' vs '.join(formats))}: {same}; decode {speed} "
                              f"({time.perf_counter() - t0:.1f} s for both engines)")
         return self.df
 
