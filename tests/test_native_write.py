@@ -58,8 +58,8 @@ def test_native_split_write_is_bit_identical_to_the_reference(name, monkeypatch)
     monkeypatch.setattr(quant_write, "write_split", counted)
     lens, tabs = [5, 17, 30], [[0, 1, 2, 3, 4, 5, 6, 7, 8], [10, 11, 12, 13, 14, 15, 16, 17, 18], list(range(20, 29))]
     for k, v, sl, pos in _writes(g, lens, tabs, bs, h, d, extreme=name.startswith("fp16")):
-        kernels.write_kv(k, v, ref, None, sl.int(), positions=pos, backend="torch")
-        kernels.write_kv(k, v, nat, None, sl.int(), positions=pos, backend="native")
+        kernels.write_kv(k, v, ref, sl.int(), positions=pos, backend="torch")
+        kernels.write_kv(k, v, nat, sl.int(), positions=pos, backend="native")
         a, b = _state(ref), _state(nat)
         for n in a:
             assert torch.equal(a[n].view(torch.uint8) if a[n].is_floating_point() else a[n],
@@ -96,8 +96,8 @@ def test_native_plain_write_is_bit_identical_to_the_reference(name, dtype, monke
     for k, v, sl, _ in _writes(g, lens, tabs, bs, h, d):
         k, v = k.to(dtype), v.to(dtype)
         v[0, 0, :4] = torch.tensor([0.5, -0.5, 1.5, 2.5])  # ties of torch.round (half to even)
-        kernels.write_kv(k, v, ref, None, sl.int(), backend="torch")
-        kernels.write_kv(k, v, nat, None, sl.int(), backend="native")
+        kernels.write_kv(k, v, ref, sl.int(), backend="torch")
+        kernels.write_kv(k, v, nat, sl.int(), backend="native")
         a, b = _state(ref), _state(nat)
         for n in a:
             assert torch.equal(a[n].view(torch.uint8) if a[n].is_floating_point() else a[n],
