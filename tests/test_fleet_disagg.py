@@ -42,3 +42,19 @@ def test_colocated_runs_every_request():
 def test_bad_input(call):
     with pytest.raises(ConfigError):
         call()
+
+
+def test_disaggregated_pools_serve_every_request_and_pay_the_transfer():
+    from paged.fleet.disagg_pools import disagg_study, run_disagg
+    from paged.fleet.workloads import shared_prefix_trace
+    from paged.sim.config import SimConfig
+    tr = shared_prefix_trace(20, 2.0, 1, 512, 0, 16)
+    tr["prefix_id"], tr["prefix_tokens"] = -1, 0
+    cfg = SimConfig(model="llama-2-13b", enable_prefix_caching=False, enable_chunked_prefill=False)
+    df = run_disagg(cfg, tr, 1, 1, bandwidth=1e9, layerwise=False)
+    assert df["finish_s"].notna().all() and (df["finish_s"] > df["first_token_s"]).all()
+    assert df["transfer_s"].to_numpy() == pytest.approx(kv_transfer_bytes("llama-2-13b", 512) / 1e9)
+    out = disagg_study(num_gpus=2, prefill_gpus=(1,), num_requests=20, rate=2.0, prompt_tokens=512, output_tokens=16)
+    assert list(out["mode"]) == ["colocated", "colocated_chunked", "disagg_1p1d"]
+    with pytest.raises(ConfigError, match="prefill_gpus"):
+        disagg_study(num_gpus=2, prefill_gpus=(2,))

@@ -137,6 +137,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           doc="a simulated fleet: routing policy x replicas x pool -> hit rate, TTFT, replica spread"),
     Study("fleet_numa", "paged.fleet.numa:numa_point",
           doc="NUMA host tier: one placement policy (and interleave) -> remote-socket accesses, transfer time"),
+    Study("fleet_disagg", "paged.fleet.disagg_pools:disagg_study",
+          doc="prefill/decode pools vs colocated (with and without chunked prefill): SLO attainment, goodput"),
     Study("swap_error", "paged.studies.swap_error:swap_error_study", doc="the error compressed swap adds"),
     Study("mooncake_table", "paged.studies.mooncake:table2", doc="Mooncake Table 2: requests, lengths, reuse"),
     Study("prefix_capacity", "paged.studies.mooncake:capacity_point", files=("trace",),
