@@ -8,7 +8,8 @@
     result.per_replica                 # one summary row per replica
 
 Time is discrete-event over the replicas' own clocks: the replica with work whose clock is
-earliest steps next, unless the next arrival comes first; then the router sees every replica as
+earliest steps next (a heap of busy replicas by clock: O(log replicas) per step, idle replicas
+cost nothing), unless the next arrival comes first; then the router sees every replica as
 it stands at that arrival (a replica mid-step is a step ahead: the request waits for that step
 to end, as it would on a real engine) and the request joins the chosen replica's queue. Prompts
 are the simulator's synthetic ones (shared ``prefix_id`` = shared tokens), made once, so every
@@ -23,6 +24,7 @@ fit the replica it was routed to), and no replica holds a block in use.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass
@@ -104,12 +106,17 @@ class SimFleet:
         self.rejected: list[tuple[int, str]] = []
         self.inflight: dict[str, Arrival] = {}
         reps, d = self.replicas, self.dispatcher
-        stalled: set[int] = set()   # busy replicas that could not schedule: wait for the next event
+        self.ready: list[tuple[float, int]] = []   # heap of (clock, index): busy replicas that can step
+        self.queued: set[int] = set()             # replicas with an entry in ``ready``
+        stalled: list[SimReplica] = []   # busy replicas that could not schedule: wait for the next event
+        times, n, nxt = a.time, a.n, a.next
+        t_arrival = float(times[0]) if n else math.inf
         while True:
-            busy = [r for r in reps if r.busy() and r.index not in stalled]
-            t_next = min(float(a.time[a.next]) if a.next < a.n else math.inf, failures[0][0] if failures else math.inf)
-            r = min(busy, key=lambda x: x.now) if busy else None
+            t_next = min(t_arrival, failures[0][0] if failures else math.inf)
+            r = self.earliest()
             if r is not None and r.now <= t_next:
+                heapq.heappop(self.ready)
+                self.queued.discard(r.index)
                 s = r.step()
                 for done in r.take_finished():
                     d.finished(r.index, done.request_id)
@@ -119,20 +126,45 @@ class SimFleet:
                         raise SimulationStuck(f"replica {r.name} cannot schedule its waiting request(s) and no "
                                               "arrival is pending; give it more blocks (or lower the watermark)")
                     r.clock.advance_to(max(r.now, t_next))
-                    stalled.add(r.index)
+                    stalled.append(r)
+                else:
+                    self.enqueue(r)
                 continue
             if math.isinf(t_next):
                 break
+            for x in stalled:
+                self.enqueue(x)
             stalled.clear()
             if failures and failures[0][0] <= t_next:
                 self.fail(failures.pop(0)[1], t_next)
                 continue
-            i = a.next
-            a.next += 1
+            i = nxt
+            nxt = a.next = i + 1
+            t_arrival = float(times[nxt]) if nxt < n else math.inf
             self.admit(i, Arrival(str(i), tuple(a.prompt_ids(i, toks)), int(a.output[i]), session_of(a, i)),
                        t_next, t_next)
         self.wall_s = time.perf_counter() - wall0
         return self.result(tr, self.stamps, self.rejected)
+
+    def enqueue(self, r: SimReplica) -> None:
+        """``r`` may step (again): give it an entry in the ready heap, if it is busy and has none."""
+        if r.index not in self.queued and r.busy():
+            heapq.heappush(self.ready, (r.now, r.index))
+            self.queued.add(r.index)
+
+    def earliest(self) -> SimReplica | None:
+        """The busy replica with the earliest clock (the lowest index among equal clocks), or None;
+        entries of replicas that went idle (a failure aborted their requests) are dropped."""
+        ready, reps = self.ready, self.replicas
+        while ready:
+            t, i = ready[0]
+            r = reps[i]
+            if r.busy() and t == r.now:
+                return r
+            heapq.heappop(ready)
+            self.queued.discard(i)
+            self.enqueue(r)          # its clock moved while it was idle: queued again at its clock
+        return None
 
     def admit(self, i: int, arrival: Arrival, t: float, arrived: float, reroutes: int = 0) -> None:
         """Route trace row ``i`` at time ``t`` (it arrived at ``arrived``) and queue it there."""
@@ -147,6 +179,7 @@ class SimFleet:
             self.dispatcher.finished(k, arrival.request_id)
             return
         self.inflight[arrival.request_id] = arrival
+        self.enqueue(self.replicas[k])
 
     def fail(self, index: int, t: float) -> None:
         """Replica ``index`` goes away at ``t``: abort what it holds, route it again (ReplicaDownWarning)."""
@@ -174,7 +207,7 @@ class SimFleet:
         reqs = pd.DataFrame(rows, columns=list(telemetry.REQUEST_COLUMNS) + ["replica", "num_reroutes"])
         reqs["rejected"] = False
         reqs.loc[[i for i, _ in rejected], "rejected"] = True
-        steps = pd.DataFrame([row for r in self.replicas for row in r.rows],
+        steps = pd.DataFrame([row for r in self.replicas for row in r.step_rows()],
                              columns=list(telemetry.STEP_COLUMNS) + ["replica"])
         routing = self.dispatcher.frame()
         per = pd.DataFrame([self.replica_summary(r, reqs[reqs["replica"] == r.index]) for r in self.replicas])
@@ -193,8 +226,8 @@ class SimFleet:
                 "tensor_parallel": r.config.tensor_parallel, "num_kv_blocks": r.num_blocks,
                 "requests": len(reqs), "hit_rate": float(fin["num_cached_tokens"].sum()) / prompt if prompt else 0.0,
                 "ttft_p50_s": _q(fin["ttft_s"], 0.5), "ttft_p99_s": _q(fin["ttft_s"], 0.99),
-                "prefill_tokens": int(prompt - fin["num_cached_tokens"].sum()), "steps": len(r.rows),
-                "busy_s": float(sum(x["step_time_s"] for x in r.rows))}
+                "prefill_tokens": int(prompt - fin["num_cached_tokens"].sum()), "steps": len(r.records),
+                "busy_s": float(sum(x.step_time_s for x in r.records))}
 
 
 def session_of(a: Arrivals, i: int) -> str | None:

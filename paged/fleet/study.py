@@ -3,6 +3,7 @@
     routing_study(policy="kv_aware", num_replicas=8)        # one fleet run -> one summary row (dict)
     compare_policies(num_replicas=8)                          # one row per policy, same requests
     hot_prefix_study(hot_share=0.7)                           # affinity vs the load term on a hot prefix
+    mooncake_policies(1000, num_replicas=8)                   # each policy on Mooncake's conversation trace
 
 Every run builds its replicas from one ``SimConfig`` (``model``, ``gpu``, ``tensor_parallel``,
 ``block_size``, ``num_blocks``: None = what the GPUs hold) and routes ``shared_prefix_trace``.
@@ -62,3 +63,20 @@ def hot_prefix_study(hot_share: float = 0.7, overlap_weights: Sequence[float] = 
     rows = [routing_study("kv_aware", num_replicas, overlap_weight=w, **base) for w in overlap_weights]
     rows += [routing_study(p, num_replicas, **base) for p in ("cache_aware", "round_robin")]
     return pd.DataFrame(rows)
+
+
+def mooncake_policies(num_requests: int | None = 1000, num_replicas: int = 8,
+                      policies: Sequence[str] = ("round_robin", "least_outstanding", "kv_aware", "cache_aware"),
+                      model: str = "llama-3.1-70b", gpu: str = "a100-80gb", tensor_parallel: int = 8,
+                      trace: str = "conversation") -> pd.DataFrame:
+    """Each policy on the first ``num_requests`` of a Mooncake trace (its own 512-token content
+    blocks as shared tokens; None: all), one row per policy with ratios to round robin's."""
+    from paged.studies.mooncake import mooncake_trace
+    tr = mooncake_trace(trace, num_requests)
+    cfg = SimConfig(model=model, gpu=gpu, tensor_parallel=tensor_parallel, block_size=16)
+    df = pd.DataFrame([SimFleet(cfg, p, num_replicas=num_replicas).run(tr).summary for p in policies])
+    if "round_robin" in set(df["policy"]):
+        rr = df[df["policy"] == "round_robin"].iloc[0]
+        df["hit_rate_vs_rr"] = df["hit_rate"] / rr["hit_rate"] if rr["hit_rate"] else float("nan")
+        df["ttft_p99_vs_rr"] = df["ttft_p99_s"] / rr["ttft_p99_s"]
+    return df
