@@ -25,7 +25,6 @@ overlapping its compute (it is added to the node's busy time and the TTFT).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,7 +34,8 @@ from paged.errors import ConfigError
 from paged.sim.arrivals import Arrivals, SyntheticPrompts
 from paged.sim.cost_model import CostModel
 from paged.sim.shapes import StepShape
-from paged.sim.workload import load_trace, normalize_trace
+from paged.sim.trace_files import mooncake_trace
+from paged.sim.workload import normalize_trace
 
 from .caches import chain_keys
 from .pool import Network, PooledTier, chain_ids, max_hit_blocks
@@ -153,22 +153,11 @@ def _summary(reqs: pd.DataFrame, tier: PooledTier, cost: CostModel, routing: str
             "link_gb_s": tier.network.bytes_per_s / 1e9}
 
 
-MOONCAKE = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake"
-
-
 def _trace(trace: str | pd.DataFrame, num_requests: int | None) -> tuple[str, pd.DataFrame]:
     """A trace frame, a Mooncake trace by name (``data/traces/mooncake``) or a trace file path."""
     if isinstance(trace, pd.DataFrame):
         return "custom", trace.iloc[:num_requests] if num_requests else trace
-    path = Path(trace)
-    if not path.exists():
-        found = sorted(MOONCAKE.glob(f"{trace}_trace.jsonl*"))
-        if not found:
-            have = sorted(p.name.split("_trace")[0] for p in MOONCAKE.glob("*_trace.jsonl*"))
-            raise ConfigError(f"no Mooncake trace {trace!r} in {MOONCAKE}; use one of {have} or a trace file path")
-        path = found[0]
-    tr = load_trace(path)
-    return str(trace), tr.iloc[:num_requests] if num_requests else tr
+    return str(trace), mooncake_trace(str(trace), num_requests)
 
 
 def pool_point(trace: str = "conversation", mode: str = "pooled", nodes: int = 10,

@@ -71,7 +71,7 @@ def mooncake_policies(num_requests: int | None = 1000, num_replicas: int = 8,
                       trace: str = "conversation") -> pd.DataFrame:
     """Each policy on the first ``num_requests`` of a Mooncake trace (its own 512-token content
     blocks as shared tokens; None: all), one row per policy with ratios to round robin's."""
-    from paged.studies.mooncake import mooncake_trace
+    from paged.sim.trace_files import mooncake_trace
     tr = mooncake_trace(trace, num_requests)
     cfg = SimConfig(model=model, gpu=gpu, tensor_parallel=tensor_parallel, block_size=16)
     df = pd.DataFrame([SimFleet(cfg, p, num_replicas=num_replicas).run(tr).summary for p in policies])

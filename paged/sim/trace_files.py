@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,7 +22,10 @@ import pandas as pd
 from paged.errors import ConfigError, PagedError
 from paged.sim.content_blocks import BLOCK_COLUMN, BLOCK_SIZE_ATTR, check_block_column
 
-__all__ = ["TRACE_COLUMNS", "TraceFormatError", "normalize_trace", "load_trace", "save_trace"]
+__all__ = ["TRACE_COLUMNS", "TraceFormatError", "normalize_trace", "load_trace", "save_trace", "MOONCAKE_DIR",
+           "mooncake_trace"]
+
+MOONCAKE_DIR = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake"
 
 TRACE_COLUMNS = ["arrival_time", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens"]
 
@@ -282,3 +286,18 @@ def save_trace(df: pd.DataFrame, path: str | os.PathLike) -> None:
         tr = tr.assign(**{BLOCK_COLUMN: [" ".join(map(str, ids.tolist())) for ids in tr[BLOCK_COLUMN]],
                           BLOCK_SIZE_ATTR: int(tr.attrs[BLOCK_SIZE_ATTR])})
     tr.to_csv(path, index=False, float_format="%.6f")
+
+
+def mooncake_trace(name: str, num_requests: int | None = None) -> pd.DataFrame:
+    """A Mooncake trace by name (``conversation``, ``synthetic``; ``toolagent`` if its file was put
+    in ``data/traces/mooncake``) or by path, cut to its first ``num_requests`` rows."""
+    path = Path(name)
+    if not path.exists():
+        found = sorted(MOONCAKE_DIR.glob(f"{name}_trace.jsonl*"))
+        if not found:
+            have = sorted(p.name.split("_trace")[0] for p in MOONCAKE_DIR.glob("*_trace.jsonl*"))
+            raise ConfigError(f"no Mooncake trace {name!r} in {MOONCAKE_DIR}; have {have} (toolagent_trace.jsonl is "
+                              f"stored apart by Mooncake: put it there), or give a file path")
+        path = found[0]
+    tr = load_trace(path)
+    return tr.iloc[:num_requests] if num_requests else tr

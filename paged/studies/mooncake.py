@@ -14,13 +14,12 @@ trace's own count, from the ids alone: leading ids that an earlier request had.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
-from paged.errors import ConfigError
-from paged.sim.workload import load_trace, normalize_trace
+from paged.sim.trace_files import mooncake_trace
+from paged.sim.workload import normalize_trace
 from paged.studies.cache_replay import replay_prefix_cache
 
 __all__ = ["PAPER_TABLE2", "PAPER_FRACTION_AT_3M", "CAPACITIES", "mooncake_trace", "reuse_depth", "trace_reuse", "table2",
@@ -33,23 +32,6 @@ PAPER_TABLE2 = {  # requests, mean input, mean output, cache ratio (FAST'25 Tabl
 }
 PAPER_FRACTION_AT_3M = {"conversation": 0.41, "toolagent": 0.75, "synthetic": 0.46}  # Fig. 9 labels
 CAPACITIES = (10**6, 2 * 10**6, 3 * 10**6, 5 * 10**6, 10**7, 2 * 10**7, 5 * 10**7, 10**8)
-DATA = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake"
-
-
-def mooncake_trace(name: str, num_requests: int | None = None) -> pd.DataFrame:
-    """A Mooncake trace by name (``conversation``, ``synthetic``; ``toolagent`` if its file was put
-    in ``data/traces/mooncake``) or by path, cut to its first ``num_requests`` rows."""
-    if Path(name).exists():
-        path = Path(name)
-    else:
-        found = sorted(DATA.glob(f"{name}_trace.jsonl*"))
-        if not found:
-            have = sorted(p.name.split("_trace")[0] for p in DATA.glob("*_trace.jsonl*"))
-            raise ConfigError(f"no Mooncake trace {name!r} in {DATA}; have {have} (toolagent_trace.jsonl is "
-                              f"stored apart by Mooncake: put it there), or give a file path")
-        path = found[0]
-    tr = load_trace(path)
-    return tr.iloc[:num_requests] if num_requests else tr
 
 
 def reuse_depth(trace: pd.DataFrame) -> pd.DataFrame:
