@@ -127,7 +127,8 @@ def _serve(work: Path, argv: list[str], port: int) -> subprocess.Popen:
     # no "get notified about Jupyter news?" pop-up over the page (`make install` writes the same setting)
     (work / ".jconfig" / "labconfig").mkdir(parents=True, exist_ok=True)
     (work / ".jconfig" / "labconfig" / "page_config.json").write_text(
-        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True},
+                    "exposeAppInBrowser": True}))  # window.jupyterapp: the test reads the notebook's kernel
     log = open(work / f".server-{port}.log", "w")
     srv = subprocess.Popen(argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     t0 = time.time()
@@ -180,6 +181,12 @@ def _shot(page, name: str) -> None:
         page.screenshot(path=os.path.join(shots, name))
 
 
+# the page's signal that Run All took: a code cell is running or has run, or a dialog opened instead
+RUN_STARTED = """() => document.querySelector('.jp-Dialog') !== null ||
+    Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
+        .some(e => e.textContent.includes('*') || /[0-9]/.test(e.textContent))"""
+
+
 def _started(page) -> bool:
     """Some code cell is running or has run (its prompt shows '*' or a number)."""
     prompts = page.evaluate("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
@@ -187,18 +194,65 @@ def _started(page) -> bool:
     return any("*" in p or any(ch.isdigit() for ch in p) for p in prompts)
 
 
-def _open(page, port: int, token: str, name: str) -> None:
-    """Open notebook `name` in a workspace of its own, ready to run: its cells drawn and its kernel idle.
+def _api(port: int, token: str, path: str, method: str = "GET", body: dict | None = None):
+    """One call of the Jupyter server's REST API (JSON in, JSON out)."""
+    import urllib.request
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/{path}?token={token}", method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        text = r.read()
+    return json.loads(text) if text else None
 
-    Not `/lab/tree/...?reset`: resetting the workspace reloads the page after it has started a kernel
-    session, and on a busy machine the reload's session and the first one's raced -- the notebook was
-    left on a kernel shut down while it started ("Kernel never reached an 'alive' state", a Select
-    Kernel dialog, cells that never ran: 00 did not finish in 420 s). A new workspace has nothing to reset."""
+
+def _sessions_of(port: int, token: str, name: str) -> list[dict]:
+    return [s for s in _api(port, token, "sessions") if s["path"] == f"notebooks/{name}"]
+
+
+def _one_session(port: int, token: str, name: str) -> str | None:
+    """None when notebook `name` has exactly one kernel session, else what the server holds for it."""
+    found = _sessions_of(port, token, name)
+    if len(found) == 1:
+        return None
+    return f"{len(found)} kernel sessions for notebooks/{name} (exactly one expected): " + \
+        json.dumps([{"id": s["id"], "kernel": s["kernel"]["id"], "state": s["kernel"].get("execution_state")}
+                    for s in found])
+
+
+def _open(page, port: int, token: str, name: str) -> None:
+    """Open notebook `name` in a workspace of its own, ready to run: its cells drawn, its one kernel idle.
+
+    The kernel session is made first, through the server's REST API, and the page then opens the notebook:
+    JupyterLab finds the session by the notebook's path and connects to it, so the page never starts a
+    kernel of its own. (Left to the page, a busy machine sometimes gave a notebook TWO sessions -- the page's
+    start raced a second one, a "Select Kernel" dialog took the default -- and Run All then waited for ever
+    on the kernel that was not the one the cells were sent to: 00 and 08 did not finish in 420 s.)
+    Not `/lab/tree/...?reset`: that reloads the page after it has started a session (the same race)."""
+    kernel = json.loads((SOURCE / name).read_text() if (SOURCE / name).exists() else "{}") \
+        .get("metadata", {}).get("kernelspec", {}).get("name", "python3")
+    assert not _sessions_of(port, token, name), f"{name}: a kernel session is left over from before"
+    session = _api(port, token, "sessions", "POST",
+                   {"path": f"notebooks/{name}", "name": name, "type": "notebook", "kernel": {"name": kernel}})
     workspace = f"t{os.urandom(6).hex()}"
     page.goto(f"http://127.0.0.1:{port}/lab/workspaces/{workspace}/tree/notebooks/{name}?token={token}",
               timeout=120_000)
     page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    # not the toolbar's execution indicator: it reads 'idle' before any kernel is connected, and a Run All
+    # clicked then asks "Select Kernel" (taking its default started the second kernel)
+    page.wait_for_function(KERNEL_READY, timeout=120_000, polling=250)
+    shown = page.evaluate(KERNEL_READY)
+    assert shown == session["kernel"]["id"], \
+        f"{name}: the page is on kernel {shown}, not the session's {session['kernel']['id']}"
+    two = _one_session(port, token, name)
+    assert two is None, f"{name}: on opening, {two}"
+
+
+# the page's own state (JupyterLab's app, exposed by the test's page_config): the id of the open notebook's
+# kernel once its session is ready, the kernel connected and idle; else null
+KERNEL_READY = """() => {
+    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const sc = w && w.sessionContext, k = sc && sc.session && sc.session.kernel;
+    return sc && sc.isReady && k && k.connectionStatus === 'connected' && k.status === 'idle' ? k.id : null; }"""
 
 
 def _kernel_lost(page) -> str | None:
@@ -223,19 +277,21 @@ def _settled(page, most_s: float = 60) -> None:
 
 
 def _run_all(page, tries: int = 4) -> None:
-    """Run > Run All Cells, as a person would. A click made while the kernel is still starting can be
-    lost, and one made before the kernel session exists asks "Select Kernel" (take the default): retry."""
+    """Run > Run All Cells, as a person would, once the page shows the kernel idle (see `_open`). A click
+    that the menu swallowed (no cell started) is retried; a dialog (a "Select Kernel" would start a second
+    kernel) fails at once with its text."""
     for _ in range(tries):
         page.click(".lm-MenuBar-item:has-text('Run')", timeout=30_000)
         page.click(".lm-Menu-item:has-text('Run All Cells')", timeout=30_000)
-        t0 = time.time()
-        while time.time() - t0 < 20:
-            accept = page.locator(".jp-Dialog .jp-mod-accept")
-            if accept.count():
-                accept.first.click()
-            if _started(page):
-                return
-            time.sleep(0.5)
+        try:
+            page.wait_for_function(RUN_STARTED, timeout=20_000, polling=250)
+        except Exception as e:  # noqa: BLE001 - playwright's TimeoutError
+            if "Timeout" not in type(e).__name__:
+                raise
+        if page.locator(".jp-Dialog").count():
+            raise AssertionError(f"Run All Cells opened a dialog: {page.inner_text('.jp-Dialog')[:500]!r}")
+        if _started(page):
+            return
     raise AssertionError(f"Run > Run All Cells started no cell in {tries} tries")
 
 
@@ -322,7 +378,7 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
                 mid_shot = True
             if _all_cells_ran(page):
                 break
-            lost = _kernel_lost(page)
+            lost = _kernel_lost(page) or _one_session(port, token, name)
             assert lost is None, f"{name}: {lost}; {_stuck(page, workdir, port)}"
         assert _all_cells_ran(page), \
             f"{name}: not every cell ran within {DEADLINE_S:.0f} s; {_stuck(page, workdir, port)}"
@@ -357,13 +413,13 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
 
 
 def _shut_down_kernels(port: int, token: str) -> None:
-    import urllib.request
-    base = f"http://127.0.0.1:{port}/api/sessions"
-    with urllib.request.urlopen(f"{base}?token={token}", timeout=30) as r:
-        sessions = json.load(r)
-    for s in sessions:
-        req = urllib.request.Request(f"{base}/{s['id']}?token={token}", method="DELETE")
-        urllib.request.urlopen(req, timeout=60).close()
+    """Every kernel session ends (DELETE), and the server lists none before the next notebook opens."""
+    for s in _api(port, token, "sessions"):
+        _api(port, token, f"sessions/{s['id']}", "DELETE")
+    t0 = time.time()
+    while _api(port, token, "kernels"):
+        assert time.time() - t0 < 60, f"kernels still running 60 s after their sessions ended: {_api(port, token, 'kernels')}"
+        time.sleep(0.5)
 
 
 def test_git_status_is_clean_after_every_notebook_ran(workdir: Path, lab) -> None:
@@ -481,7 +537,7 @@ def test_live_plot_survives_a_slow_page(lab: tuple[int, str], workdir: Path, bro
         t_load = time.time()
         _run_all(page)
         while time.time() - t_load < DEADLINE_S and not _all_cells_ran(page):
-            lost = _kernel_lost(page)
+            lost = _kernel_lost(page) or _one_session(port, token, SLOW_PAGE)
             assert lost is None, f"slow page: {lost}; {_stuck(page, workdir, port)}"
             time.sleep(2)
         t_ran = time.time()
