@@ -14,14 +14,13 @@ Invariant (checked by the tests): the precise view's blocks are exactly the pool
 """
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Any, Callable
 
 from paged.connect.wire import AllBlocksCleared
 from paged.core import events as ev
 from paged.core.clock import SimulatedClock
 from paged.core.loop import Step, StepLoop
-from paged.core.record import STEP_FIELDS
+from paged.core.record import record_values
 from paged.core.request import Request
 from paged.sim.executor import RooflineExecutor
 
@@ -29,7 +28,6 @@ from .caches import PreciseCache
 
 
 CACHE_KINDS = frozenset((ev.CACHE_BLOCK, ev.EVICT, ev.TIER_OUT, ev.RESET))
-step_tuple = attrgetter(*STEP_FIELDS)   # a StepRecord -> its row as a tuple, in STEP_FIELDS order
 
 
 class CacheTap(ev.Recorder):
@@ -138,7 +136,7 @@ class SimReplica:
 
     def step_rows(self) -> list[tuple]:
         """One ``STEP_FIELDS`` tuple per executed step, then this replica's index."""
-        return [step_tuple(r) + (self.index,) for r in self.records]
+        return [record_values(r) + (self.index,) for r in self.records]
 
     def after_update(self, step: Step) -> None:
         """The loop's observer: stamp the step's requests and the finished ones."""
