@@ -54,8 +54,8 @@ def test_mla_refuses_scaled_formats():
 
 def test_sliding_window_every_layer_mistral_7b_v01():
     # mistralai/Mistral-7B-v0.1 config.json: 32 layers, 8 KV heads, head_dim 128, sliding_window 4096
-    m = ModelSpec("mistral-7b-v0.1", 32, 4096, 32, 8, 14336, 32000, max_model_len=32768,
-                  layer_pattern="W", sliding_window=4096)
+    m = get_model("mistral-7b-v0.1")
+    assert (m.num_layers, m.num_kv_heads, m.head_dim, m.sliding_window, m.max_model_len) == (32, 8, 128, 4096, 32768)
     per_layer = 2 * 8 * 128 * 2
     assert m.kv_bytes_per_token() == 32 * per_layer == 131_072
     layout = m.kv_layout()
@@ -69,6 +69,37 @@ def test_sliding_window_every_layer_mistral_7b_v01():
     assert layout.request_pages(K128) == 8192 - 126977 // 16 == 256
     assert layout.request_bytes(K128) == 256 * page == 536_870_912
     assert layout.content_bytes(K128) == 32 * 4095 * per_layer  # flat once past the window
+    # the whole request: 256 pages at 4k (536,870,912 bytes), still 256 at 128k; every layer full: 64x more
+    assert layout.request_bytes(K4) == layout.request_bytes(K128) == 256 * 2_097_152
+    assert get_model("mistral-7b").kv_layout().request_bytes(K128) == 8192 * 2_097_152
+
+
+def test_all_sliding_model_is_simulated(capsys):
+    """``python -m paged simulate --model mistral-7b-v0.1`` runs on the anchored pool and frees
+    every page at the end; the pages it held never exceed what the windows need."""
+    import json
+    from paged.cli import main
+    from paged.sim.config import SimConfig
+    from paged.sim.simulator import Simulator
+    from paged.sim.workload import synthetic_trace
+
+    assert main(["simulate", "--model", "mistral-7b-v0.1", "--gpu", "a100-80gb", "--num-requests", "12",
+                 "--workload", "sharegpt", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests_finished"] == 12 and out["num_blocks_in_use_at_end"] == 0
+    # long prompts sharing a 4,800-token prefix, no memory pressure: the hits found from the right (the
+    # window before the hit point) are the hits of the same model with every layer full, on fewer pages
+    from paged.studies.layouts import every_layer_full
+    trace = synthetic_trace("sharegpt", 16, num_prefixes=1, prefix_tokens=4800, max_model_len=8192)
+    runs = {}
+    for m in ("mistral-7b-v0.1", every_layer_full("mistral-7b-v0.1")):
+        sim = Simulator(SimConfig(model=m, gpu="a100-80gb", num_blocks=1200, max_model_len=8192))
+        runs[sim.layout.is_hybrid] = res = sim.run(trace)
+        sim.kv.check_invariants()
+        assert res.summary["num_blocks_in_use_at_end"] == 0
+    sliding, full = runs[True], runs[False]
+    assert sliding.summary["prefix_cache_hit_tokens"] == full.summary["prefix_cache_hit_tokens"] == 15 * 4800
+    assert sliding.steps["num_used_blocks"].max() < full.steps["num_used_blocks"].max()
 
 
 # ---- local / global hybrids -----------------------------------------------------------------------

@@ -37,7 +37,13 @@ layouts = st.sampled_from([
     ["sliding"] * 5 + ["full"],               # gemma 3: 5 local per global -> 5 sliding groups
     ["full", "full", "sliding", "sliding"],   # groups of 2
     ["full", "sliding", "full", "full"],      # 1.5x rule: groups of 3, one sliding group (padded)
+    ["sliding"],                              # Mistral-7B v0.1: every layer slides (anchored pool)
 ])
+
+
+def _kept(kv):
+    """The layout's groups ``kv.groups`` keeps (all of them when no group is full: anchored)."""
+    return kv.layout.groups[0 if kv.anchored else 1:]
 
 
 @settings(max_examples=60, deadline=None)
@@ -55,13 +61,13 @@ def test_window_blocks_are_freed_exactly_when_no_query_reads_them(kinds, bs, win
         n = min(chunk, req.num_tokens - computed)
         assert kv.allocate_slots(req, n) is not None
         skipped = max(0, computed - window + 1)  # the next query (at `computed`) reads from here on
-        for g, table in zip(layout.groups[1:], _group_tables(kv, "r")):
+        for g, table in zip(_kept(kv), _group_tables(kv, "r")):
             assert len(table) == -(-(computed + n) // bs)
             for p, block in enumerate(table):
                 readable = g.kind == FULL or (p + 1) * bs > skipped
                 assert (block is not None) == readable, (g.kind, p, computed, window)
-        assert len(kv.blocks_of("r")) == -(-(computed + n) // bs)  # the full group keeps everything
-        assert kv.num_used_blocks == len(kv.blocks_of("r")) + kv.groups.held("r")
+        assert len(kv.blocks_of("r")) == -(-(computed + n) // bs)  # the full group (or chain) has everything
+        assert kv.num_used_blocks == (0 if kv.anchored else len(kv.blocks_of("r"))) + kv.groups.held("r")
         kv.check_invariants()
         req.num_computed_tokens = computed + n
     kv.free("r")
@@ -103,7 +109,7 @@ def test_prefix_hit_never_returns_a_block_whose_window_is_gone(kinds, bs, window
         trimmed += len(hit) < len(own)
         L, tables = kv.groups.trim_hit(kv.prefix.hashes[req.request_id], req.token_ids, own)
         assert L == len(hit)
-        for i, g in enumerate(layout.groups[1:]):
+        for i, g in enumerate(_kept(kv)):
             lo = max(0, L - kv.groups.need[i]) if g.kind == SLIDING else 0
             for p in range(lo, L):
                 block = tables[i][p]
@@ -180,8 +186,8 @@ def test_state_layers_get_no_prefix_hit_but_keep_their_pages():
 
 
 def test_hybrid_pool_refuses_what_it_does_not_offer():
-    with pytest.raises(ConfigError, match="full-attention group first"):
-        HybridKVCacheManager(16, _layout(["sliding"], 4, 8))
+    with pytest.raises(ConfigError, match="needs an attention group"):
+        HybridKVCacheManager(16, make_layout(["state"], 0, 4, state_bytes=100))
     with pytest.raises(ConfigError, match="host tier"):
         HybridKVCacheManager(16, _layout(["full", "sliding"], 4, 8), enable_host_tier=True, num_cpu_blocks=4)
     kv = HybridKVCacheManager(16, _layout(["full", "sliding"], 4, 8))
@@ -228,3 +234,58 @@ def test_shared_window_blocks_never_overcommit_the_pool(kinds, bs, window, pool,
 def test_the_hybrid_pool_is_a_kv_cache():
     from paged.core.kv_cache import KVCache
     assert isinstance(HybridKVCacheManager(16, _layout(["full", "sliding"], 4, 8)), KVCache)
+    assert isinstance(HybridKVCacheManager(16, _layout(["sliding"], 4, 8)), KVCache)
+
+
+# ---- every layer sliding (anchored: the manager keeps only the content chain) ---------------------
+
+def test_all_sliding_pool_holds_only_the_window_and_frees_blocks_as_they_leave_it():
+    bs, window = 4, 8  # need = cdiv(7, 4) = 2 blocks before a hit point
+    kv = HybridKVCacheManager(64, _layout(["sliding", "sliding"], bs, window))  # one group of 2 layers
+    assert kv.anchored and len(kv.layout.groups) == 1
+    a = Request("a", list(range(100, 140)), max_tokens=1)  # 40 tokens, 10 blocks
+    freed = []
+    for start in range(0, 40, 4):  # one block per step
+        assert kv.allocate_slots(a, 4) is not None
+        a.num_computed_tokens = start + 4
+        freed.append(kv.groups.retire("a", a.num_computed_tokens))
+    # after n tokens the next query reads n - 7 .. n: block p goes once 4(p + 1) <= n - 7
+    assert freed == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert kv.num_used_blocks == kv.groups.held("a") == 2 == kv.layout.request_pages(40)
+    assert len(kv.blocks_of("a")) == 10  # the chain: content ids, no pages
+    kv.check_invariants()
+    kv.free("a")
+    assert kv.num_used_blocks == 0 and kv.pool.num_cached_free == 10  # freed pages keep their hashes
+
+
+def test_all_sliding_hit_needs_only_the_window_before_the_hit_point():
+    """vLLM's SlidingWindowManager: from the right, the first run of ``need`` cached blocks ends the
+    hit; earlier blocks may be gone (None), the chain still verifies the whole prefix."""
+    bs, window = 4, 8
+    kv = HybridKVCacheManager(64, _layout(["sliding"], bs, window))
+    prompt = list(range(100, 140))
+    a = Request("a", prompt, max_tokens=1)
+    kv.allocate_slots(a, 40)
+    a.num_computed_tokens = 40
+    hashes = list(kv.prefix.hashes["a"])
+    kv.free("a")
+    for p in range(0, 6):  # evict the pages of blocks 0..5: only the chain remembers them
+        kv.pool.uncache(kv.pool.lookup(("group", 0, hashes[p])).block_id)
+    b = Request("b", prompt + [1, 2, 3], max_tokens=1)
+    hit = kv.find_cached_prefix(b)
+    assert len(hit) == 10  # blocks 8, 9 are the window before position 40
+    used = kv.num_used_blocks
+    assert kv.allocate_slots(b, 3, hit) is not None
+    table = kv.groups.tables["b"][0]
+    assert table[:8] == [None] * 8 and all(blk is not None for blk in table[8:])
+    assert kv.num_used_blocks == used + 2 + 1  # two revived window pages, one new block
+    assert kv.prefix_cache_hits == 40
+    kv.check_invariants()
+    # a block inside the window gone: the hit steps back to where a whole window is cached (7, 8)
+    kv.free("b")
+    kv.pool.uncache(kv.pool.lookup(("group", 0, hashes[9])).block_id)
+    c = Request("c", prompt + [4], max_tokens=1)
+    assert len(kv.find_cached_prefix(c)) == 9
+    kv.pool.uncache(kv.pool.lookup(("group", 0, hashes[7])).block_id)  # and 7: no window before 9 or 8 ...
+    assert kv.find_cached_prefix(c) == []  # ... nor before 7 (blocks 5, 6: 5 is gone): no hit at all
+    kv.check_invariants()

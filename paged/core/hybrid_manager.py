@@ -13,6 +13,14 @@ manager answers (its pool, counts and tables of the first group); these calls ad
   (``GroupTables.trim_hit``): a hit never hands out a block whose window content is gone;
 - ``free`` releases the groups' blocks too.
 
+A layout with no full-attention group (every layer slides, e.g. Mistral-7B v0.1) is **anchored**:
+``GroupTables`` keeps every group in the pool of pages (``pool``), and the manager keeps only the
+content chain (hashes, verified content ids) in a pool of its own that costs no pages
+(``anchor_capacity`` entries, enough for every running request's chain: created lazily; cached
+ones are its ledger of past prefixes). A hit is then the manager's verified chain of contents,
+trimmed from the right to the last window blocks every group still has (vLLM's
+``SlidingWindowManager``); ``blocks_of`` is that chain, not pages, and snapshots are refused.
+
 Not offered for hybrid layouts (each raises ``ConfigError`` saying so): fork, swap (``swap_out``
 returns None, so preemption recomputes), compaction, the host tier. The decode lane runs the
 general allocation per token (a window can retire a block at any token).
@@ -21,8 +29,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from . import events as ev
 from .block import Block, BlockMapping
-from .kv_groups import FULL, KVLayout
+from .block_pool import BlockPool
+from .kv_groups import FULL, SLIDING, KVLayout
 from .kv_manager import KVCacheManager
 from .request import Request
 from .window import GroupHit, GroupTables
@@ -35,22 +45,44 @@ class HybridKVCacheManager:
     """A KV cache over ``layout``'s groups in one pool (see module docstring)."""
 
     def __init__(self, num_blocks: int, layout: KVLayout, **settings: Any) -> None:
-        if not layout.groups or layout.groups[0].kind != FULL:
-            raise ConfigError("a hybrid layout's pool needs a full-attention group first (its table orders the "
-                              "prefix cache); give the model at least one full-attention layer")
+        if not layout.groups or layout.groups[0].kind not in (FULL, SLIDING):
+            raise ConfigError("a hybrid layout's pool needs an attention group (full or sliding) to order its "
+                              "prefix cache; give the model at least one attention layer")
         if settings.get("enable_host_tier") or settings.get("host_tier_threshold", 1.0) != 1.0:
             raise ConfigError("the host tier is not offered for hybrid (sliding-window / state) layouts; "
                               "turn enable_host_tier off")
-        self.manager = KVCacheManager(num_blocks, layout.block_size, **settings)
+        self.anchored = layout.groups[0].kind != FULL
+        if self.anchored:  # the manager keeps only the content chain, in a pool of its own (no pages)
+            bs, recorder = layout.block_size, settings.pop("recorder", None) or ev.NullRecorder()
+            settings.setdefault("max_model_len", None)
+            if settings["max_model_len"] is None:
+                settings["max_model_len"] = num_blocks * bs
+            self.manager = KVCacheManager(self.anchor_capacity(num_blocks, layout, settings["max_model_len"]),
+                                          bs, **settings)
+            self.pool = BlockPool(num_blocks, eviction=settings.get("eviction", "lru"), recorder=recorder)
+            self.recorder = recorder
+            self.groups = GroupTables(layout, self.pool, recorder, first=0, anchors=self.manager.pool)
+        else:
+            self.manager = KVCacheManager(num_blocks, layout.block_size, **settings)
+            self.pool, self.recorder = self.manager.pool, self.manager.recorder
+            self.groups = GroupTables(layout, self.pool, self.recorder)
         self.layout = layout
-        self.groups = GroupTables(layout, self.manager.pool, self.manager.recorder)
         self._hits: dict[str, tuple[int, GroupHit]] = {}  # request id -> its pending trimmed hit
 
-        m = self.manager  # its parts, read-only here: the pool, prefix index, swap space, recorder
-        self.pool, self.prefix, self.swap_space, self.recorder = m.pool, m.prefix, m.swap_space, m.recorder
-        self.block_size, self.num_blocks, self.max_model_len = m.block_size, m.num_blocks, m.max_model_len
+        m = self.manager  # its parts, read-only here: the prefix index, swap space
+        self.prefix, self.swap_space = m.prefix, m.swap_space
+        self.block_size, self.num_blocks, self.max_model_len = m.block_size, num_blocks, m.max_model_len
         self.num_cpu_blocks, self.enable_prefix_caching = m.num_cpu_blocks, m.enable_prefix_caching
         self.host = None  # no host tier (refused above)
+
+    @staticmethod
+    def anchor_capacity(num_blocks: int, layout: KVLayout, max_model_len: int) -> int:
+        """Entries of an anchored manager's chain pool: a running request holds at least one page per
+        ``need`` (window blocks) of chain entries, so ``num_blocks x (cdiv(max_model_len, block_size)
+        // need + 1)`` never runs out."""
+        bs = layout.block_size
+        need = min(max(1, -(-(g.window - 1) // bs)) for g in layout.groups if g.kind == SLIDING)
+        return num_blocks * (-(-max_model_len // bs) // need + 1)
 
     # ---- the manager's counters and reads (the groups hold no request's table of their own) ----
     @property
@@ -79,11 +111,12 @@ class HybridKVCacheManager:
 
     @property
     def kv_cache_usage_perc(self) -> float:
-        return self.manager.kv_cache_usage_perc
+        return self.pool.num_used / self.num_blocks  # KVCacheParts' formulas, over the pages
 
     @property
     def token_usage(self) -> float:
-        return self.manager.token_usage
+        used = self.pool.num_used
+        return self.pool.num_filled_slots / (used * self.block_size) if used else 0.0
 
     @property
     def num_used_blocks(self) -> int:
@@ -95,7 +128,7 @@ class HybridKVCacheManager:
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return self.manager.num_cached_free_blocks
+        return self.pool.num_cached_free
 
     def has(self, request_id: str) -> bool:
         return self.manager.has(request_id)
@@ -104,7 +137,7 @@ class HybridKVCacheManager:
         return self.manager.request_ids()
 
     def blocks_of(self, request_id: str) -> Sequence[Block]:
-        """The first (full-attention) group's table."""
+        """The first (full-attention) group's table; anchored: the content chain (no pages)."""
         return self.manager.blocks_of(request_id)
 
     def block_table(self, request_id: str) -> list[int]:
@@ -117,7 +150,7 @@ class HybridKVCacheManager:
         return self.manager.can_swap_in(request, num_new_tokens, keep_free=keep_free)
 
     def take_freed_blocks(self) -> list[int]:
-        return self.manager.take_freed_blocks()
+        return self.pool.take_freed() if self.pool.freed else []
 
     def demote_above_threshold(self) -> int:
         return self.manager.demote_above_threshold()
@@ -126,9 +159,12 @@ class HybridKVCacheManager:
         return self.manager.take_tier_ops()
 
     def reset_prefix_cache(self) -> int:
-        return self.manager.reset_prefix_cache()
+        return self.manager.reset_prefix_cache() + (self.pool.reset() if self.anchored else 0)
 
     def snapshot(self, requests=None, **kw):
+        if self.anchored:
+            raise ConfigError("snapshots of a layout with no full-attention group (every layer slides) are not "
+                              "offered; read the counts (num_used_blocks, kv_cache_usage_perc) instead")
         return self.manager.snapshot(requests, **kw)
 
     def append_decode_slots(self, requests: Sequence[Request], i: int, stop: int, starts: list[int],
@@ -153,7 +189,7 @@ class HybridKVCacheManager:
     def check_request(self, request: Request) -> None:
         self.manager.check_request(request)
         total = request.max_total_tokens
-        need = -(-total // self.block_size) + self.groups.max_pages(total)
+        need = (0 if self.anchored else -(-total // self.block_size)) + self.groups.max_pages(total)
         if need > self.num_blocks:
             raise InvalidRequestError(
                 f"request needs up to {need} pages of this hybrid layout (all groups) but the pool has only "
@@ -187,7 +223,7 @@ class HybridKVCacheManager:
                                cached_blocks: Sequence[Block] = ()) -> int:
         rid = request.request_id
         end = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
-        own = self.manager.num_blocks_to_allocate(request, num_new_tokens, cached_blocks)
+        own = 0 if self.anchored else self.manager.num_blocks_to_allocate(request, num_new_tokens, cached_blocks)
         hit = self._group_hit(request, cached_blocks)
         return own + self.groups.pages_needed(rid, end, hit) \
             - self.groups.retirable(rid, request.num_computed_tokens)
@@ -211,10 +247,14 @@ class HybridKVCacheManager:
         # ---- commit (nothing below can fail) ----
         self.groups.retire(rid, request.num_computed_tokens)
         copies = self.manager.allocate_slots(request, num_new_tokens, cached_blocks)
-        assert copies is not None, "checked above: the pool holds every group"
+        assert copies is not None, "checked above: the pool holds every group (anchored: see anchor_capacity)"
         self._hits.pop(rid, None)
         end = start + num_new_tokens
         self.groups.allocate(rid, start, end, hit)
+        if self.anchored and hit and type(self.recorder) is not ev.NullRecorder:  # the hit's pages (the chain has none)
+            for b in hit[0]:
+                if b is not None:
+                    self.recorder.emit(ev.PREFIX_HIT, rid, b.block_id, self.block_size)
         if self.enable_prefix_caching:
             self.groups.index(rid, self.prefix.hashes.get(rid, ()), request.token_ids, end, self.blocks_of(rid))
         return copies
@@ -254,7 +294,9 @@ class HybridKVCacheManager:
         table entries that name it (its ref count), and by nothing else."""
         self.manager.check_parts()
         holders = self.groups.holders()
-        for rid in self.request_ids():
+        if self.anchored:
+            self.pool.check_invariants()
+        for rid in () if self.anchored else self.request_ids():
             for b in self.blocks_of(rid):
                 holders[b.block_id] = holders.get(b.block_id, 0) + 1
         for bid, n in holders.items():

@@ -1,8 +1,10 @@
 """GroupTables: the block tables of a hybrid layout's other groups, window retirement, trimmed hits.
 
 A hybrid model (``paged.core.kv_groups.KVLayout`` with several groups) keeps one table per group
-per request in one shared pool. The KV manager's own table is the first group (full attention);
-this class keeps the others, over the same ``BlockPool``:
+per request in one shared pool. The KV manager's own table is the first group when it is full
+attention and this class keeps the others (``first=1``); when no group is full (every layer
+slides) this class keeps every group (``first=0``) and the manager's table is only the content
+chain the groups are anchored to, in a pool of its own (``anchors``), costing no pages:
 
 - **full** groups hold a block per ``block_size`` tokens, like the manager's table;
 - **sliding** groups hold the same, but a block no future query of the group can read (all its
@@ -47,12 +49,16 @@ def _key(group: int, block_hash: Hashable) -> tuple:
 class GroupTables:
     """Tables of ``layout.groups[1:]`` per request over ``pool`` (see the module docstring)."""
 
-    __slots__ = ("layout", "groups", "pool", "block_size", "recorder", "tables", "start", "offered", "need",
-                 "sliding")
+    __slots__ = ("layout", "groups", "pool", "anchors", "block_size", "recorder", "tables", "start", "offered",
+                 "need", "sliding")
 
-    def __init__(self, layout: KVLayout, pool: BlockPool, recorder: ev.Recorder) -> None:
+    def __init__(self, layout: KVLayout, pool: BlockPool, recorder: ev.Recorder, *, first: int = 1,
+                 anchors: BlockPool | None = None) -> None:
+        """Tables of ``layout.groups[first:]`` over ``pool``; ``anchors``: the pool indexing the
+        manager's table (``pool`` itself unless every group is kept here)."""
         self.layout, self.pool, self.recorder = layout, pool, recorder
-        self.groups: tuple[KVGroupSpec, ...] = layout.groups[1:]
+        self.anchors = anchors if anchors is not None else pool
+        self.groups: tuple[KVGroupSpec, ...] = layout.groups[first:]
         self.block_size = layout.block_size
         bs = self.block_size
         # blocks before a hit's end that a sliding group must still have (its next query's window)
@@ -161,7 +167,7 @@ class GroupTables:
         tables = self.tables[rid]
         for p in range(first, last):
             own, ids = primary[p], tuple(token_ids[p * bs:(p + 1) * bs])
-            anchor = own.cid if own.block_hash is not None and pool.lookup(own.block_hash) is own else None
+            anchor = own.cid if own.block_hash is not None and self.anchors.lookup(own.block_hash) is own else None
             for i, g in enumerate(self.groups):
                 block = tables[i][p] if g.kind != STATE else None
                 if block is not None:

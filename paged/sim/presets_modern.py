@@ -43,6 +43,11 @@ MODERN_CONFIGS: tuple[dict[str, Any], ...] = (
     _shape("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, head_dim=64, max_model_len=131072, qkv_bias=True,
            layer_pattern="WF", sliding_window=128, total_params=117_000_000_000,
            active_params=5_100_000_000, weight_bytes_per_param=0.55),
+    # mistralai/Mistral-7B-v0.1: 32 layers, hidden 4096, 32 heads, 8 KV heads (head_dim 128),
+    # intermediate 14336, vocab 32000, max_position_embeddings 32768, sliding_window 4096 on every
+    # layer (no full-attention layer; v0.2 and later dropped the window: the "mistral-7b" preset).
+    _shape("mistral-7b-v0.1", 32, 4096, 32, 8, 14336, 32000, max_model_len=32768, layer_pattern="W",
+           sliding_window=4096),
     # Qwen/Qwen3-Next-80B-A3B-Instruct: 48 layers, hidden 2048, 16 heads, 2 KV heads, head_dim 256,
     # intermediate 5120, vocab 151936, max_position_embeddings 262144, full_attention_interval 4
     # (layers 3, 7, ... full attention, the rest Gated DeltaNet). One DeltaNet layer's state per
