@@ -289,3 +289,39 @@ def test_all_sliding_hit_needs_only_the_window_before_the_hit_point():
     kv.pool.uncache(kv.pool.lookup(("group", 0, hashes[7])).block_id)  # and 7: no window before 9 or 8 ...
     assert kv.find_cached_prefix(c) == []  # ... nor before 7 (blocks 5, 6: 5 is gone): no hit at all
     kv.check_invariants()
+
+
+def test_a_window_recomputed_after_an_eviction_serves_hits_again():
+    """Two ways a window stopped serving hits for good (Gemma 3 lost hits to them): a request that
+    recomputes an evicted window beside the manager's still-indexed blocks (its own are duplicates)
+    must anchor its window to that indexed content; and an entry anchored to content that was
+    evicted and recomputed (stale) must give way to the window computed after the new content."""
+    bs, window = 4, 8
+    kv = HybridKVCacheManager(64, _layout(["full", "sliding"], bs, window))
+    prompt = list(range(100, 140))  # 10 blocks
+    a = Request("a", prompt, max_tokens=1)
+    kv.allocate_slots(a, 40)
+    a.num_computed_tokens = 40
+    hashes = list(kv.prefix.hashes["a"])
+    kv.free("a")
+    kv.pool.uncache(kv.pool.lookup(("group", 0, hashes[9])).block_id)  # the window's last page gone
+    b = Request("b", prompt + [1], max_tokens=1)
+    hit = kv.find_cached_prefix(b)
+    assert len(hit) == 9
+    assert kv.allocate_slots(b, 41 - 36, hit) is not None  # recomputes block 9 (a duplicate in the full group)
+    b.num_computed_tokens = 41
+    kv.free("b")
+    c = Request("c", prompt + [2], max_tokens=1)
+    assert len(kv.find_cached_prefix(c)) == 10  # b's window, anchored to a's indexed block 9
+    # now the full group's block 9 goes and comes back under a new content id: the window entry of
+    # block 9 is anchored to the old one (stale) until a request computes it again
+    kv.pool.uncache(kv.pool.lookup(hashes[9]).block_id)
+    d = Request("d", prompt + [3], max_tokens=1)
+    hit = kv.find_cached_prefix(d)
+    assert len(hit) == 9
+    assert kv.allocate_slots(d, 41 - 36, hit) is not None
+    d.num_computed_tokens = 41
+    kv.free("d")
+    e = Request("e", prompt + [4], max_tokens=1)
+    assert len(kv.find_cached_prefix(e)) == 10
+    kv.check_invariants()

@@ -50,7 +50,7 @@ class GroupTables:
     """Tables of ``layout.groups[1:]`` per request over ``pool`` (see the module docstring)."""
 
     __slots__ = ("layout", "groups", "pool", "anchors", "block_size", "recorder", "tables", "start", "offered",
-                 "need", "sliding")
+                 "chain", "need", "sliding")
 
     def __init__(self, layout: KVLayout, pool: BlockPool, recorder: ev.Recorder, *, first: int = 1,
                  anchors: BlockPool | None = None) -> None:
@@ -67,6 +67,7 @@ class GroupTables:
         self.tables: dict[str, list[list[Block | None]]] = {}
         self.start: dict[str, list[int]] = {}    # first live position of each sliding table
         self.offered: dict[str, int] = {}  # leading positions offered to the hash index (every attention group)
+        self.chain: dict[str, int | None] = {}  # the anchor (content id) of the last offered position
 
     # ---- counts ------------------------------------------------------------------------
     def held(self, rid: str) -> int:
@@ -159,26 +160,39 @@ class GroupTables:
     def index(self, rid: str, hashes: Sequence[Hashable], token_ids: Sequence[int], end: int,
               primary: Sequence[Block]) -> None:
         """Offer the attention-group blocks of ``rid`` full below ``end`` to the pool's index, each
-        anchored to ``primary[p]`` (the manager's table) when that block is the indexed one."""
-        bs, pool = self.block_size, self.pool
+        anchored to the content the manager indexed at its position: ``primary[p]`` itself, or the
+        indexed block holding the same tokens after the same content (a duplicate ``primary[p]``
+        repeats, as ``PrefixIndex`` chains it; None when there is none: never a hit). An entry
+        under the same key anchored elsewhere (stale: its anchor was evicted and recomputed, or
+        None) gives way, so a window recomputed after an eviction serves hits again."""
+        bs, pool, lookup = self.block_size, self.pool, self.anchors.lookup
         last, first = min(end // bs, len(hashes), len(primary)), self.offered[rid]
         if last <= first:
             return
         tables = self.tables[rid]
+        chain = self.chain.get(rid, 0) if first == 0 else self.chain.get(rid, primary[first - 1].cid)
         for p in range(first, last):
-            own, ids = primary[p], tuple(token_ids[p * bs:(p + 1) * bs])
-            anchor = own.cid if own.block_hash is not None and self.anchors.lookup(own.block_hash) is own else None
+            ids, held = tuple(token_ids[p * bs:(p + 1) * bs]), lookup(hashes[p])
+            chain = held.cid if held is not None and chain is not None and held.parent_cid == chain \
+                and held.token_ids == ids else None
             for i, g in enumerate(self.groups):
                 block = tables[i][p] if g.kind != STATE else None
-                if block is not None:
-                    pool.register(block, _key(i, hashes[p]), ids, anchor, rid, depth=p)
-        self.offered[rid] = last
+                if block is None:
+                    continue
+                key = _key(i, hashes[p])
+                if chain is not None:
+                    old = pool.lookup(key)
+                    if old is not None and old is not block and old.parent_cid != chain:
+                        pool.uncache(old.block_id)  # stale: anchored to content no longer indexed
+                pool.register(block, key, ids, chain, rid, depth=p)
+        self.offered[rid], self.chain[rid] = last, chain
 
     def free(self, rid: str) -> None:
         """Release every block the request's groups hold (tail first, as the manager does)."""
         tables = self.tables.pop(rid, None)
         self.start.pop(rid, None)
         self.offered.pop(rid, None)
+        self.chain.pop(rid, None)
         for table in tables or ():
             self.pool.free_blocks([b for b in reversed(table) if b is not None], rid)
 
