@@ -325,3 +325,26 @@ def test_a_window_recomputed_after_an_eviction_serves_hits_again():
     e = Request("e", prompt + [4], max_tokens=1)
     assert len(kv.find_cached_prefix(e)) == 10
     kv.check_invariants()
+
+
+def test_a_prefix_and_its_windows_outlive_the_suffix_in_every_group():
+    """Window pages retired while the request decoded are older than its suffix; on free the
+    pool orders them with it, tail first in every group, so eviction takes the suffix first and
+    a later request sharing the prompt still finds its window (it found nothing before)."""
+    bs, window = 4, 8
+    kv = HybridKVCacheManager(20, _layout(["full", "sliding"], bs, window))
+    prompt = list(range(100, 124))  # 6 blocks
+    a = Request("a", prompt, max_tokens=17)
+    kv.allocate_slots(a, 24)
+    a.num_computed_tokens = 24
+    for t in range(16):  # decode to 40 tokens: sliding blocks 0..7 retire on the way
+        a.append_token(200 + t)
+        assert kv.allocate_slots(a, 1) is not None
+        a.num_computed_tokens += 1
+    kv.free("a")
+    assert kv.pool.num_cached_free == 20  # 10 full pages, 10 window pages, all still indexed
+    x = Request("x", list(range(500, 512)), max_tokens=1)  # 3 + 3 pages: evicts the 6 oldest
+    assert kv.allocate_slots(x, 12) is not None
+    b = Request("b", prompt + [1], max_tokens=1)
+    assert len(kv.find_cached_prefix(b)) == 6  # full blocks 0..5, window blocks 4, 5
+    kv.check_invariants()

@@ -164,6 +164,16 @@ class BlockPool:
         if type(self.recorder) is not ev.NullRecorder:
             self.recorder.emit(ev.FREE, request_id, block.block_id, int(cached))
 
+    def refresh(self, block: Block) -> None:
+        """Give a cached-free ``block`` the policy place of a block freed now (its content was just
+        in use: a hybrid pool's window page retired before its request ended); else nothing."""
+        if block.ref_cnt or block.block_hash is None:
+            return
+        self.cached_free.remove(block)
+        self._clock += 1
+        block.last_access = self._clock
+        self.cached_free.add(block)
+
     def free_blocks(self, blocks: Iterable[Block], request_id: str | None = None) -> None:
         """``free(b)`` for each of ``blocks`` in order (one call for a request's table)."""
         for block in blocks:

@@ -261,8 +261,10 @@ class HybridKVCacheManager:
 
     # ---- release ---------------------------------------------------------------------------
     def free(self, request_id: str) -> None:
+        hashes = self.prefix.hashes.get(request_id, ())
+        primary = () if self.anchored or not self.has(request_id) else list(self.blocks_of(request_id))
         self.manager.free(request_id)
-        self.groups.free(request_id)
+        self.groups.free(request_id, hashes, primary)
         self._hits.pop(request_id, None)
 
     def release_if_held(self, request_id: str) -> None:

@@ -187,14 +187,28 @@ class GroupTables:
                 pool.register(block, key, ids, chain, rid, depth=p)
         self.offered[rid], self.chain[rid] = last, chain
 
-    def free(self, rid: str) -> None:
-        """Release every block the request's groups hold (tail first, as the manager does)."""
+    def free(self, rid: str, hashes: Sequence[Hashable] = (), primary: Sequence[Block] = ()) -> None:
+        """Release every block the request's groups hold (tail first, as the manager does); then,
+        from the tail, give each cached-free page of its content (``primary``: the manager's table,
+        just freed; each group's page under ``hashes``, the retired ones included) the place of a
+        page freed now, so that in every group a prefix and its windows outlive the suffix, as the
+        manager's tail-first free keeps it for the full group (a window page retired mid-request
+        would otherwise be evicted before the suffix computed after it)."""
         tables = self.tables.pop(rid, None)
         self.start.pop(rid, None)
         self.offered.pop(rid, None)
         self.chain.pop(rid, None)
+        pool = self.pool
         for table in tables or ():
-            self.pool.free_blocks([b for b in reversed(table) if b is not None], rid)
+            pool.free_blocks([b for b in reversed(table) if b is not None], rid)
+        attending = [i for i, g in enumerate(self.groups) if g.kind != STATE]
+        for p in range(len(hashes) - 1, -1, -1):
+            if p < len(primary):
+                pool.refresh(primary[p])
+            for i in attending:
+                block = pool.lookup(_key(i, hashes[p]))
+                if block is not None:
+                    pool.refresh(block)
 
     # ---- prefix hits -------------------------------------------------------------------
     def _cached(self, i: int, hashes: Sequence[Hashable], token_ids: Sequence[int], p: int,
