@@ -28,7 +28,7 @@ from paged.core import events as ev
 from paged.errors import ConfigError, PagedError
 
 from paged import telemetry
-from paged.story import MOMENT_COLUMNS
+from paged.story import MOMENTS
 from paged.telemetry import REQUEST_COLUMNS, STEP_COLUMNS
 
 __all__ = ["EngineRequest", "Run", "STEP_COLUMNS", "REQUEST_COLUMNS", "chat_workload", "interference_workload",
@@ -120,7 +120,7 @@ class Run(RecordFrames):
         peak = u > self._peak + 0.02 or (u > self._peak and u >= 0.999)
         if peak:
             self._peak = u
-        return bool(first_hit or peak or any(row[c] for c in MOMENT_COLUMNS.values()))
+        return bool(first_hit or peak or any(row[m.column] for m in MOMENTS.values() if m.column))
 
     def _after_step(self) -> None:
         k, n = self.snapshot_stride, len(self.rows)

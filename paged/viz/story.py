@@ -16,31 +16,16 @@ import plotly.graph_objects as go
 
 from paged import story
 
-__all__ = ["MOMENT_STYLE", "StoryView", "story_data", "story_figure"]
-
-# kind (``paged.story.MOMENT_KINDS``, the one list of kinds, in its order) -> (legend name, marker symbol, colour)
-_STYLES = {
-    "prefix_hit": ("first prefix hit", "star", "#2ca25f"),
-    "cow": ("copy-on-write", "diamond", "#e6550d"),
-    "preempt": ("preemption (recompute)", "x", "#d62728"),
-    "swap_out": ("preemption (swap out)", "triangle-down", "#9467bd"),
-    "swap_in": ("swap in", "triangle-up", "#9467bd"),
-    "tier_out": ("to host tier", "triangle-down", "#8c564b"),
-    "tier_in": ("from host tier", "triangle-up", "#8c564b"),
-    "compaction": ("compaction", "square", "#17becf"),
-    "peak": ("peak usage", "circle-open", "#111111"),
-}
-MOMENT_STYLE = {kind: _STYLES[kind] for kind in story.MOMENT_KINDS}  # a kind without a style: KeyError at import
-assert set(_STYLES) == set(story.MOMENT_KINDS), "a style for a kind paged.story does not list"
+__all__ = ["StoryView", "story_data", "story_figure"]
 
 
 def story_data(steps, moments) -> dict:
     """The trace arrays of ``story_figure``: ``x``/``y`` of the usage line, then per moment kind
-    (in ``MOMENT_STYLE`` order) its steps, usages and labels."""
+    (in ``paged.story.MOMENTS`` order) its steps, usages and labels."""
     n = len(steps)
     usage = 100 * steps["kv_cache_usage_perc"].to_numpy(float) if n else np.zeros(0)
     out = {"x": np.arange(1, n + 1), "y": usage, "kinds": []}
-    for kind in MOMENT_STYLE:
+    for kind in story.MOMENTS:
         m = moments[moments["kind"] == kind] if len(moments) else moments
         at = m["step"].to_numpy(int) if len(m) else np.zeros(0, int)
         out["kinds"].append((at, usage[at - 1] if len(at) else np.zeros(0), list(m["label"]) if len(m) else []))
@@ -62,10 +47,10 @@ def story_figure(steps, moments=None, current: int | None = None, title: str | N
     fig = go.Figure(go.Scatter(x=d["x"], y=d["y"], mode="lines", name="blocks in use (%)",
                                line=dict(color="#3b6fb6"),
                                hovertemplate="step %{x}: %{y:.0f}% of the blocks in use<extra></extra>"))
-    for (name, symbol, color), (at, y, labels) in zip(MOMENT_STYLE.values(), d["kinds"]):
+    for m, (at, y, labels) in zip(story.MOMENTS.values(), d["kinds"]):
         fig.add_trace(go.Scatter(
-            x=at, y=y, mode="markers", name=name, text=labels, hovertemplate="%{text}<extra></extra>",
-            marker=dict(symbol=symbol, size=13, color=color, line=dict(width=1.5, color=color)),
+            x=at, y=y, mode="markers", name=m.legend, text=labels, hovertemplate="%{text}<extra></extra>",
+            marker=dict(symbol=m.symbol, size=13, color=m.colour, line=dict(width=1.5, color=m.colour)),
             showlegend=bool(len(at))))
     if current is not None and n:
         fig.add_vline(x=current, line=dict(color="#888", dash="dot"))
