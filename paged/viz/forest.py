@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from paged.connect import misses as M
 
 from .pool_figures import legend_squares, state_colorscale
-from .sizing import count_axis
+from .sizing import count_axis, styled
 
 STATE_COLORS = {"live": "#3b6fb6", "evicted": "#e6550d", "cleared": "#bdbdbd"}
 MISS_COLORS = {M.HIT: "#2ca25f", M.HIT_HOST: "#99d8c9", M.CACHED: "#2ca25f", M.PARTIAL: "#d9d9d9",
@@ -120,8 +120,7 @@ def server_vs_engine(server: pd.DataFrame | None, engines: Mapping[str, pd.DataF
     blocks = float(server["live_blocks"].max()) if server is not None and len(server) else None
     fig.update_yaxes(title_text="cached blocks", row=1, col=1, secondary_y=True, **count_axis(blocks))
     fig.update_xaxes(title_text="seconds")
-    fig.update_layout(title=title, height=340, margin=dict(l=40, r=40, t=60, b=40), legend=dict(orientation="h"))
-    return fig
+    return styled(fig, title, 340, margin=(40, 40, 60, 40), legend=dict(orientation="h"))
 
 
 def miss_map(misses: pd.DataFrame, *, max_requests: int = 40, title: str = "why each prompt block was (not) a hit"

@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 from paged.errors import ConfigError
 
 from .buffers import widgets_available
-from .sizing import count_axis
+from .sizing import count_axis, styled
 
 __all__ = ["heatmap", "heatmap_data", "parallel_coordinates", "pareto", "SweepView", "live_sweep", "KINDS"]
 
@@ -80,9 +80,8 @@ def heatmap(df: pd.DataFrame, x: str, y: str, z: str, agg: str = "mean", x_value
                                colorbar=dict(title=z), hoverongaps=False,
                                hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{agg} {z}=%{{z:.4g}}"
                                              "<br>%{customdata} points<extra></extra>"))
-    fig.update_layout(title=title or f"{z} ({agg} over the other parameters)", xaxis_title=x, yaxis_title=y,
-                      xaxis_type="category", yaxis_type="category", height=420)
-    return fig
+    return styled(fig, title or f"{z} ({agg} over the other parameters)", 420, x=x, y=y, margin=None,
+                  xaxis_type="category", yaxis_type="category")
 
 
 def _dimension(s: pd.Series, label: str) -> dict[str, Any]:
@@ -146,8 +145,8 @@ def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), mi
                     line=dict(dash="dot", color="crimson"),
                     hovertemplate=f"{x}=%{{x:.4g}}<br>{y}=%{{y:.4g}}<br>%{{text}}<extra>front</extra>")
     objectives = ", ".join([f"max {m}" for m in maximize] + [f"min {m}" for m in minimize])
-    fig.update_layout(title=title or f"Pareto front ({objectives})", xaxis_title=x, yaxis_title=y, height=450,
-                      legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"))  # clear of the colour bar
+    styled(fig, title or f"Pareto front ({objectives})", 450, x=x, y=y, margin=None,
+           legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"))  # clear of the colour bar
     for col, update in ((x, fig.update_xaxes), (y, fig.update_yaxes)):
         if _is_count(d[col]):  # num_preemptions and the like: whole-number ticks
             update(**count_axis(float(d[col].max()) if len(d) else None))

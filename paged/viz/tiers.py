@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .sizing import label_positions
+from .sizing import label_positions, styled
 
 __all__ = ["sharing_figure", "streaming_figure", "tier_figure"]
 
@@ -48,10 +48,8 @@ def streaming_figure(df: pd.DataFrame) -> go.Figure:
                                                 "<extra></extra>"))
     fig.add_hrect(y0=2.0, y1=3.0, fillcolor="#F58518", opacity=0.12, line_width=0,
                   annotation_text="the seed's 2-3x", annotation_position="top left")
-    fig.update_layout(title="KV streaming from the host: throughput vs time between tokens (vs device only)",
-                      xaxis_title="TBT / device-only TBT", yaxis_title="throughput / device-only throughput",
-                      xaxis_type="log", height=460)
-    return fig
+    return styled(fig, "KV streaming from the host: throughput vs time between tokens (vs device only)", 460,
+                  x="TBT / device-only TBT", y="throughput / device-only throughput", margin=None, xaxis_type="log")
 
 
 def sharing_figure(df: pd.DataFrame) -> go.Figure:
