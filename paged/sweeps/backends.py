@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from paged.errors import ConfigError
 
-from .point import execute, plain, where
+from .point import execute, plain
 from .registry import Study
 
 Todo = Sequence[tuple[int, Mapping[str, Any]]]
@@ -183,13 +183,6 @@ class RayBackend:
             for ref in refs:
                 ray.cancel(ref, force=True)
             raise
-
-    @staticmethod
-    def cluster() -> dict[str, Any]:
-        """Nodes and resources of the Ray instance in use (for reports)."""
-        import ray
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        return {"nodes": len(nodes), "resources": ray.cluster_resources(), "driver": where()}
 
 
 __all__ = ["LocalBackend", "RayBackend", "start_local_ray", "default_ray_temp_dir", "lost"]

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from paged.core.snapshot import STATE_CACHED, STATE_FREE, KVSnapshot
 from .figures import grid_data
-from .pool_figures import legend_squares, state_colorscale
+from .pool_figures import bare_grid_axes, legend_squares, state_colorscale
 
 if TYPE_CHECKING:
     from paged.studies.compaction import CompactionDemo
@@ -50,9 +50,7 @@ def compaction_grids(demo: CompactionDemo, cols: int | None = None, page: int = 
                                  hovertemplate="%{text}<extra></extra>", zmin=-0.5, zmax=n - 0.5,
                                  colorscale=state_colorscale((FREE_COLOR, CACHED_COLOR, *OWNER_COLORS)), showscale=False, xgap=1, ygap=1,
                                  name="before" if row == 1 else "after"), row=row, col=1)
-        fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, range=[-0.5, d["cols"] - 0.5],
-                         row=row, col=1)
-        fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False, row=row, col=1)
+        bare_grid_axes(fig, [-0.5, d["cols"] - 0.5], row=row, col=1)
     fig.add_traces(legend_squares((("free", FREE_COLOR), ("cached-free", CACHED_COLOR),
                                    ("live: colour = owner", OWNER_COLORS[0]))))
     rows = grid_data(demo.before, cols, page)["rows"]

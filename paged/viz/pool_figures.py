@@ -45,6 +45,12 @@ def _legend_traces(states: Sequence[int] = PAGED_STATES) -> list[go.Scatter]:
     return legend_squares([(STATE_NAMES[i], STATE_COLORS[i]) for i in states])
 
 
+def bare_grid_axes(fig: go.Figure, x_range: list[float] | None = None, **where) -> go.Figure:
+    """A grid's axes: no ticks, grid lines or zero line, row 0 on top (``where``: a subplot's ``row``/``col``)."""
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, range=x_range, **where)
+    return fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False, **where)
+
+
 def blocks_per_cell(num_blocks: int) -> int:
     """Consecutive blocks one grid cell stands for: 1 up to MAX_CELLS blocks, more above."""
     return max(1, math.ceil(num_blocks / MAX_CELLS))
@@ -172,10 +178,7 @@ def block_grid(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokeniz
                       height=heatmap_height(d["rows"], row_px=row_px, top=62, bottom=30 if d["dense"] else 60),
                       margin=dict(l=30, r=10, t=62, b=30 if d["dense"] else 60),  # room for a subtitle (counts)
                       legend=dict(orientation="h", y=0, yanchor="top", x=0), plot_bgcolor="white")
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False,
-                     range=[-0.5 if k == 1 else -k / 2, d["cols"] * k - (0.5 if k == 1 else k / 2)])
-    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
-    return fig
+    return bare_grid_axes(fig, [-0.5 if k == 1 else -k / 2, d["cols"] * k - (0.5 if k == 1 else k / 2)])
 
 
 def tables_data(snap: KVSnapshot, max_requests: int = 16, highlight: str | None = None) -> dict:
@@ -234,6 +237,4 @@ def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int |
                       height=heatmap_height(rows, row_px=_row_px(rows), top=50, bottom=60),
                       margin=dict(l=30, r=10, t=50, b=60), legend=dict(orientation="h", y=0, yanchor="top"),
                       plot_bgcolor="white")
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
-    return fig
+    return bare_grid_axes(fig)
