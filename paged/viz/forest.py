@@ -8,7 +8,6 @@ the miss map (pure: DataFrames -> ``go.Figure``), and ``ServerView``, the live d
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import Any, Mapping
 
@@ -65,8 +64,7 @@ def prefix_forest(frame: pd.DataFrame, *, max_nodes: int = 600, title: str = "pr
         parents.append(str(int(p)) if p is not None and not pd.isna(p) and int(p) in ids else ROOT_ID)
         labels.append(f"{_short(r.text) or r.hash[-6:]}")
         colors.append(STATE_COLORS.get(r.state, "#999999"))
-        removed = "" if r.removed_s is None or (isinstance(r.removed_s, float) and math.isnan(r.removed_s)) \
-            else f"<br>removed at {r.removed_s:.2f} s"
+        removed = "" if pd.isna(r.removed_s) else f"<br>removed at {r.removed_s:.2f} s"
         hover.append(f"node {r.node_id} · {r.state}<br>hash {r.hash}<br>depth {r.depth}, {r.num_tokens} tokens"
                      f"<br>age {r.age_s:.1f} s, stored {r.times_stored}x, removed {r.times_removed}x{removed}"
                      f"<br>{(r.text or '')[:80]!r}")

@@ -237,9 +237,7 @@ class Dashboard:
                 await asyncio.sleep(self._pause_s(t))  # yields: widget messages get handled
         finally:
             self._playing = False
-            self.draw()
-            if self.run.done:
-                self._finished()
+            self._last_frame()
             if self.panel is not None:
                 self.panel.stopped()
 
@@ -283,6 +281,10 @@ class Dashboard:
                     time.sleep(self._pause_s(t))
         finally:
             self._stepping = False
+        self._last_frame()
+
+    def _last_frame(self) -> None:
+        """The frame a play or a blocking run ends on (and the run's story, once it is over)."""
         self.draw()
         if self.run.done:
             self._finished()
@@ -299,7 +301,7 @@ class Dashboard:
         if workload is not None and self._workload is not None:
             builder, base = self._workload
             self._workload = (builder, {**base, **workload})
-            kw["workload" if hasattr(self.run, "engine") else "trace"] = builder(self.run.tokenizer, **self._workload[1])
+            kw["workload"] = builder(self.run.tokenizer, **self._workload[1])
         self.run = self.run.fresh(**kw, **settings)
         self._keep_snapshots(self.run)
         self._decoder = CachedDecoder(self.run.tokenizer) if self.run.tokenizer is not None else None
