@@ -31,10 +31,13 @@ from paged import telemetry
 from paged.story import MOMENTS
 from paged.telemetry import REQUEST_COLUMNS, STEP_COLUMNS
 
-__all__ = ["EngineRequest", "Run", "STEP_COLUMNS", "REQUEST_COLUMNS", "chat_workload", "interference_workload",
+__all__ = ["EngineRequest", "Run", "STEP_COLUMNS", "REQUEST_COLUMNS", "TOPICS", "chat_workload", "interference_workload",
            "backend_label"]
 
 _USE_KINDS = (ev.ALLOCATE, ev.FREE, ev.PREFIX_HIT, ev.COW)
+TOPICS = ("virtual memory", "page tables", "copy-on-write", "caches", "scheduling", "fragmentation", "swapping",
+          "hash tables", "queues", "batching", "attention", "tokenizers")
+"""What the chat workloads ask about ("Explain <topic> ..."): ``chat_workload`` here, the prefix-caching studies."""
 
 
 @dataclass
@@ -285,11 +288,9 @@ def chat_workload(tokenizer, num_requests: int = 8, *, system_prompt: str | None
     from paged.engine import SamplingParams
     system = system_prompt or ("You are a helpful assistant for a class on operating systems. Answer in one "
                                "short paragraph, plainly, and say when you are unsure.")
-    topics = ["virtual memory", "page tables", "copy-on-write", "caches", "scheduling", "fragmentation",
-              "swapping", "hash tables", "queues", "batching", "attention", "tokenizers"]
     out = []
     for i in range(num_requests):
-        prompt = f"{system}\nUser: Explain {topics[(i + seed) % len(topics)]} in two sentences.\nAssistant:"
+        prompt = f"{system}\nUser: Explain {TOPICS[(i + seed) % len(TOPICS)]} in two sentences.\nAssistant:"
         k = n if i == 0 else 1
         params = SamplingParams(max_tokens=max_tokens, n=k, temperature=0.8 if k > 1 else 0.0, seed=seed + i,
                                 ignore_eos=True)
