@@ -173,9 +173,7 @@ def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8
                             (formats, kv_format_figure(v["model"], v["context"], v["batch"],
                                                       tensor_parallel=v["tensor_parallel"]))):
             with widget.batch_update():
-                for old, fresh in zip(widget.data, new.data):
-                    old.update(fresh.to_plotly_json())
-                widget.layout.update(new.layout.to_plotly_json())
+                widget.figure = new
 
     for c in ctl.values():
         c.observe(redraw, names="value")
