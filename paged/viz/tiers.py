@@ -23,13 +23,13 @@ def tier_figure(df: pd.DataFrame) -> go.Figure:
     names = list(df["variant"])
     fig.add_trace(go.Bar(x=names, y=df["swaps"], name="blocks moved", marker_color="#4C78A8",
                          hovertemplate="%{x}<br>%{y} blocks<extra></extra>"), 1, 1)
-    fig.add_trace(go.Bar(x=names, y=df["gpu_hit_rate"], name="GPU-tier hits", marker_color="#72B7B2"), 1, 2)
-    fig.add_trace(go.Bar(x=names, y=df["host_hit_rate"], name="host-tier hits", marker_color="#F58518"), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=df["gpu_hit_rate"], name="GPU-tier hits", marker_color="#72B7B2",
+                         offsetgroup="hits"), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=df["host_hit_rate"], name="host-tier hits", marker_color="#F58518",
+                         offsetgroup="hits", base=df["gpu_hit_rate"].tolist()), 1, 2)  # stacked on the GPU hits
     fig.update_layout(barmode="group", height=420, title="host tier: what moves, what hits",
                       legend=dict(orientation="h", y=-0.45), margin=dict(b=160))
     fig.update_xaxes(tickangle=30)
-    fig.data[1].update(offsetgroup="hits")
-    fig.data[2].update(offsetgroup="hits", base=df["gpu_hit_rate"].tolist())
     fig.update_yaxes(title_text="blocks", row=1, col=1)
     fig.update_yaxes(title_text="share of prompt tokens", range=[0, 1], row=1, col=2)
     return fig
