@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from paged.errors import ConfigError
 
-from .point import execute, plain
+from .point import META, execute, plain
 from .registry import Study
 
 Todo = Sequence[tuple[int, Mapping[str, Any]]]
@@ -29,9 +29,8 @@ Done = Iterator[tuple[int, list[dict[str, Any]]]]
 
 def lost(params: Mapping[str, Any], error: str, backend: str) -> list[dict[str, Any]]:
     """The row of a point whose worker died (no result; not stored, so a re-run computes it)."""
-    return [{**{k: plain(v) for k, v in params.items()}, "status": "lost", "error": error, "wall_s": None,
-             "cpu_s": None, "host": None, "pid": None, "node": None, "backend": backend, "cached": False,
-             "point": None}]
+    return [{**{k: plain(v) for k, v in params.items()}, **dict.fromkeys(META), "status": "lost", "error": error,
+             "backend": backend, "cached": False}]
 
 
 class LocalBackend:
