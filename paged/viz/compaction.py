@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 from paged.core.snapshot import STATE_CACHED, STATE_FREE, KVSnapshot
 from .figures import grid_data
 from .pool_figures import bare_grid_axes, legend_squares, state_heatmap
+from .sizing import styled
 
 if TYPE_CHECKING:
     from paged.studies.compaction import CompactionDemo
@@ -52,8 +53,6 @@ def compaction_grids(demo: CompactionDemo, cols: int | None = None, page: int = 
     fig.add_traces(legend_squares((("free", FREE_COLOR), ("cached-free", CACHED_COLOR),
                                    ("live: colour = owner", OWNER_COLORS[0]))))
     rows = grid_data(demo.before, cols, page)["rows"]
-    fig.update_layout(title=f"block compaction: {demo.before.num_blocks} blocks of {demo.before.block_size} tokens, "
-                            f"{p.num_requests} running requests",
-                      height=max(420, 2 * (22 * rows + 60) + 80), margin=dict(l=30, r=10, t=70, b=30),
-                      legend=dict(orientation="h", y=-0.05), plot_bgcolor="white")
-    return fig
+    return styled(fig, f"block compaction: {demo.before.num_blocks} blocks of {demo.before.block_size} tokens, "
+                  f"{p.num_requests} running requests", max(420, 2 * (22 * rows + 60) + 80), legend_y=-0.05,
+                  margin=(30, 10, 70, 30), plot_bgcolor="white")

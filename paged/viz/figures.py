@@ -117,9 +117,8 @@ def compare_step_timelines(frames: Mapping[str, object], title: str = "step time
                          secondary_y=True)
         fig.update_xaxes(row=i, col=1, **count_axis(float(s["x"].max()) if len(s["x"]) else None))
     fig.update_xaxes(title_text="step", row=len(labels), col=1)
-    fig.update_layout(barmode="stack", title=title, height=panel_px * len(labels) + 150, bargap=0.05,
-                      margin=dict(l=60, r=60, t=70, b=50), legend=dict(orientation="h", y=-0.08, yanchor="top"))
-    return fig
+    return styled(fig, title, panel_px * len(labels) + 150, margin=(60, 60, 70, 50), barmode="stack", bargap=0.05,
+                  legend=dict(orientation="h", y=-0.08, yanchor="top"))
 
 
 def ecdf(values) -> tuple[np.ndarray, np.ndarray]:

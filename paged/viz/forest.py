@@ -78,8 +78,7 @@ def prefix_forest(frame: pd.DataFrame, *, max_nodes: int = 600, title: str = "pr
                               marker=dict(colors=colors + [ROOT_COLOR] * len(root)),
                               hovertext=hover + ["the prefix cache; below it, each chain's first block"] * len(root),
                               hoverinfo="text", tiling=dict(orientation="v"), maxdepth=-1))
-    fig.update_layout(title=f"{title} ({summary})", margin=dict(l=10, r=10, t=40, b=10), height=420)
-    return fig
+    return styled(fig, f"{title} ({summary})", 420, margin=(10, 10, 40, 10))
 
 
 def _engine_series(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -145,11 +144,9 @@ def miss_map(misses: pd.DataFrame, *, max_requests: int = 40, title: str = "why 
                                colorscale=state_colorscale([c for _, c in colors]) or [[0, "#fff"], [1, "#fff"]],
                                zmin=-0.5, zmax=n - 0.5, showscale=False, xgap=1, ygap=1))
     fig.add_traces(legend_squares(colors))
-    fig.update_layout(title=title, xaxis_title="prompt block", yaxis=dict(autorange="reversed"),
-                      height=max(220, 24 * len(reqs) + 120), margin=dict(l=80, r=10, t=50, b=40),
-                      plot_bgcolor="#ffffff")
-    fig.update_xaxes(**count_axis(float(nblk - 1) if nblk else None))  # block indices: no tick at 0.5
-    return fig
+    styled(fig, title, max(220, 24 * len(reqs) + 120), x="prompt block", margin=(80, 10, 50, 40),
+           yaxis=dict(autorange="reversed"), plot_bgcolor="#ffffff")
+    return fig.update_xaxes(**count_axis(float(nblk - 1) if nblk else None))  # block indices: no tick at 0.5
 
 
 def status_panel(source: Any) -> str:

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from paged.core.snapshot import (STATE_CACHED, STATE_FREE, STATE_NAMES, STATE_RESERVED, STATE_SHARED, STATE_USED,
                                  STATE_WRITING, STATUS_NAMES, ContiguousSnapshot, KVSnapshot)
-from .sizing import ROW_PX, heatmap_height
+from .sizing import ROW_PX, heatmap_height, styled
 
 
 STATE_COLORS = ("#e9e9ee", "#9ecae1", "#3b6fb6", "#e6550d", "#2ca25f", "#f4b6c2")
@@ -215,9 +215,9 @@ def block_tables(snap: KVSnapshot, max_requests: int = 16, highlight: str | None
     d = tables_data(snap, max_requests, highlight)
     fig = go.Figure(state_heatmap(gap=2, z=d["z"], x=d["x"], y=d["y"], text=d["text"], texttemplate="%{text}",
                                   customdata=d["hover"], hovertemplate="%{customdata}<extra></extra>"))
-    fig.update_layout(title=f"block tables at step {snap.step} (cell = physical block id)",
-                      height=heatmap_height(len(d["y"]), row_px=26, top=50, bottom=50),
-                      margin=dict(l=10, r=10, t=50, b=50), xaxis_title="logical block", plot_bgcolor="white")
+    styled(fig, f"block tables at step {snap.step} (cell = physical block id)",
+           heatmap_height(len(d["y"]), row_px=26, top=50, bottom=50), x="logical block", margin=(10, 10, 50, 50),
+           plot_bgcolor="white")
     fig.update_xaxes(type="category")
     fig.update_yaxes(autorange="reversed", type="category")
     return fig

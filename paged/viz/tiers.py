@@ -77,5 +77,4 @@ def sharing_figure(df: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title_text="JS distance of attention maps", row=1, col=2)
     fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=1)
     fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=2)
-    fig.update_layout(title="cross-layer KV sharing on SmolLM2-135M", height=440)
-    return fig
+    return styled(fig, "cross-layer KV sharing on SmolLM2-135M", 440, margin=None)
