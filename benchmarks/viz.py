@@ -110,7 +110,7 @@ def throughput_table(num_requests: int = 8, max_tokens: int = 32, repeats: int =
         results[key].append(time.perf_counter() - t)
         tokens[key] = sum(r["num_decode_tokens"] + r["num_prefill_tokens"] for r in run.rows)
         frames = dash.frames
-        share.append(dash.draw_seconds / results[key][-1])
+        share.append(dash.pacer.draw_seconds / results[key][-1])
     rows = []
     for k, times in results.items():
         best = min(times)

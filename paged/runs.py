@@ -28,13 +28,16 @@ from paged.core import events as ev
 from paged.errors import ConfigError, PagedError
 
 from paged import telemetry
-from paged.story import MOMENT_COLUMNS
+from paged.story import MOMENTS
 from paged.telemetry import REQUEST_COLUMNS, STEP_COLUMNS
 
-__all__ = ["EngineRequest", "Run", "STEP_COLUMNS", "REQUEST_COLUMNS", "chat_workload", "interference_workload",
+__all__ = ["EngineRequest", "Run", "STEP_COLUMNS", "REQUEST_COLUMNS", "TOPICS", "chat_workload", "interference_workload",
            "backend_label"]
 
 _USE_KINDS = (ev.ALLOCATE, ev.FREE, ev.PREFIX_HIT, ev.COW)
+TOPICS = ("virtual memory", "page tables", "copy-on-write", "caches", "scheduling", "fragmentation", "swapping",
+          "hash tables", "queues", "batching", "attention", "tokenizers")
+"""What the chat workloads ask about ("Explain <topic> ..."): ``chat_workload`` here, the prefix-caching studies."""
 
 
 @dataclass
@@ -88,7 +91,7 @@ class Run(RecordFrames):
         Run(SimConfig(model="llama-2-70b", gpu="a100-80gb"), trace)  # a SimConfig or Simulator
     """
 
-    def _start_records(self) -> None:
+    def __init__(self, front: Any, workload: Any) -> None:
         self.rows: list[dict] = []
         self.events: list[ev.Event] = []
         self._last_use: np.ndarray | None = None
@@ -99,6 +102,26 @@ class Run(RecordFrames):
         self.snapshots: dict[int, Any] = {}    # step index (len(rows)) -> KVSnapshot
         self._notable: set[int] = set()        # steps whose snapshot thinning keeps (key moments)
         self._peak = 0.0
+        from paged.sim.simulator import SimConfig, Simulator
+        self.result = None          # the simulator's SimResult once a simulated run is done
+        self.last_output = None     # the engine's last StepOutput
+        if isinstance(front, (SimConfig, Simulator)):
+            self.sim = front if isinstance(front, Simulator) else Simulator(
+                dataclasses.replace(front, record_events=True))
+            self.engine, self.workload, self.label, self.tokenizer = None, workload, "simulator", None
+            cfg = self.sim.config
+            self.backend = f"simulated {cfg.model} on {cfg.tensor_parallel}x {cfg.gpu} (cost model, no kernels run)"
+            self._steps = iter(self.sim.iter_steps(workload))
+            return
+        self.sim, self.engine = None, getattr(front, "engine", front)
+        self.label, self.tokenizer = "engine", self.engine.tokenizer
+        self.workload = [w if isinstance(w, EngineRequest) else EngineRequest(**w) for w in workload]
+        if len({w.request_id for w in self.workload}) != len(self.workload):
+            raise ConfigError("workload request ids must be unique")
+        self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
+        self._ids = {w.request_id for w in self.workload}
+        self._token_times: dict[str, list[float]] = {}  # request id -> engine-clock end of each step with its tokens
+        self.backend = backend_label(self.engine.device, self.engine.runner.backend)
 
     def keep_snapshots(self, stride: int = 1, max_snapshots: int | None = None) -> "Run":
         """Keep a snapshot after every `stride`-th step and after every step with a key moment
@@ -120,7 +143,7 @@ class Run(RecordFrames):
         peak = u > self._peak + 0.02 or (u > self._peak and u >= 0.999)
         if peak:
             self._peak = u
-        return bool(first_hit or peak or any(row[c] for c in MOMENT_COLUMNS.values()))
+        return bool(first_hit or peak or any(row[m.column] for m in MOMENTS.values() if m.column))
 
     def _after_step(self) -> None:
         k, n = self.snapshot_stride, len(self.rows)
@@ -156,10 +179,6 @@ class Run(RecordFrames):
         i = int(np.searchsorted(keys, step, side="right")) - 1
         return self.snapshots[keys[max(i, 0)]]
 
-    @property
-    def num_steps(self) -> int:
-        return len(self.rows)
-
     def _track(self, events: Sequence[ev.Event], num_blocks: int) -> None:
         if self._last_use is None:
             self._last_use = np.full(num_blocks, -1, np.int32)
@@ -175,30 +194,6 @@ class Run(RecordFrames):
                 break
             self.step()
         return self
-
-
-    def __init__(self, front: Any, workload: Any) -> None:
-        self._start_records()
-        from paged.sim.simulator import SimConfig, Simulator
-        self.result = None          # the simulator's SimResult once a simulated run is done
-        self.last_output = None     # the engine's last StepOutput
-        if isinstance(front, (SimConfig, Simulator)):
-            self.sim = front if isinstance(front, Simulator) else Simulator(
-                dataclasses.replace(front, record_events=True))
-            self.engine, self.workload, self.label, self.tokenizer = None, workload, "simulator", None
-            cfg = self.sim.config
-            self.backend = f"simulated {cfg.model} on {cfg.tensor_parallel}x {cfg.gpu} (cost model, no kernels run)"
-            self._steps = iter(self.sim.iter_steps(workload))
-            return
-        self.sim, self.engine = None, getattr(front, "engine", front)
-        self.label, self.tokenizer = "engine", self.engine.tokenizer
-        self.workload = [w if isinstance(w, EngineRequest) else EngineRequest(**w) for w in workload]
-        if len({w.request_id for w in self.workload}) != len(self.workload):
-            raise ConfigError("workload request ids must be unique")
-        self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
-        self._ids = {w.request_id for w in self.workload}
-        self._token_times: dict[str, list[float]] = {}  # request id -> engine-clock end of each step with its tokens
-        self.backend = backend_label(self.engine.device, self.engine.runner.backend)
 
     @property
     def kv(self):
@@ -293,11 +288,9 @@ def chat_workload(tokenizer, num_requests: int = 8, *, system_prompt: str | None
     from paged.engine import SamplingParams
     system = system_prompt or ("You are a helpful assistant for a class on operating systems. Answer in one "
                                "short paragraph, plainly, and say when you are unsure.")
-    topics = ["virtual memory", "page tables", "copy-on-write", "caches", "scheduling", "fragmentation",
-              "swapping", "hash tables", "queues", "batching", "attention", "tokenizers"]
     out = []
     for i in range(num_requests):
-        prompt = f"{system}\nUser: Explain {topics[(i + seed) % len(topics)]} in two sentences.\nAssistant:"
+        prompt = f"{system}\nUser: Explain {TOPICS[(i + seed) % len(TOPICS)]} in two sentences.\nAssistant:"
         k = n if i == 0 else 1
         params = SamplingParams(max_tokens=max_tokens, n=k, temperature=0.8 if k > 1 else 0.0, seed=seed + i,
                                 ignore_eos=True)

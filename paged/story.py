@@ -16,32 +16,46 @@ preemption), ``swap_in``, ``tier_out`` / ``tier_in`` (host tier), ``compaction``
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["MOMENT_COLUMNS", "MOMENT_KINDS", "key_moments", "summary"]
+__all__ = ["MOMENTS", "MomentKind", "key_moments", "summary"]
 
-# kind -> (step column whose value > 0 marks the moment, noun, plural noun)
-_COUNTED = {
-    "cow": ("num_block_copies", "copy-on-write", "copy-on-writes"),
-    "preempt": ("num_preempted", "preemption", "preemptions"),
-    "swap_out": ("num_swapped_out_blocks", "block swapped out", "blocks swapped out"),
-    "swap_in": ("num_swapped_in_blocks", "block swapped in", "blocks swapped in"),
-    "tier_out": ("num_tier_out_blocks", "block moved to the host tier", "blocks moved to the host tier"),
-    "tier_in": ("num_tier_in_blocks", "block back from the host tier", "blocks back from the host tier"),
-    "compaction": ("num_compaction_copies", "compaction copy", "compaction copies"),
+
+class MomentKind(NamedTuple):
+    """How one kind of key moment is found, told and drawn (``paged.viz.story`` draws it)."""
+    legend: str               # its name in a figure's legend
+    symbol: str               # its plotly marker symbol
+    colour: str
+    column: str | None = None  # the step column whose value > 0 marks it (None: prefix_hit and peak)
+    one: str = ""             # the counted noun, singular and plural
+    many: str = ""
+
+
+MOMENTS = {
+    "prefix_hit": MomentKind("first prefix hit", "star", "#2ca25f"),
+    "cow": MomentKind("copy-on-write", "diamond", "#e6550d", "num_block_copies", "copy-on-write", "copy-on-writes"),
+    "preempt": MomentKind("preemption (recompute)", "x", "#d62728", "num_preempted", "preemption", "preemptions"),
+    "swap_out": MomentKind("preemption (swap out)", "triangle-down", "#9467bd", "num_swapped_out_blocks",
+                           "block swapped out", "blocks swapped out"),
+    "swap_in": MomentKind("swap in", "triangle-up", "#9467bd", "num_swapped_in_blocks", "block swapped in",
+                          "blocks swapped in"),
+    "tier_out": MomentKind("to host tier", "triangle-down", "#8c564b", "num_tier_out_blocks",
+                           "block moved to the host tier", "blocks moved to the host tier"),
+    "tier_in": MomentKind("from host tier", "triangle-up", "#8c564b", "num_tier_in_blocks",
+                          "block back from the host tier", "blocks back from the host tier"),
+    "compaction": MomentKind("compaction", "square", "#17becf", "num_compaction_copies", "compaction copy",
+                             "compaction copies"),
+    "peak": MomentKind("peak usage", "circle-open", "#111111"),
 }
-MOMENT_KINDS = ("prefix_hit", *_COUNTED, "peak")
 """Every kind of key moment, in display order: the one list (views style them, runs keep their snapshots)."""
-MOMENT_COLUMNS = {kind: column for kind, (column, _, _) in _COUNTED.items()}
-"""kind -> the step column whose value > 0 marks it (the kinds other than prefix_hit and peak)."""
 
 
 def _count(n: int, kind: str) -> str:
-    _, one, many = _COUNTED[kind]
-    return f"{n} {one if n == 1 else many}"
+    m = MOMENTS[kind]
+    return f"{n} {m.one if n == 1 else m.many}"
 
 
 def key_moments(steps: "pd.DataFrame", per_kind: int = 6) -> "pd.DataFrame":
@@ -62,8 +76,10 @@ def key_moments(steps: "pd.DataFrame", per_kind: int = 6) -> "pd.DataFrame":
         rows.append(dict(step=int(idx[i]), kind="prefix_hit", last_step=int(idx[i]),
                          label=f"first prefix-cache hit: {int(hits[i])} prompt tokens served from cached blocks"))
     swapped = steps["num_swapped_out_blocks"].to_numpy(float) > 0
-    for kind, (col, _, _) in _COUNTED.items():
-        v = steps[col].to_numpy(float)
+    for kind, m in MOMENTS.items():
+        if m.column is None:
+            continue
+        v = steps[m.column].to_numpy(float)
         mark = v > 0
         if kind == "preempt":
             mark &= ~swapped  # a swap preemption is told as its swap-out
@@ -82,7 +98,7 @@ def key_moments(steps: "pd.DataFrame", per_kind: int = 6) -> "pd.DataFrame":
                          label=f"peak usage: {100 * usage[p]:.0f}% of the blocks ({int(steps['num_used_blocks'].iloc[p])} "
                                f"used, step {idx[p]})"))
     out = pd.DataFrame(rows, columns=["step", "kind", "label", "last_step"])
-    order = {k: i for i, k in enumerate(MOMENT_KINDS)}
+    order = {k: i for i, k in enumerate(MOMENTS)}
     return out.sort_values(["step", "kind"], key=lambda c: c.map(order) if c.name == "kind" else c,
                            kind="stable").reset_index(drop=True)
 

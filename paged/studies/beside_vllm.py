@@ -25,8 +25,9 @@ from typing import Any, Sequence
 import pandas as pd
 
 from paged.engine import SamplingParams
+from paged.runs import TOPICS
 
-from .prefix_caching import QUESTIONS, SYSTEM_PROMPTS
+from .prefix_caching import SYSTEM_PROMPTS
 
 MODES = ("sequential", "all at once")
 
@@ -39,7 +40,7 @@ def system_prompt(k: int) -> str:
 def tenant_prompts(tokenizer: Any, n: int, systems: int = 4) -> list[list[int]]:
     """``n`` prompts as token ids over ``systems`` system prompts (tenants; plain text, no chat
     template: ``paged.studies.demo.chat_prompts`` is the one-system chat-template variant)."""
-    return [tokenizer.encode(f"{system_prompt(i % systems)}\nUser: Explain {QUESTIONS[i % len(QUESTIONS)]} "
+    return [tokenizer.encode(f"{system_prompt(i % systems)}\nUser: Explain {TOPICS[i % len(TOPICS)]} "
                              f"to student {i}.\nAssistant:") for i in range(n)]
 
 

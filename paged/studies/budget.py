@@ -22,6 +22,7 @@ import pandas as pd
 
 from paged.errors import ConfigError
 from paged.sim.specs import GiB, MODEL_PRESETS, ModelSpec, get_gpu, get_kv_format, get_model
+from paged.studies.layouts import content_bytes
 
 GB = 1e9
 
@@ -58,10 +59,7 @@ def request_kv_bytes(model: str | ModelSpec, tokens: int | np.ndarray, kv_format
     m = model_spec(model)
     per_tok = m.kv_bytes_per_token(kv_format, tensor_parallel)
     if m.layer_pattern:  # windows or state layers: not linear in tokens
-        layout = m.kv_layout(kv_format, tensor_parallel)
-        if isinstance(tokens, np.ndarray):
-            return np.array([layout.content_bytes(int(t)) for t in tokens.ravel()], dtype=np.float64).reshape(tokens.shape)
-        return layout.content_bytes(int(tokens))
+        return content_bytes(m, tokens, kv_format, tensor_parallel)
     return np.asarray(tokens, dtype=np.float64) * per_tok if isinstance(tokens, np.ndarray) else tokens * per_tok
 
 

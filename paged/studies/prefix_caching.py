@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
+from paged.runs import TOPICS
 from paged.studies.engine_setup import generate_greedy
 
 SYSTEM_PROMPTS = (
@@ -26,8 +27,6 @@ SYSTEM_PROMPTS = (
     "You are a chemistry lab assistant for first-year students. Always give the safety rule first, then the "
     "answer in two sentences, then the name of the instrument they will need on the bench.",
 )
-QUESTIONS = ("virtual memory", "page tables", "copy-on-write", "caches", "scheduling", "fragmentation",
-             "swapping", "hash tables", "queues", "batching", "attention", "tokenizers")
 
 
 def constant_hash(parent, token_ids, extra_keys) -> int:
@@ -39,7 +38,7 @@ def shared_prompt_requests(tokenizer, num_requests: int = 8, num_system_prompts:
                            system_prompts: Sequence[str] = SYSTEM_PROMPTS) -> list[list[int]]:
     """Token-id prompts: request i = system prompt ``i % num_system_prompts`` + its own question."""
     k = max(1, min(num_system_prompts, len(system_prompts)))
-    return [tokenizer.encode(f"{system_prompts[i % k]}\nUser: Explain {QUESTIONS[i % len(QUESTIONS)]}.\nAssistant:")
+    return [tokenizer.encode(f"{system_prompts[i % k]}\nUser: Explain {TOPICS[i % len(TOPICS)]}.\nAssistant:")
             for i in range(num_requests)]
 
 
@@ -116,5 +115,5 @@ def collision_demo(block_size: int = 4, hash_fn: Callable = constant_hash) -> pd
     return pd.DataFrame(rows)
 
 
-__all__ = ["QUESTIONS", "SYSTEM_PROMPTS", "collision_demo", "compare_caching", "constant_hash", "eviction_sweep",
+__all__ = ["SYSTEM_PROMPTS", "collision_demo", "compare_caching", "constant_hash", "eviction_sweep",
            "shared_prompt_requests"]

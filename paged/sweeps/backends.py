@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from paged.errors import ConfigError
 
-from .point import execute, plain, where
+from .point import META, execute, plain
 from .registry import Study
 
 Todo = Sequence[tuple[int, Mapping[str, Any]]]
@@ -29,9 +29,8 @@ Done = Iterator[tuple[int, list[dict[str, Any]]]]
 
 def lost(params: Mapping[str, Any], error: str, backend: str) -> list[dict[str, Any]]:
     """The row of a point whose worker died (no result; not stored, so a re-run computes it)."""
-    return [{**{k: plain(v) for k, v in params.items()}, "status": "lost", "error": error, "wall_s": None,
-             "cpu_s": None, "host": None, "pid": None, "node": None, "backend": backend, "cached": False,
-             "point": None}]
+    return [{**{k: plain(v) for k, v in params.items()}, **dict.fromkeys(META), "status": "lost", "error": error,
+             "backend": backend, "cached": False}]
 
 
 class LocalBackend:
@@ -183,13 +182,6 @@ class RayBackend:
             for ref in refs:
                 ray.cancel(ref, force=True)
             raise
-
-    @staticmethod
-    def cluster() -> dict[str, Any]:
-        """Nodes and resources of the Ray instance in use (for reports)."""
-        import ray
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        return {"nodes": len(nodes), "resources": ray.cluster_resources(), "driver": where()}
 
 
 __all__ = ["LocalBackend", "RayBackend", "start_local_ray", "default_ray_temp_dir", "lost"]

@@ -18,7 +18,7 @@ import json
 import os
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from paged.errors import ConfigError
 
@@ -131,10 +131,6 @@ class PointStore:
         if not path.is_file():
             return None
         return read_rows(path)
-
-    def discard(self, keys: Iterable[str]) -> None:
-        for k in keys:
-            self.path(k).unlink(missing_ok=True)
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:

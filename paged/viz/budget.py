@@ -14,6 +14,8 @@ from paged.sim.specs import KV_FORMATS
 from paged.studies.budget import (GB, batch_budget, check_claims, model_choices, model_spec, paged_waste,
                                   request_kv_bytes, reservation_waste)
 
+from .sizing import styled
+
 # Colours shared by every figure of this module
 TOKEN_COLOUR, WASTE_COLOUR, PAGED_COLOUR = "#2a9d8f", "#e76f51", "#264653"
 
@@ -45,10 +47,8 @@ def kv_growth_figure(model: str | ModelSpec, context: int, batch: int = 1, kv_fo
     tp = f" · tensor parallel {tensor_parallel}" if tensor_parallel > 1 else ""
     shape = "KV grows linearly with tokens" if not model_spec(model).layer_pattern else \
         "past the window only full layers grow"
-    fig.update_layout(title=f"{b['model']} · {b['kv_format']} · batch {batch}{tp}: {shape}",
-                      xaxis_title="tokens per request", yaxis_title="KV cache per GPU (GB)", height=380,
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.25))
-    return fig
+    return styled(fig, f"{b['model']} · {b['kv_format']} · batch {batch}{tp}: {shape}", 380, x="tokens per request",
+                  y="KV cache per GPU (GB)", legend_y=-0.25)
 
 
 def kv_format_figure(model: str | ModelSpec, context: int, batch: int = 1,
@@ -66,10 +66,8 @@ def kv_format_figure(model: str | ModelSpec, context: int, batch: int = 1,
     ref = float(request_kv_bytes(model, context, "fp16", tensor_parallel)) * batch / GB
     fig = go.Figure(go.Bar(x=list(formats), y=gb, marker_color=PAGED_COLOUR,
                            text=[f"{g:.2f} GB ({g / ref:.2f}x)" for g in gb], textposition="outside"))
-    fig.update_layout(title=f"{model_spec(model).name}: {batch} x {context:,} tokens in each KV format",
-                      yaxis_title="KV cache per GPU (GB)", height=360, margin=dict(l=60, r=20, t=50, b=40),
-                      yaxis_range=[0, max(gb) * 1.2])
-    return fig
+    return styled(fig, f"{model_spec(model).name}: {batch} x {context:,} tokens in each KV format", 360,
+                  y="KV cache per GPU (GB)", margin=(60, 20, 50, 40), yaxis_range=[0, max(gb) * 1.2])
 
 
 def waste_curve_figure(max_len: int = 4096, block_size: int = 16, marks: Sequence[int] = (50, 150, 200, 3200)) -> go.Figure:
@@ -86,11 +84,9 @@ def waste_curve_figure(max_len: int = 4096, block_size: int = 16, marks: Sequenc
                    textposition=_label_positions(xs, max_len), marker=dict(size=9, color=WASTE_COLOUR),
                    showlegend=False, cliponaxis=False),
     ])
-    fig.update_layout(title="Wasted share of a request's KV memory", xaxis_type="log", xaxis_title="tokens in the request",
-                      yaxis_title="% of its KV slots empty", yaxis_range=[0, 112], height=400,
-                      margin=dict(l=60, r=30, t=50, b=50), legend=dict(orientation="h", y=-0.25))
-    fig.update_xaxes(range=[0, np.log10(max_len) + 0.05])
-    return fig
+    styled(fig, "Wasted share of a request's KV memory", 400, x="tokens in the request", y="% of its KV slots empty",
+           legend_y=-0.25, margin=(60, 30, 50, 50), xaxis_type="log", yaxis_range=[0, 112])
+    return fig.update_xaxes(range=[0, np.log10(max_len) + 0.05])
 
 
 def _label_positions(xs: Sequence[int], max_len: int, near: float = 0.3) -> list[str]:
@@ -123,9 +119,8 @@ def preallocation_figure(lengths: Sequence[int] | np.ndarray, max_len: int = 409
                marker_color=WASTE_COLOUR,
                text=[f"{1 - held / contiguous:.1%} empty", f"{1 - held / paged:.1%} empty"], textposition="outside"),
     ])
-    fig.update_layout(barmode="stack", title=f"{len(L)} requests, mean {L.mean():.0f} tokens: reserved KV memory",
-                      yaxis_title=f"KV ({unit})", height=380, margin=dict(l=60, r=20, t=50, b=40))
-    return fig
+    return styled(fig, f"{len(L)} requests, mean {L.mean():.0f} tokens: reserved KV memory", 380, y=f"KV ({unit})",
+                  margin=(60, 20, 50, 40), barmode="stack")
 
 
 def formula_text(b: dict) -> str:
@@ -178,9 +173,7 @@ def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8
                             (formats, kv_format_figure(v["model"], v["context"], v["batch"],
                                                       tensor_parallel=v["tensor_parallel"]))):
             with widget.batch_update():
-                for old, fresh in zip(widget.data, new.data):
-                    old.update(fresh.to_plotly_json())
-                widget.layout.update(new.layout.to_plotly_json())
+                widget.figure = new
 
     for c in ctl.values():
         c.observe(redraw, names="value")

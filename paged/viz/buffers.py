@@ -1,7 +1,9 @@
-"""Small pieces the live views share: a ring buffer of step rows, a memoized decoder, checks."""
+"""Small pieces the live views share: a ring buffer of step rows, a memoized decoder, a frame pacer, checks."""
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import time
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -47,6 +49,31 @@ class RingBuffer:
 
     def clear(self) -> None:
         self.n = 0
+
+
+class FramePacer:
+    """When a live view draws: a frame is due once 1/`fps` s and (1/`draw_share` - 1) x the last
+    frame's cost have both passed since it ended, so drawing takes about `draw_share` of the wall
+    time, at most `fps` frames a second. ``with pacer.timed(): draw()`` measures a frame."""
+
+    def __init__(self, fps: float, draw_share: float) -> None:
+        self.fps, self.draw_share = fps, draw_share
+        self.draw_seconds = 0.0  # total time spent drawing frames
+        self._last = self._cost = 0.0
+
+    def due(self) -> bool:
+        gap = max(1.0 / self.fps, self._cost * (1.0 / self.draw_share - 1.0))
+        return time.perf_counter() - self._last >= gap
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._last = time.perf_counter()
+            self._cost = self._last - t0
+            self.draw_seconds += self._cost
 
 
 class CachedDecoder:

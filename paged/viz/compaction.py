@@ -12,7 +12,8 @@ from plotly.subplots import make_subplots
 
 from paged.core.snapshot import STATE_CACHED, STATE_FREE, KVSnapshot
 from .figures import grid_data
-from .pool_figures import legend_squares, state_colorscale
+from .pool_figures import bare_grid_axes, legend_squares, state_heatmap
+from .sizing import styled
 
 if TYPE_CHECKING:
     from paged.studies.compaction import CompactionDemo
@@ -43,21 +44,15 @@ def compaction_grids(demo: CompactionDemo, cols: int | None = None, page: int = 
               f"after {p.num_copies} copies: fragmentation {p.fragmentation_after:.2f}, {p.runs_after} runs "
               f"({p.num_skipped} skipped)")
     fig = make_subplots(rows=2, cols=1, subplot_titles=titles, vertical_spacing=0.08)
-    n = len(OWNER_COLORS) + 2
     for row, snap in enumerate((demo.before, demo.after), start=1):
         d = grid_data(snap, cols, page)
-        fig.add_trace(go.Heatmap(z=_owner_z(snap, d).tolist(), text=d["text"],
-                                 hovertemplate="%{text}<extra></extra>", zmin=-0.5, zmax=n - 0.5,
-                                 colorscale=state_colorscale((FREE_COLOR, CACHED_COLOR, *OWNER_COLORS)), showscale=False, xgap=1, ygap=1,
-                                 name="before" if row == 1 else "after"), row=row, col=1)
-        fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, range=[-0.5, d["cols"] - 0.5],
-                         row=row, col=1)
-        fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False, row=row, col=1)
+        fig.add_trace(state_heatmap((FREE_COLOR, CACHED_COLOR, *OWNER_COLORS), z=_owner_z(snap, d).tolist(),
+                                    text=d["text"], hovertemplate="%{text}<extra></extra>",
+                                    name="before" if row == 1 else "after"), row=row, col=1)
+        bare_grid_axes(fig, [-0.5, d["cols"] - 0.5], row=row, col=1)
     fig.add_traces(legend_squares((("free", FREE_COLOR), ("cached-free", CACHED_COLOR),
                                    ("live: colour = owner", OWNER_COLORS[0]))))
     rows = grid_data(demo.before, cols, page)["rows"]
-    fig.update_layout(title=f"block compaction: {demo.before.num_blocks} blocks of {demo.before.block_size} tokens, "
-                            f"{p.num_requests} running requests",
-                      height=max(420, 2 * (22 * rows + 60) + 80), margin=dict(l=30, r=10, t=70, b=30),
-                      legend=dict(orientation="h", y=-0.05), plot_bgcolor="white")
-    return fig
+    return styled(fig, f"block compaction: {demo.before.num_blocks} blocks of {demo.before.block_size} tokens, "
+                  f"{p.num_requests} running requests", max(420, 2 * (22 * rows + 60) + 80), legend_y=-0.05,
+                  margin=(30, 10, 70, 30), plot_bgcolor="white")

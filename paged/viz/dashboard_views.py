@@ -19,9 +19,7 @@ VIEWS = ("grid", "tables", "usage", "timeline", "latency", "prefix")
 
 def table_rows(run, max_requests: int) -> int:
     """Rows of the live block-tables frame: ``max_requests``, or fewer when the run has fewer requests."""
-    known = getattr(run, "workload", None)
-    if known is None:
-        known = getattr(run, "trace", None)
+    known = getattr(run, "workload", None)  # the engine's requests or the simulator's trace
     n = 0 if known is None else len(known)
     return max(1, min(max_requests, n)) if n else max_requests
 

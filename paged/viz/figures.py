@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 from .pool_figures import (CONTIGUOUS_STATES, DENSE_ROW_PX, DENSITY_COLORS, GRID_COLS, MAX_CELLS,  # noqa: F401
                            PAGED_STATES, STATE_COLORS, STATE_NAMES, block_grid, block_tables, blocks_per_cell,
                            contiguous_grid, grid_data, grid_shape, state_colorscale, tables_data)
-from .sizing import count_axis
+from .sizing import count_axis, styled
 
 
 def usage_series(steps) -> dict:
@@ -44,11 +44,9 @@ def usage_over_time(steps, contiguous=None, labels: tuple[str, str] = ("paged", 
                                  line=dict(color="#e6550d", dash="dash")))
         fig.add_trace(go.Scatter(x=c["x"], y=c["tokens"], name=f"{labels[1]}: holding tokens",
                                  line=dict(color="#a63603", dash="dot")))
-    fig.update_layout(title="memory: blocks reserved vs tokens held", yaxis_title="% of the KV pool",
-                      yaxis_range=[0, 105], height=320, margin=dict(l=50, r=10, t=50, b=40),
-                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
-    fig.update_xaxes(title_text="step", **count_axis())
-    return fig
+    styled(fig, "memory: blocks reserved vs tokens held", 320, y="% of the KV pool", margin=(50, 10, 50, 40),
+           yaxis_range=[0, 105], legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1, xanchor="right"))
+    return fig.update_xaxes(title_text="step", **count_axis())
 
 
 def timeline_series(steps) -> dict:
@@ -88,8 +86,7 @@ def step_timeline(steps, title: str = "steps: prefill and decode tokens, step ti
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for tr, sec in _timeline_traces(s):
         fig.add_trace(tr, secondary_y=sec)
-    fig.update_layout(barmode="stack", title=title, height=340, margin=dict(l=60, r=60, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.2), bargap=0.05)
+    styled(fig, title, 340, legend_y=-0.2, margin=(60, 60, 50, 40), barmode="stack", bargap=0.05)
     fig.update_xaxes(title_text="step", **count_axis())
     fig.update_yaxes(title_text="tokens in the step", secondary_y=False, **count_axis())
     fig.update_yaxes(title_text="step time (ms)", secondary_y=True, rangemode="tozero")
@@ -120,9 +117,8 @@ def compare_step_timelines(frames: Mapping[str, object], title: str = "step time
                          secondary_y=True)
         fig.update_xaxes(row=i, col=1, **count_axis(float(s["x"].max()) if len(s["x"]) else None))
     fig.update_xaxes(title_text="step", row=len(labels), col=1)
-    fig.update_layout(barmode="stack", title=title, height=panel_px * len(labels) + 150, bargap=0.05,
-                      margin=dict(l=60, r=60, t=70, b=50), legend=dict(orientation="h", y=-0.08, yanchor="top"))
-    return fig
+    return styled(fig, title, panel_px * len(labels) + 150, margin=(60, 60, 70, 50), barmode="stack", bargap=0.05,
+                  legend=dict(orientation="h", y=-0.08, yanchor="top"))
 
 
 def ecdf(values) -> tuple[np.ndarray, np.ndarray]:
@@ -210,8 +206,7 @@ def prefix_cache(steps, events=None) -> go.Figure:
         if len(ev_steps):
             u, c = np.unique(ev_steps, return_counts=True)
             fig.add_trace(go.Bar(x=u, y=c, name="evictions", marker_color="#e6550d", opacity=0.7), secondary_y=True)
-    fig.update_layout(title="prefix cache", height=320, margin=dict(l=50, r=50, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.2))
+    styled(fig, "prefix cache", 320, legend_y=-0.2, margin=(50, 50, 50, 40))
     fig.update_yaxes(title_text="hit rate %", range=[0, 100], secondary_y=False)
     fig.update_yaxes(title_text="blocks", secondary_y=True, **count_axis())
     fig.update_xaxes(title_text="step", **count_axis())

@@ -8,7 +8,6 @@ the miss map (pure: DataFrames -> ``go.Figure``), and ``ServerView``, the live d
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import Any, Mapping
 
@@ -20,7 +19,7 @@ from plotly.subplots import make_subplots
 from paged.connect import misses as M
 
 from .pool_figures import legend_squares, state_colorscale
-from .sizing import count_axis
+from .sizing import count_axis, styled
 
 STATE_COLORS = {"live": "#3b6fb6", "evicted": "#e6550d", "cleared": "#bdbdbd"}
 MISS_COLORS = {M.HIT: "#2ca25f", M.HIT_HOST: "#99d8c9", M.CACHED: "#2ca25f", M.PARTIAL: "#d9d9d9",
@@ -65,8 +64,7 @@ def prefix_forest(frame: pd.DataFrame, *, max_nodes: int = 600, title: str = "pr
         parents.append(str(int(p)) if p is not None and not pd.isna(p) and int(p) in ids else ROOT_ID)
         labels.append(f"{_short(r.text) or r.hash[-6:]}")
         colors.append(STATE_COLORS.get(r.state, "#999999"))
-        removed = "" if r.removed_s is None or (isinstance(r.removed_s, float) and math.isnan(r.removed_s)) \
-            else f"<br>removed at {r.removed_s:.2f} s"
+        removed = "" if pd.isna(r.removed_s) else f"<br>removed at {r.removed_s:.2f} s"
         hover.append(f"node {r.node_id} · {r.state}<br>hash {r.hash}<br>depth {r.depth}, {r.num_tokens} tokens"
                      f"<br>age {r.age_s:.1f} s, stored {r.times_stored}x, removed {r.times_removed}x{removed}"
                      f"<br>{(r.text or '')[:80]!r}")
@@ -80,8 +78,7 @@ def prefix_forest(frame: pd.DataFrame, *, max_nodes: int = 600, title: str = "pr
                               marker=dict(colors=colors + [ROOT_COLOR] * len(root)),
                               hovertext=hover + ["the prefix cache; below it, each chain's first block"] * len(root),
                               hoverinfo="text", tiling=dict(orientation="v"), maxdepth=-1))
-    fig.update_layout(title=f"{title} ({summary})", margin=dict(l=10, r=10, t=40, b=10), height=420)
-    return fig
+    return styled(fig, f"{title} ({summary})", 420, margin=(10, 10, 40, 10))
 
 
 def _engine_series(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,8 +117,7 @@ def server_vs_engine(server: pd.DataFrame | None, engines: Mapping[str, pd.DataF
     blocks = float(server["live_blocks"].max()) if server is not None and len(server) else None
     fig.update_yaxes(title_text="cached blocks", row=1, col=1, secondary_y=True, **count_axis(blocks))
     fig.update_xaxes(title_text="seconds")
-    fig.update_layout(title=title, height=340, margin=dict(l=40, r=40, t=60, b=40), legend=dict(orientation="h"))
-    return fig
+    return styled(fig, title, 340, margin=(40, 40, 60, 40), legend=dict(orientation="h"))
 
 
 def miss_map(misses: pd.DataFrame, *, max_requests: int = 40, title: str = "why each prompt block was (not) a hit"
@@ -148,11 +144,9 @@ def miss_map(misses: pd.DataFrame, *, max_requests: int = 40, title: str = "why 
                                colorscale=state_colorscale([c for _, c in colors]) or [[0, "#fff"], [1, "#fff"]],
                                zmin=-0.5, zmax=n - 0.5, showscale=False, xgap=1, ygap=1))
     fig.add_traces(legend_squares(colors))
-    fig.update_layout(title=title, xaxis_title="prompt block", yaxis=dict(autorange="reversed"),
-                      height=max(220, 24 * len(reqs) + 120), margin=dict(l=80, r=10, t=50, b=40),
-                      plot_bgcolor="#ffffff")
-    fig.update_xaxes(**count_axis(float(nblk - 1) if nblk else None))  # block indices: no tick at 0.5
-    return fig
+    styled(fig, title, max(220, 24 * len(reqs) + 120), x="prompt block", margin=(80, 10, 50, 40),
+           yaxis=dict(autorange="reversed"), plot_bgcolor="#ffffff")
+    return fig.update_xaxes(**count_axis(float(nblk - 1) if nblk else None))  # block indices: no tick at 0.5
 
 
 def status_panel(source: Any) -> str:

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from paged.studies.fragmentation import label
 
-from .sizing import count_axis
+from .sizing import count_axis, styled
 
 COLOURS = {"contiguous-max": "#e76f51", "contiguous-pow2": "#f4a261", "contiguous-oracle": "#e9c46a",
            "paged": "#264653"}
@@ -27,10 +27,8 @@ def token_share_figure(table: pd.DataFrame) -> go.Figure:
         go.Bar(x=table["allocator"], y=100 * table["paper_token_share"], name="vLLM paper (Fig. 2)",
                marker_color="#a8dadc", text=[f"{v:.1%}" for v in table["paper_token_share"]], textposition="outside"),
     ])
-    fig.update_layout(barmode="group", title="Share of KV memory holding tokens while requests wait",
-                      yaxis_title="% of the KV pool", yaxis_range=[0, 110], height=380,
-                      margin=dict(l=60, r=20, t=50, b=60), legend=dict(orientation="h", y=-0.2))
-    return fig
+    return styled(fig, "Share of KV memory holding tokens while requests wait", 380, y="% of the KV pool",
+                  legend_y=-0.2, margin=(60, 20, 50, 60), barmode="group", yaxis_range=[0, 110])
 
 
 def held_and_reserved(steps: pd.DataFrame, capacity_tokens: int) -> pd.DataFrame:
@@ -58,10 +56,8 @@ def reserved_vs_held_figure(results: Mapping[str, object], max_points: int = 400
                                  showlegend=i == 1, line=dict(color=HELD), fill="tozeroy"), row=i, col=1)
         fig.update_yaxes(title_text="k slots", range=[0, cap * 1.05], row=i, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(keys), col=1)
-    fig.update_layout(title="Reserved KV slots vs slots holding tokens, same trace and memory",
-                      height=170 * len(keys) + 110, margin=dict(l=60, r=20, t=80, b=50),
-                      legend=dict(orientation="h", y=1.08, x=0.6))
-    return fig
+    return styled(fig, "Reserved KV slots vs slots holding tokens, same trace and memory", 170 * len(keys) + 110,
+                  margin=(60, 20, 80, 50), legend=dict(orientation="h", y=1.08, x=0.6))
 
 
 def block_size_figure(sweep: pd.DataFrame) -> go.Figure:
@@ -76,9 +72,8 @@ def block_size_figure(sweep: pd.DataFrame) -> go.Figure:
     top = float(100 * sweep["internal_fragmentation"].max())
     fig.update_yaxes(title_text="% of reserved slots empty", range=[0, max(top * 1.3, 5)], secondary_y=False)
     fig.update_yaxes(title_text="requests / s (simulated)", rangemode="tozero", secondary_y=True)
-    fig.update_layout(title="Block size: bigger blocks waste more of the last block", xaxis_title="block size (tokens)",
-                      height=380, margin=dict(l=60, r=60, t=50, b=50), legend=dict(orientation="h", y=-0.25))
-    return fig
+    return styled(fig, "Block size: bigger blocks waste more of the last block", 380, x="block size (tokens)",
+                  legend_y=-0.25, margin=(60, 60, 50, 50))
 
 
 def engine_usage_figure(steps: pd.DataFrame) -> go.Figure:
@@ -92,11 +87,9 @@ def engine_usage_figure(steps: pd.DataFrame) -> go.Figure:
     st = steps[(steps["block_size"] == steps["block_size"].min()) & (steps["contiguous_reserved"] > 0)]
     fig.add_trace(go.Scatter(x=st["step"], y=100 * st["held"] / st["contiguous_reserved"], mode="lines",
                              name="contiguous, max_len each (same requests)", line=dict(color=RESERVED, dash="dash")))
-    fig.update_layout(title="SmolLM2 on this machine: share of reserved KV slots holding tokens, per step",
-                      xaxis_title="engine step", yaxis_title="% holding tokens", yaxis_range=[0, 105], height=360,
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.25))
-    fig.update_xaxes(**count_axis(float(steps["step"].max()) if len(steps) else None))
-    return fig
+    styled(fig, "SmolLM2 on this machine: share of reserved KV slots holding tokens, per step", 360, x="engine step",
+           y="% holding tokens", legend_y=-0.25, yaxis_range=[0, 105])
+    return fig.update_xaxes(**count_axis(float(steps["step"].max()) if len(steps) else None))
 
 
 __all__ = ["COLOURS", "block_size_figure", "engine_usage_figure", "held_and_reserved", "reserved_vs_held_figure",

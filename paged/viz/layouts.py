@@ -10,6 +10,8 @@ import plotly.graph_objects as go
 
 from paged.studies.layouts import MODERN_MODELS, content_bytes, layout_name
 
+from .sizing import styled
+
 __all__ = ["request_bytes_figure", "hybrid_vs_full_figure", "hybrid_vs_full_prose"]
 
 _COLOURS = ("#264653", "#8ab17d", "#2a9d8f", "#e76f51", "#f4a261", "#7b6d8d", "#e9c46a")
@@ -27,10 +29,8 @@ def request_bytes_figure(models: Sequence[str] = MODERN_MODELS, max_tokens: int 
                                  line=dict(color=_COLOURS[i % len(_COLOURS)], width=2),
                                  hovertemplate="%{x:,} tokens: %{y:.3f} GB<extra>" + name + "</extra>"))
     tp = f", tensor parallel {tensor_parallel}" if tensor_parallel > 1 else ""
-    fig.update_layout(title=f"KV of one request per GPU ({kv_format}{tp})", xaxis_type="log", yaxis_type="log",
-                      xaxis_title="tokens in the request", yaxis_title="KV cache (GB)", height=460,
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.22, font=dict(size=11)))
-    return fig
+    return styled(fig, f"KV of one request per GPU ({kv_format}{tp})", 460, x="tokens in the request", y="KV cache (GB)",
+                  xaxis_type="log", yaxis_type="log", legend=dict(orientation="h", y=-0.22, font=dict(size=11)))
 
 
 def hybrid_vs_full_figure(df: pd.DataFrame) -> go.Figure:
@@ -44,10 +44,9 @@ def hybrid_vs_full_figure(df: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Bar(x=[label for _, label in metrics], y=ys, name=row["variant"],
                              marker_color=_COLOURS[3] if j == 0 else _COLOURS[0],
                              text=[f"{row[c]:,.1f}" for c, _ in metrics], textposition="outside"))
-    fig.update_layout(barmode="group", title="Same KV memory, same trace: the hybrid pool over every layer full",
-                      yaxis_title="relative to every layer full", height=380, margin=dict(l=60, r=20, t=50, b=40),
-                      yaxis_range=[0, 1.25 * max(df[c].max() / df[c].iloc[1] for c, _ in metrics)])
-    return fig
+    return styled(fig, "Same KV memory, same trace: the hybrid pool over every layer full", 380,
+                  y="relative to every layer full", margin=(60, 20, 50, 40), barmode="group",
+                  yaxis_range=[0, 1.25 * max(df[c].max() / df[c].iloc[1] for c, _ in metrics)])
 
 
 def hybrid_vs_full_prose(df: pd.DataFrame):

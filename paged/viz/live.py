@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 
 from paged.telemetry import STEP_COLUMNS
 from . import figures as F
-from .buffers import CachedDecoder, RingBuffer, widgets_available
+from .buffers import CachedDecoder, FramePacer, RingBuffer, widgets_available
 from .dashboard_views import VIEWS, build_views, redraw_pool, table_rows, update_series
 from .replay_view import ReplayView
 
@@ -56,11 +56,8 @@ class Dashboard:
         self.frames = 0
         self.selected: str | None = None
         self.page = 0
-        self._last_draw = 0.0
+        self.pacer = FramePacer(fps, draw_share)
         self._story_at = 0.0
-        self._draw_cost = 0.0
-        self.draw_seconds = 0.0  # total time spent drawing frames
-        self.draw_share = draw_share
         self._task: asyncio.Task | None = None
         self._playing = False
         self._stepping = False  # run_to_completion is stepping from a cell
@@ -127,17 +124,8 @@ class Dashboard:
     def draw(self) -> None:
         """Draw one frame now (each figure in one batch_update)."""
         self.frames += 1
-        t0 = time.perf_counter()
-        try:
+        with self.pacer.timed():
             self._draw()
-        finally:
-            self._last_draw = time.perf_counter()
-            self._draw_cost = self._last_draw - t0
-            self.draw_seconds += self._draw_cost
-
-    def _due(self) -> bool:
-        gap = max(1.0 / self.fps, self._draw_cost * (1.0 / self.draw_share - 1.0))
-        return time.perf_counter() - self._last_draw >= gap
 
     def _draw(self) -> None:
         if self.no_widgets is not None:
@@ -216,7 +204,7 @@ class Dashboard:
         row = self.run.step()
         if row is not None:
             self.buffer.push(row)
-        if draw or self.run.done or self._due():
+        if draw or self.run.done or self.pacer.due():
             self.draw()
         if self.run.done:
             self._finished()
@@ -249,9 +237,7 @@ class Dashboard:
                 await asyncio.sleep(self._pause_s(t))  # yields: widget messages get handled
         finally:
             self._playing = False
-            self.draw()
-            if self.run.done:
-                self._finished()
+            self._last_frame()
             if self.panel is not None:
                 self.panel.stopped()
 
@@ -295,6 +281,10 @@ class Dashboard:
                     time.sleep(self._pause_s(t))
         finally:
             self._stepping = False
+        self._last_frame()
+
+    def _last_frame(self) -> None:
+        """The frame a play or a blocking run ends on (and the run's story, once it is over)."""
         self.draw()
         if self.run.done:
             self._finished()
@@ -311,7 +301,7 @@ class Dashboard:
         if workload is not None and self._workload is not None:
             builder, base = self._workload
             self._workload = (builder, {**base, **workload})
-            kw["workload" if hasattr(self.run, "engine") else "trace"] = builder(self.run.tokenizer, **self._workload[1])
+            kw["workload"] = builder(self.run.tokenizer, **self._workload[1])
         self.run = self.run.fresh(**kw, **settings)
         self._keep_snapshots(self.run)
         self._decoder = CachedDecoder(self.run.tokenizer) if self.run.tokenizer is not None else None

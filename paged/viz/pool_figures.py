@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from paged.core.snapshot import (STATE_CACHED, STATE_FREE, STATE_NAMES, STATE_RESERVED, STATE_SHARED, STATE_USED,
                                  STATE_WRITING, STATUS_NAMES, ContiguousSnapshot, KVSnapshot)
-from .sizing import ROW_PX, heatmap_height
+from .sizing import ROW_PX, heatmap_height, styled
 
 
 STATE_COLORS = ("#e9e9ee", "#9ecae1", "#3b6fb6", "#e6550d", "#2ca25f", "#f4b6c2")
@@ -34,6 +34,12 @@ def state_colorscale(colors: Sequence[str] = STATE_COLORS) -> list[list]:
     return [x for i, c in enumerate(colors) for x in ([i / n, c], [(i + 1) / n, c])]
 
 
+def state_heatmap(colors: Sequence[str] = STATE_COLORS, gap: int = 1, **trace) -> go.Heatmap:
+    """A heatmap of codes 0..len(colors)-1, code i drawn in colors[i] (no colour bar), cells `gap` px apart."""
+    return go.Heatmap(zmin=-0.5, zmax=len(colors) - 0.5, colorscale=state_colorscale(colors), showscale=False,
+                      xgap=gap, ygap=gap, **trace)
+
+
 def legend_squares(items: Sequence[tuple[str, str]]) -> list[go.Scatter]:
     """Invisible markers that give a heatmap a discrete legend: one square per (name, colour)."""
     return [go.Scatter(x=[None], y=[None], mode="markers", name=name, showlegend=True,
@@ -43,6 +49,12 @@ def legend_squares(items: Sequence[tuple[str, str]]) -> list[go.Scatter]:
 def _legend_traces(states: Sequence[int] = PAGED_STATES) -> list[go.Scatter]:
     """The legend of the states that can occur."""
     return legend_squares([(STATE_NAMES[i], STATE_COLORS[i]) for i in states])
+
+
+def bare_grid_axes(fig: go.Figure, x_range: list[float] | None = None, **where) -> go.Figure:
+    """A grid's axes: no ticks, grid lines or zero line, row 0 on top (``where``: a subplot's ``row``/``col``)."""
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, range=x_range, **where)
+    return fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False, **where)
 
 
 def blocks_per_cell(num_blocks: int) -> int:
@@ -156,9 +168,8 @@ def block_grid(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokeniz
                                  name="blocks", colorbar=dict(title=dict(text="share<br>holding KV", side="top"),
                                                               tickformat=".0%", len=1, thickness=14)))
     else:
-        fig.add_trace(go.Heatmap(z=d["z"], x=d["x"], y=d["y"], text=d["text"], hovertemplate="%{text}<extra></extra>",
-                                 zmin=-0.5, zmax=len(STATE_COLORS) - 0.5, colorscale=state_colorscale(),
-                                 showscale=False, xgap=1, ygap=1, name="blocks"))
+        fig.add_trace(state_heatmap(z=d["z"], x=d["x"], y=d["y"], text=d["text"], name="blocks",
+                                    hovertemplate="%{text}<extra></extra>"))
     fig.add_trace(go.Scatter(x=d["hl_x"], y=d["hl_y"], mode="markers", hoverinfo="skip", showlegend=False,
                              marker=dict(symbol="square-open", size=min(12, row_px - 2), color="black",
                                          line=dict(width=2)),
@@ -172,10 +183,7 @@ def block_grid(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokeniz
                       height=heatmap_height(d["rows"], row_px=row_px, top=62, bottom=30 if d["dense"] else 60),
                       margin=dict(l=30, r=10, t=62, b=30 if d["dense"] else 60),  # room for a subtitle (counts)
                       legend=dict(orientation="h", y=0, yanchor="top", x=0), plot_bgcolor="white")
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False,
-                     range=[-0.5 if k == 1 else -k / 2, d["cols"] * k - (0.5 if k == 1 else k / 2)])
-    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
-    return fig
+    return bare_grid_axes(fig, [-0.5 if k == 1 else -k / 2, d["cols"] * k - (0.5 if k == 1 else k / 2)])
 
 
 def tables_data(snap: KVSnapshot, max_requests: int = 16, highlight: str | None = None) -> dict:
@@ -205,13 +213,11 @@ def block_tables(snap: KVSnapshot, max_requests: int = 16, highlight: str | None
     """Each request's block table: logical index -> physical block id (cell text), coloured by state.
     The logical-block axis is categorical: one tick per logical block, never a half one."""
     d = tables_data(snap, max_requests, highlight)
-    fig = go.Figure(go.Heatmap(z=d["z"], x=d["x"], y=d["y"], text=d["text"], texttemplate="%{text}",
-                               customdata=d["hover"], hovertemplate="%{customdata}<extra></extra>",
-                               zmin=-0.5, zmax=len(STATE_COLORS) - 0.5, colorscale=state_colorscale(),
-                               showscale=False, xgap=2, ygap=2))
-    fig.update_layout(title=f"block tables at step {snap.step} (cell = physical block id)",
-                      height=heatmap_height(len(d["y"]), row_px=26, top=50, bottom=50),
-                      margin=dict(l=10, r=10, t=50, b=50), xaxis_title="logical block", plot_bgcolor="white")
+    fig = go.Figure(state_heatmap(gap=2, z=d["z"], x=d["x"], y=d["y"], text=d["text"], texttemplate="%{text}",
+                                  customdata=d["hover"], hovertemplate="%{customdata}<extra></extra>"))
+    styled(fig, f"block tables at step {snap.step} (cell = physical block id)",
+           heatmap_height(len(d["y"]), row_px=26, top=50, bottom=50), x="logical block", margin=(10, 10, 50, 50),
+           plot_bgcolor="white")
     fig.update_xaxes(type="category")
     fig.update_yaxes(autorange="reversed", type="category")
     return fig
@@ -224,9 +230,8 @@ def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int |
     rows, cols = grid_shape(len(cells), cols)
     z = np.full(rows * cols, NAN)
     z[:len(cells)] = cells
-    fig = go.Figure(go.Heatmap(z=_json_grid(z.reshape(rows, cols)), zmin=-0.5, zmax=len(STATE_COLORS) - 0.5,
-                               colorscale=state_colorscale(), showscale=False, xgap=1, ygap=1,
-                               hovertemplate="cell %{x},%{y}: %{z}<extra></extra>"))
+    fig = go.Figure(state_heatmap(z=_json_grid(z.reshape(rows, cols)),
+                                  hovertemplate="cell %{x},%{y}: %{z}<extra></extra>"))
     fig.add_traces(_legend_traces(CONTIGUOUS_STATES))
     pct = 100 * snap.num_filled / snap.num_reserved if snap.num_reserved else 0.0
     fig.update_layout(title=title or f"contiguous reservations: {snap.num_reserved:,} slots reserved, "
@@ -234,6 +239,4 @@ def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int |
                       height=heatmap_height(rows, row_px=_row_px(rows), top=50, bottom=60),
                       margin=dict(l=30, r=10, t=50, b=60), legend=dict(orientation="h", y=0, yanchor="top"),
                       plot_bgcolor="white")
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False)
-    return fig
+    return bare_grid_axes(fig)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from .sizing import count_axis
+from .sizing import count_axis, styled
 
 MODE_COLOURS = {"reference": "#8d99ae", "recompute": "#e76f51", "swap": "#264653"}
 
@@ -21,9 +21,7 @@ def modes_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
         if len(p):
             fig.add_trace(go.Scatter(x=p["step"], y=p["num_used_blocks"], mode="markers", name=f"{label}: preemption",
                                      marker=dict(symbol="x", size=10, color=c)))
-    fig.update_layout(title="Blocks in use per step; x = a request preempted", xaxis_title="engine step",
-                      yaxis_title="blocks", height=360, margin=dict(l=60, r=20, t=50, b=50),
-                      legend=dict(orientation="h", y=-0.25))
+    styled(fig, "Blocks in use per step; x = a request preempted", 360, x="engine step", y="blocks", legend_y=-0.25)
     top = max([float(st["step"].max()) for st in frames.values() if len(st)] or [0.0])
     blocks = max([float(st["num_used_blocks"].max()) for st in frames.values() if len(st)] or [0.0])
     fig.update_xaxes(**count_axis(top))
@@ -40,11 +38,9 @@ def cost_figure(costs: pd.DataFrame) -> go.Figure:
         go.Bar(x=x, y=1e3 * costs["hbm_read_s"], name="one read from HBM", marker_color="#a8dadc"),
     ])
     a = costs.attrs
-    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="milliseconds (log)",
-                      title=f"{a.get('model', '')} on {a.get('tensor_parallel', 1)}× {a.get('gpu', '')}: "
-                            "the cost of one preempted request", height=380, margin=dict(l=60, r=20, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.2))
-    return fig
+    return styled(fig, f"{a.get('model', '')} on {a.get('tensor_parallel', 1)}× {a.get('gpu', '')}: the cost of one "
+                  "preempted request", 380, y="milliseconds (log)", legend_y=-0.2, margin=(60, 20, 50, 40),
+                  barmode="group", yaxis_type="log")
 
 
 __all__ = ["MODE_COLOURS", "cost_figure", "modes_figure"]

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .sizing import count_axis
+from .sizing import count_axis, styled
 
 
 def caching_figure(table: pd.DataFrame) -> go.Figure:
@@ -19,9 +19,7 @@ def caching_figure(table: pd.DataFrame) -> go.Figure:
         go.Bar(x=table["setting"], y=table["hit_tokens"], name="served from the prefix cache", marker_color="#2a9d8f",
                text=[f"{r:.0%} hit" for r in table["hit_rate"]], textposition="outside"),
     ])
-    fig.update_layout(barmode="stack", title="Prompt tokens: computed vs reused", yaxis_title="tokens", height=360,
-                      margin=dict(l=60, r=20, t=50, b=40))
-    return fig
+    return styled(fig, "Prompt tokens: computed vs reused", 360, y="tokens", margin=(60, 20, 50, 40), barmode="stack")
 
 
 def hit_rate_over_steps(frames: dict[str, pd.DataFrame]) -> go.Figure:
@@ -31,10 +29,9 @@ def hit_rate_over_steps(frames: dict[str, pd.DataFrame]) -> go.Figure:
         q = np.maximum(np.asarray(st["prefix_cache_queries"], float), 1)
         fig.add_trace(go.Scatter(x=st["step"], y=100 * np.asarray(st["prefix_cache_hits"], float) / q, name=label,
                                  mode="lines+markers"))
-    fig.update_layout(title="Prefix-cache hit rate so far (tokens)", xaxis_title="step", yaxis_title="% of prompt tokens",
-                      yaxis_range=[0, 100], height=340, margin=dict(l=60, r=20, t=50, b=40))
-    fig.update_xaxes(**count_axis(max([float(st["step"].max()) for st in frames.values() if len(st)] or [0.0])))
-    return fig
+    styled(fig, "Prefix-cache hit rate so far (tokens)", 340, x="step", y="% of prompt tokens", margin=(60, 20, 50, 40),
+           yaxis_range=[0, 100])
+    return fig.update_xaxes(**count_axis(max([float(st["step"].max()) for st in frames.values() if len(st)] or [0.0])))
 
 
 def eviction_figure(sweep: pd.DataFrame) -> go.Figure:
@@ -44,10 +41,8 @@ def eviction_figure(sweep: pd.DataFrame) -> go.Figure:
     total = float(sweep["prefix_tokens_total"].iloc[0])
     fig.add_vline(x=total, line_dash="dash", line_color="grey", annotation_text="all system prompts",
                   annotation_position="top left")
-    fig.update_layout(title="LRU eviction: a smaller pool forgets shared prefixes", xaxis_type="log",
-                      xaxis_title="KV pool (tokens)", yaxis_title="prefix-cache hit rate (% of prompt tokens)",
-                      yaxis_range=[0, 100], height=360, margin=dict(l=60, r=20, t=50, b=50))
-    return fig
+    return styled(fig, "LRU eviction: a smaller pool forgets shared prefixes", 360, x="KV pool (tokens)",
+                  y="prefix-cache hit rate (% of prompt tokens)", xaxis_type="log", yaxis_range=[0, 100])
 
 
 __all__ = ["caching_figure", "eviction_figure", "hit_rate_over_steps"]

@@ -10,7 +10,9 @@ Numbers a builder needs to size a figure from its content, so no figure is a 1-p
   integer ticks only, whether the data are known now (a fixed integer ``dtick``) or arrive later
   in a live view (the range always includes 0..10, where plotly's own ticks are integers);
 - `CONTENT_WIDTH`: what a notebook output gets on a 1366-px laptop screen, the width tables
-  and titles must fit (`paged.viz.tables.fit_table`).
+  and titles must fit (`paged.viz.tables.fit_table`);
+- `styled(fig, title, height, ...)`: the layout the study figures share (title, axis titles,
+  height, margins, a horizontal legend), set in one call.
 """
 from __future__ import annotations
 
@@ -55,6 +57,21 @@ def count_axis(max_value: float | None = None, *, ticks: int = 8) -> dict:
     if max_value is None or not math.isfinite(max_value):
         return dict(rangemode="tozero", autorangeoptions=dict(include=[0, INTEGER_SPAN]), tickformat=",d")
     return dict(rangemode="tozero", tick0=0, dtick=nice_step(max(float(max_value), 1.0), ticks), tickformat=",d")
+
+
+def styled(fig, title: str, height: int, *, x: str | None = None, y: str | None = None,
+           legend_y: float | None = None, margin: tuple[int, int, int, int] | None = (60, 20, 50, 50), **layout):
+    """`fig` with a title, axis titles `x`/`y`, a height, margins (left, right, top, bottom px; None:
+    plotly's) and, with `legend_y`, a horizontal legend at that height; `layout`: any other layout keys."""
+    if x is not None:
+        layout["xaxis_title"] = x
+    if y is not None:
+        layout["yaxis_title"] = y
+    if legend_y is not None:
+        layout["legend"] = dict(orientation="h", y=legend_y)
+    if margin is not None:
+        layout["margin"] = dict(zip("lrtb", margin))
+    return fig.update_layout(title=title, height=height, **layout)
 
 
 POSITIONS = ("top center", "bottom center", "middle right", "middle left", "top right", "bottom left",
@@ -105,4 +122,4 @@ def label_positions(x, y, texts=None, *, log_x: bool = False, log_y: bool = Fals
 
 
 __all__ = ["CONTENT_WIDTH", "POSITIONS", "label_positions", "INTEGER_SPAN", "MIN_COLORBAR_PX", "MIN_HEIGHT", "MIN_ROW_PX", "ROW_PX", "count_axis",
-           "heatmap_height", "nice_step"]
+           "heatmap_height", "nice_step", "styled"]

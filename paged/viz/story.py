@@ -16,61 +16,34 @@ import plotly.graph_objects as go
 
 from paged import story
 
-__all__ = ["MOMENT_STYLE", "StoryView", "story_data", "story_figure"]
-
-# kind (``paged.story.MOMENT_KINDS``, the one list of kinds, in its order) -> (legend name, marker symbol, colour)
-_STYLES = {
-    "prefix_hit": ("first prefix hit", "star", "#2ca25f"),
-    "cow": ("copy-on-write", "diamond", "#e6550d"),
-    "preempt": ("preemption (recompute)", "x", "#d62728"),
-    "swap_out": ("preemption (swap out)", "triangle-down", "#9467bd"),
-    "swap_in": ("swap in", "triangle-up", "#9467bd"),
-    "tier_out": ("to host tier", "triangle-down", "#8c564b"),
-    "tier_in": ("from host tier", "triangle-up", "#8c564b"),
-    "compaction": ("compaction", "square", "#17becf"),
-    "peak": ("peak usage", "circle-open", "#111111"),
-}
-MOMENT_STYLE = {kind: _STYLES[kind] for kind in story.MOMENT_KINDS}  # a kind without a style: KeyError at import
-assert set(_STYLES) == set(story.MOMENT_KINDS), "a style for a kind paged.story does not list"
-
-
-def story_data(steps, moments) -> dict:
-    """The trace arrays of ``story_figure``: ``x``/``y`` of the usage line, then per moment kind
-    (in ``MOMENT_STYLE`` order) its steps, usages and labels."""
-    n = len(steps)
-    usage = 100 * steps["kv_cache_usage_perc"].to_numpy(float) if n else np.zeros(0)
-    out = {"x": np.arange(1, n + 1), "y": usage, "kinds": []}
-    for kind in MOMENT_STYLE:
-        m = moments[moments["kind"] == kind] if len(moments) else moments
-        at = m["step"].to_numpy(int) if len(m) else np.zeros(0, int)
-        out["kinds"].append((at, usage[at - 1] if len(at) else np.zeros(0), list(m["label"]) if len(m) else []))
-    return out
-
-
-def _title(n: int) -> str:
-    return (f"key moments of the run ({n} steps) · click one to see the pool then"
-            if n else "key moments appear here as the run goes")
+__all__ = ["StoryView", "story_figure"]
 
 
 def story_figure(steps, moments=None, current: int | None = None, title: str | None = None) -> go.Figure:
     """Block usage (%) per step, a marker per key moment (hover for what happened; one legend
-    entry per kind present), and a vertical line at ``current``. x is the 1-based step index."""
+    entry per kind present, traces in ``paged.story.MOMENTS`` order after the usage line), and a
+    vertical line at ``current``. x is the 1-based step index."""
     if moments is None:
         moments = story.key_moments(steps)
     n = len(steps)
-    d = story_data(steps, moments)
-    fig = go.Figure(go.Scatter(x=d["x"], y=d["y"], mode="lines", name="blocks in use (%)",
+    usage = 100 * steps["kv_cache_usage_perc"].to_numpy(float) if n else np.zeros(0)
+    fig = go.Figure(go.Scatter(x=np.arange(1, n + 1), y=usage, mode="lines", name="blocks in use (%)",
                                line=dict(color="#3b6fb6"),
                                hovertemplate="step %{x}: %{y:.0f}% of the blocks in use<extra></extra>"))
-    for (name, symbol, color), (at, y, labels) in zip(MOMENT_STYLE.values(), d["kinds"]):
+    for kind, m in story.MOMENTS.items():
+        mine = moments[moments["kind"] == kind] if len(moments) else moments
+        at = mine["step"].to_numpy(int) if len(mine) else np.zeros(0, int)
         fig.add_trace(go.Scatter(
-            x=at, y=y, mode="markers", name=name, text=labels, hovertemplate="%{text}<extra></extra>",
-            marker=dict(symbol=symbol, size=13, color=color, line=dict(width=1.5, color=color)),
+            x=at, y=usage[at - 1] if len(at) else np.zeros(0), mode="markers", name=m.legend,
+            text=list(mine["label"]) if len(mine) else [], hovertemplate="%{text}<extra></extra>",
+            marker=dict(symbol=m.symbol, size=13, color=m.colour, line=dict(width=1.5, color=m.colour)),
             showlegend=bool(len(at))))
     if current is not None and n:
         fig.add_vline(x=current, line=dict(color="#888", dash="dot"))
     fig.update_layout(
-        title=title or _title(n), height=280, margin=dict(l=60, r=20, t=50, b=40), hovermode="closest",
+        title=title or (f"key moments of the run ({n} steps) · click one to see the pool then" if n else
+                        "key moments appear here as the run goes"),
+        height=280, margin=dict(l=60, r=20, t=50, b=40), hovermode="closest",
         legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
         xaxis=dict(title="step", range=[0.5, max(n, 1) + 0.5], tickformat="d", dtick=None if n > 10 else 1,
                    showticklabels=bool(n)),
@@ -104,24 +77,15 @@ class StoryView:
         self.widgets = (self.player, self.summary, self.figure)
 
     def refresh(self, current: int | None = None) -> None:
-        """Re-read the records: moments, summary and the player's range (traces updated in place)."""
+        """Re-read the records: moments, summary, the player's range and the figure (redrawn whole)."""
         steps = self.source.steps_frame()
         req = self.source.requests_frame()
         self.moments = story.key_moments(steps)
         n = len(steps)
         self.player.max = max(n, 1)
         self.current = current if current is not None else self.current
-        d = story_data(steps, self.moments)
-        fig = self.figure.figure
         with self.figure.batch_update():
-            fig.data[0].x, fig.data[0].y = d["x"], d["y"]
-            for tr, (at, y, labels) in zip(fig.data[1:], d["kinds"]):
-                tr.x, tr.y, tr.text, tr.showlegend = at, y, labels, bool(len(at))
-            fig.layout.title.text = _title(n)
-            fig.layout.xaxis.update(range=[0.5, max(n, 1) + 0.5], dtick=None if n > 10 else 1, showticklabels=bool(n))
-            fig.layout.shapes = ()
-            if self.current is not None and n:
-                fig.add_vline(x=self.current, line=dict(color="#888", dash="dot"))
+            self.figure.figure = story_figure(steps, self.moments, self.current)
         sentences = story.summary(steps, req, getattr(self.source, "label", "run"))
         items = "".join(f"<li>{html.escape(s)}</li>" for s in sentences)
         head = "What happened" if getattr(self.source, "done", True) else "So far"

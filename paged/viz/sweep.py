@@ -13,7 +13,6 @@ time drawing; static figures, with a note, where widgets are unavailable.
 from __future__ import annotations
 
 import html
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -22,8 +21,8 @@ import plotly.graph_objects as go
 
 from paged.errors import ConfigError
 
-from .buffers import widgets_available
-from .sizing import count_axis
+from .buffers import FramePacer, widgets_available
+from .sizing import count_axis, styled
 
 __all__ = ["heatmap", "heatmap_data", "parallel_coordinates", "pareto", "SweepView", "live_sweep", "KINDS"]
 
@@ -80,9 +79,8 @@ def heatmap(df: pd.DataFrame, x: str, y: str, z: str, agg: str = "mean", x_value
                                colorbar=dict(title=z), hoverongaps=False,
                                hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{agg} {z}=%{{z:.4g}}"
                                              "<br>%{customdata} points<extra></extra>"))
-    fig.update_layout(title=title or f"{z} ({agg} over the other parameters)", xaxis_title=x, yaxis_title=y,
-                      xaxis_type="category", yaxis_type="category", height=420)
-    return fig
+    return styled(fig, title or f"{z} ({agg} over the other parameters)", 420, x=x, y=y, margin=None,
+                  xaxis_type="category", yaxis_type="category")
 
 
 def _dimension(s: pd.Series, label: str) -> dict[str, Any]:
@@ -146,8 +144,8 @@ def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), mi
                     line=dict(dash="dot", color="crimson"),
                     hovertemplate=f"{x}=%{{x:.4g}}<br>{y}=%{{y:.4g}}<br>%{{text}}<extra>front</extra>")
     objectives = ", ".join([f"max {m}" for m in maximize] + [f"min {m}" for m in minimize])
-    fig.update_layout(title=title or f"Pareto front ({objectives})", xaxis_title=x, yaxis_title=y, height=450,
-                      legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"))  # clear of the colour bar
+    styled(fig, title or f"Pareto front ({objectives})", 450, x=x, y=y, margin=None,
+           legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"))  # clear of the colour bar
     for col, update in ((x, fig.update_xaxes), (y, fig.update_yaxes)):
         if _is_count(d[col]):  # num_preemptions and the like: whole-number ticks
             update(**count_axis(float(d[col].max()) if len(d) else None))
@@ -175,16 +173,13 @@ class SweepView:
             raise ConfigError(f"agg must be one of {_AGG}, got {agg!r}")
         self.metric, self.x, self.y, self.agg, self.kinds, self.title = metric, x, y, agg, kinds, title
         self.dims = list(dims) if dims is not None else [c for c in (x, y) if c] + [metric]
-        self.fps, self.draw_share = fps, draw_share
+        self.pacer = FramePacer(fps, draw_share)
         grid = grid if isinstance(grid, Mapping) else {}
         self._values = {k: (list(v) if isinstance(v, (list, tuple, range)) else [v]) for k, v in grid.items()}
         self.rows: list[dict[str, Any]] = []
         self.points = 0
         self.failed = 0
         self.frames = 0
-        self.draw_seconds = 0.0
-        self._last_draw = 0.0
-        self._draw_cost = 0.0
         self.no_widgets = widgets_available()
         self.anchor: Any = None
         if self.no_widgets is None:
@@ -225,27 +220,20 @@ class SweepView:
             self.anchor.scroll += 1
         if rows and rows[0].get("status", "ok") != "ok":
             self.failed += 1
-        if self._due():
+        if self.pacer.due():
             self.draw()
-
-    def _due(self) -> bool:
-        gap = max(1.0 / self.fps, self._draw_cost * (1.0 / self.draw_share - 1.0))
-        return time.perf_counter() - self._last_draw >= gap
 
     def draw(self) -> None:
         """Redraw every figure from the rows so far (one ``batch_update`` each)."""
-        t0 = time.perf_counter()
-        if self.no_widgets is None:
-            for k, fig in self._static().items():
-                live = self.figures[k]
-                with live.batch_update():
-                    live.figure = fig
-        else:
-            self.figures = self._static()
+        with self.pacer.timed():
+            if self.no_widgets is None:
+                for k, fig in self._static().items():
+                    live = self.figures[k]
+                    with live.batch_update():
+                        live.figure = fig
+            else:
+                self.figures = self._static()
         self.frames += 1
-        self._last_draw = time.perf_counter()
-        self._draw_cost = self._last_draw - t0
-        self.draw_seconds += self._draw_cost
 
     def _ipython_display_(self) -> None:
         from IPython.display import HTML, display

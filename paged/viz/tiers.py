@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .sizing import label_positions
+from .sizing import label_positions, styled
 
 __all__ = ["sharing_figure", "streaming_figure", "tier_figure"]
 
@@ -23,13 +23,13 @@ def tier_figure(df: pd.DataFrame) -> go.Figure:
     names = list(df["variant"])
     fig.add_trace(go.Bar(x=names, y=df["swaps"], name="blocks moved", marker_color="#4C78A8",
                          hovertemplate="%{x}<br>%{y} blocks<extra></extra>"), 1, 1)
-    fig.add_trace(go.Bar(x=names, y=df["gpu_hit_rate"], name="GPU-tier hits", marker_color="#72B7B2"), 1, 2)
-    fig.add_trace(go.Bar(x=names, y=df["host_hit_rate"], name="host-tier hits", marker_color="#F58518"), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=df["gpu_hit_rate"], name="GPU-tier hits", marker_color="#72B7B2",
+                         offsetgroup="hits"), 1, 2)
+    fig.add_trace(go.Bar(x=names, y=df["host_hit_rate"], name="host-tier hits", marker_color="#F58518",
+                         offsetgroup="hits", base=df["gpu_hit_rate"].tolist()), 1, 2)  # stacked on the GPU hits
     fig.update_layout(barmode="group", height=420, title="host tier: what moves, what hits",
                       legend=dict(orientation="h", y=-0.45), margin=dict(b=160))
     fig.update_xaxes(tickangle=30)
-    fig.data[1].update(offsetgroup="hits")
-    fig.data[2].update(offsetgroup="hits", base=df["gpu_hit_rate"].tolist())
     fig.update_yaxes(title_text="blocks", row=1, col=1)
     fig.update_yaxes(title_text="share of prompt tokens", range=[0, 1], row=1, col=2)
     return fig
@@ -48,10 +48,8 @@ def streaming_figure(df: pd.DataFrame) -> go.Figure:
                                                 "<extra></extra>"))
     fig.add_hrect(y0=2.0, y1=3.0, fillcolor="#F58518", opacity=0.12, line_width=0,
                   annotation_text="the seed's 2-3x", annotation_position="top left")
-    fig.update_layout(title="KV streaming from the host: throughput vs time between tokens (vs device only)",
-                      xaxis_title="TBT / device-only TBT", yaxis_title="throughput / device-only throughput",
-                      xaxis_type="log", height=460)
-    return fig
+    return styled(fig, "KV streaming from the host: throughput vs time between tokens (vs device only)", 460,
+                  x="TBT / device-only TBT", y="throughput / device-only throughput", margin=None, xaxis_type="log")
 
 
 def sharing_figure(df: pd.DataFrame) -> go.Figure:
@@ -79,5 +77,4 @@ def sharing_figure(df: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title_text="JS distance of attention maps", row=1, col=2)
     fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=1)
     fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=2)
-    fig.update_layout(title="cross-layer KV sharing on SmolLM2-135M", height=440)
-    return fig
+    return styled(fig, "cross-layer KV sharing on SmolLM2-135M", 440, margin=None)

@@ -9,14 +9,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .figures import ecdf
+from .sizing import count_axis, styled
+
 __all__ = ["lengths_figure", "arrivals_figure", "reuse_figure", "capacity_figure"]
 
 COLORS = ("#264653", "#e76f51", "#2a9d8f", "#e9c46a", "#8d99ae")
-
-
-def _ecdf(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    x = np.sort(np.asarray(x, dtype=float))
-    return x, np.arange(1, len(x) + 1) / max(len(x), 1)
 
 
 def lengths_figure(traces: Mapping[str, pd.DataFrame]) -> go.Figure:
@@ -24,14 +22,13 @@ def lengths_figure(traces: Mapping[str, pd.DataFrame]) -> go.Figure:
     fig = make_subplots(1, 2, subplot_titles=("prompt tokens", "output tokens"), horizontal_spacing=0.1)
     for i, (name, tr) in enumerate(traces.items()):
         for col, column in ((1, "prompt_tokens"), (2, "output_tokens")):
-            x, y = _ecdf(tr[column].to_numpy())
+            x, y = ecdf(tr[column].to_numpy())
             fig.add_trace(go.Scatter(x=x, y=100 * y, mode="lines", name=name, legendgroup=name, showlegend=col == 1,
                                      line=dict(color=COLORS[i % len(COLORS)])), 1, col)
     fig.update_xaxes(type="log", title_text="tokens per request (log)")
     fig.update_yaxes(title_text="% of requests with at most x", range=[0, 100], col=1)
     fig.update_yaxes(range=[0, 100], col=2)
-    fig.update_layout(title="How long real requests are", height=380, margin=dict(l=60, r=20, t=70, b=50))
-    return fig
+    return styled(fig, "How long real requests are", 380, margin=(60, 20, 70, 50))
 
 
 def arrivals_figure(traces: Mapping[str, pd.DataFrame], bin_s: float = 60.0) -> go.Figure:
@@ -45,11 +42,9 @@ def arrivals_figure(traces: Mapping[str, pd.DataFrame], bin_s: float = 60.0) -> 
         top = max(top, float(counts.max()))
         fig.add_trace(go.Scatter(x=edges[: len(counts)] / 60, y=counts, mode="lines", name=name,
                                  line=dict(color=COLORS[i % len(COLORS)], shape="hv")))
-    fig.update_layout(title=f"Arrivals: requests per {bin_s:g} s", xaxis_title="time since the first request (min)",
-                      yaxis_title=f"requests per {bin_s:g} s", height=340, margin=dict(l=60, r=20, t=50, b=50))
-    from .sizing import count_axis
-    fig.update_yaxes(**count_axis(top))
-    return fig
+    styled(fig, f"Arrivals: requests per {bin_s:g} s", 340, x="time since the first request (min)",
+           y=f"requests per {bin_s:g} s")
+    return fig.update_yaxes(**count_axis(top))
 
 
 def reuse_figure(depths: Mapping[str, pd.DataFrame]) -> go.Figure:
@@ -57,15 +52,13 @@ def reuse_figure(depths: Mapping[str, pd.DataFrame]) -> go.Figure:
     of their prompt; the legend gives each trace's token-weighted reuse."""
     fig = go.Figure()
     for i, (name, d) in enumerate(depths.items()):
-        x, y = _ecdf(100 * d["reused_share"].to_numpy())
+        x, y = ecdf(100 * d["reused_share"].to_numpy())
         total = d["reused_tokens"].sum() / d["prompt_tokens"].sum()
         fig.add_trace(go.Scatter(x=x, y=100 * y, mode="lines", name=f"{name} ({total:.0%} of all prompt tokens)",
                                  line=dict(color=COLORS[i % len(COLORS)], shape="hv")))
-    fig.update_layout(title="Reuse depth: how much of each prompt an earlier request already sent",
-                      xaxis_title="reused prefix (% of the prompt)", yaxis_title="% of requests with at most x",
-                      xaxis_range=[0, 100], yaxis_range=[0, 100], height=360, margin=dict(l=60, r=20, t=50, b=50),
-                      legend=dict(x=0.02, y=0.98, bgcolor="rgba(255,255,255,0.7)"))
-    return fig
+    return styled(fig, "Reuse depth: how much of each prompt an earlier request already sent", 360,
+                  x="reused prefix (% of the prompt)", y="% of requests with at most x", xaxis_range=[0, 100],
+                  yaxis_range=[0, 100], legend=dict(x=0.02, y=0.98, bgcolor="rgba(255,255,255,0.7)"))
 
 
 def capacity_figure(curve: pd.DataFrame, marks: Mapping[str, float] | None = None) -> go.Figure:
@@ -87,8 +80,6 @@ def capacity_figure(curve: pd.DataFrame, marks: Mapping[str, float] | None = Non
         fig.add_vline(x=x, line_dash="dash", line_color="grey")
         fig.add_annotation(x=np.log10(x), y=1.0 - 0.09 * j, yref="paper", text=label, showarrow=False,
                            xanchor="left", font=dict(size=11, color="grey"), bgcolor="rgba(255,255,255,0.8)")
-    fig.update_layout(title="Prefix-cache hit rate against cache capacity (LRU, cache-only replay)",
-                      xaxis_type="log", xaxis_title="cache capacity (tokens, log)",
-                      yaxis_title="hit rate (% of prompt tokens)", yaxis_range=[0, 100], height=420,
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(x=0.75, y=0.05))
-    return fig
+    return styled(fig, "Prefix-cache hit rate against cache capacity (LRU, cache-only replay)", 420,
+                  x="cache capacity (tokens, log)", y="hit rate (% of prompt tokens)", xaxis_type="log",
+                  yaxis_range=[0, 100], legend=dict(x=0.75, y=0.05))
