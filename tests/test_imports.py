@@ -207,3 +207,44 @@ def test_kernels_import_nothing_of_paged():
     assert len(files) > 10
     bad = _offenders(files, ("paged",))
     assert not bad, f"kernels import paged: {bad}"
+
+
+def _bound_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at import time (defs, classes, assignments, imports)."""
+    names: set[str] = set()
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(node, field, []) or [])
+        elif isinstance(node, ast.ExceptHandler):
+            todo.extend(node.body)
+    return names
+
+
+def test_every_name_in___all___is_defined():
+    """``from m import *`` works: each literal ``__all__`` entry is bound in the module (or the
+    module resolves names lazily with a module-level ``__getattr__``)."""
+    missing = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        bound = _bound_names(tree)
+        if "__getattr__" in bound:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                    for t in node.targets):
+                try:
+                    listed = ast.literal_eval(node.value)
+                except ValueError:
+                    continue  # computed (e.g. sorted(...)): not checked here
+                missing += [f"{name}.{n}" for n in listed if n not in bound]
+    assert not missing, f"__all__ names that the module does not define: {missing}"

@@ -15,7 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import FMT_INT4_KIVI, block_slots, dot_f32, head_scale, load_kivi_k_tile, load_kv_tile
+from .common import (FMT_INT4_KIVI, block_slots, decode_queries, dot_f32, head_scale, load_kivi_k_tile, load_kv_tile,
+                     prefill_queries, softmax_update, store_rows, store_split)
 
 
 @triton.jit
@@ -46,11 +47,7 @@ def attend(q, q_pos, n_start, n_end, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_pt
             k = load_kv_tile(k_ptr, ks_ptr, kz_ptr, slots, mask_n, kvh, offs_d, mask_d, k_hs, H, D, NG, FMT)
         s = dot_f32(q, tl.trans(k), DOT) * sm_scale
         s = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp(m_i - m_use)
-        p = tl.exp(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, alpha, p, l_i = softmax_update(m_i, l_i, s)
         v = load_kv_tile(v_ptr, vs_ptr, vz_ptr, slots, mask_n, kvh, offs_d, mask_d, v_hs, H, D, NG, FMT)
         acc = acc * alpha[:, None] + dot_f32(p, v, DOT)
         m_i = m_new
@@ -68,31 +65,13 @@ def decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst
     Writes the split's normalised output ``mid_o[seq, head, split, :]`` and its log-sum-exp
     ``mid_lse[seq, head, split]`` (-inf for an empty split).
     """
-    seq = tl.program_id(0)
     kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(sl_ptr + seq)
-    start = split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, seq_len)
-
-    offs_g = tl.arange(0, GP)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_g = offs_g < GROUP
-    mask_d = offs_d < D
-    heads = kvh * GROUP + offs_g
-    q = tl.load(q_ptr + (seq * HQ + heads)[:, None] * D + offs_d[None, :],
-                mask=mask_g[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
-    q_pos = tl.zeros([GP], tl.int32) + (seq_len - 1)  # the one query token is the last one cached
-    bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
+    q, q_pos, start, end, bt_row = decode_queries(q_ptr, sl_ptr, bt_ptr, bt_stride, tokens_per_split,
+                                                  HQ, D, GROUP, GP, BLOCK_D)
     acc, m_i, l_i = attend(q, q_pos, start, end, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr, map_ptr,
-                           bt_row, kvh, offs_d, mask_d, sm_scale, GP, H, D, NG, BS, BLOCK_N, BLOCK_D, FMT, DOT)
-
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    row = (seq * HQ + heads) * nsplit + split
-    tl.store(mid_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask_g[:, None])
-    tl.store(mid_lse_ptr + row, lse, mask=mask_g)
+                           bt_row, kvh, offs_d, offs_d < D, sm_scale, GP, H, D, NG, BS, BLOCK_N, BLOCK_D, FMT, DOT)
+    store_split(mid_o_ptr, mid_lse_ptr, acc, m_i, l_i, nsplit, HQ, GROUP, GP, BLOCK_D)
 
 
 @triton.jit
@@ -129,30 +108,11 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr,
     Row ``r`` of the tile is token ``r // GP``, head ``kvh * GROUP + r % GP``. Query token ``i``
     sits at position ``seq_len - q_len + i`` and sees cache positions ``<=`` that position.
     """
-    seq = tl.program_id(0)
     kvh = tl.program_id(1)
-    tile = tl.program_id(2)
-    seq_len = tl.load(sl_ptr + seq)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    M: tl.constexpr = BLOCK_Q * GP
-
-    offs_m = tl.arange(0, M)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    tok = tile * BLOCK_Q + offs_m // GP
-    g = offs_m % GP
-    mask_m = (tok < q_len) & (g < GROUP)
-    q_pos = seq_len - q_len + tok
-    q_rows = (q_start + tok).to(tl.int64) * HQ + kvh * GROUP + g
-    q = tl.load(q_ptr + q_rows[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :],
-                other=0.0).to(tl.float32)
-    # keys up to the tile's last query position; nothing for tiles past the query
-    kv_end = tl.where(tile * BLOCK_Q < q_len, tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_Q), 0)
-    bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
+    q, q_pos, kv_end, bt_row, q_rows, mask_m = prefill_queries(q_ptr, sl_ptr, qsl_ptr, bt_ptr, bt_stride,
+                                                               HQ, D, GROUP, GP, BLOCK_Q, BLOCK_D)
     acc, m_i, l_i = attend(q, q_pos, 0, kv_end, k_ptr, v_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, kst_ptr, map_ptr,
-                           bt_row, kvh, offs_d, mask_d, sm_scale, M, H, D, NG, BS, BLOCK_N, BLOCK_D, FMT, DOT)
-
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + q_rows[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_d[None, :])
+                           bt_row, kvh, offs_d, offs_d < D, sm_scale, BLOCK_Q * GP, H, D, NG, BS, BLOCK_N, BLOCK_D,
+                           FMT, DOT)
+    store_rows(out_ptr, acc, l_i, q_rows, mask_m, D, BLOCK_D)

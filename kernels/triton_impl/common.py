@@ -186,3 +186,89 @@ def dot_f32(a, b, DOT: tl.constexpr):
     else:
         r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     return r
+
+
+# The parts every paged attention kernel shares (kernels.triton_impl.attention, .split_attention):
+# which query rows a program owns, one online-softmax update, and where its result goes.
+
+@triton.jit
+def decode_queries(q_ptr, sl_ptr, bt_ptr, bt_stride, tokens_per_split, HQ: tl.constexpr, D: tl.constexpr,
+                   GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Split-KV decode program ``(seq, kv head, split)``: the head group's query rows (float32
+    ``[GP, BLOCK_D]``, rows past ``GROUP`` 0), their position (the one query token is the last one
+    cached), the split's key range ``[start, end)`` and the sequence's block-table row."""
+    seq = tl.program_id(0)
+    split = tl.program_id(2)
+    seq_len = tl.load(sl_ptr + seq)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = tl.program_id(1) * GROUP + offs_g
+    q = tl.load(q_ptr + (seq * HQ + heads)[:, None] * D + offs_d[None, :],
+                mask=(offs_g < GROUP)[:, None] & (offs_d < D)[None, :], other=0.0).to(tl.float32)
+    q_pos = tl.zeros([GP], tl.int32) + (seq_len - 1)
+    return q, q_pos, start, end, bt_ptr + seq.to(tl.int64) * bt_stride
+
+
+@triton.jit
+def store_split(mid_o_ptr, mid_lse_ptr, acc, m_i, l_i, nsplit, HQ: tl.constexpr, GROUP: tl.constexpr,
+                GP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Write a decode program's normalised split output ``mid_o[seq, head, split, :]`` and its
+    log-sum-exp ``mid_lse[seq, head, split]`` (-inf for an empty split)."""
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < GROUP
+    heads = tl.program_id(1) * GROUP + offs_g
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    row = (tl.program_id(0) * HQ + heads) * nsplit + tl.program_id(2)
+    tl.store(mid_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask_g[:, None])
+    tl.store(mid_lse_ptr + row, lse, mask=mask_g)
+
+
+@triton.jit
+def prefill_queries(q_ptr, sl_ptr, qsl_ptr, bt_ptr, bt_stride, HQ: tl.constexpr, D: tl.constexpr,
+                    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Prefill program ``(seq, kv head, q tile)``: row ``r`` of its tile is query token ``r // GP``
+    of the tile, head ``kvh * GROUP + r % GP``; query token ``i`` sits at position
+    ``seq_len - q_len + i``. Returns the rows (float32 ``[BLOCK_Q * GP, BLOCK_D]``), their positions,
+    the key range end (the tile's last query position; 0 for tiles past the query), the block-table
+    row, and the rows' indices in ``q``/``out`` with their mask."""
+    seq = tl.program_id(0)
+    tile = tl.program_id(2)
+    seq_len = tl.load(sl_ptr + seq)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    offs_m = tl.arange(0, BLOCK_Q * GP)
+    offs_d = tl.arange(0, BLOCK_D)
+    tok = tile * BLOCK_Q + offs_m // GP
+    g = offs_m % GP
+    mask_m = (tok < q_len) & (g < GROUP)
+    q_rows = (q_start + tok).to(tl.int64) * HQ + tl.program_id(1) * GROUP + g
+    q = tl.load(q_ptr + q_rows[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & (offs_d < D)[None, :],
+                other=0.0).to(tl.float32)
+    kv_end = tl.where(tile * BLOCK_Q < q_len, tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_Q), 0)
+    return q, seq_len - q_len + tok, kv_end, bt_ptr + seq.to(tl.int64) * bt_stride, q_rows, mask_m
+
+
+@triton.jit
+def store_rows(out_ptr, acc, l_i, q_rows, mask_m, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Write the normalised output rows ``acc / l`` of a prefill program to ``out[q_rows]``."""
+    offs_d = tl.arange(0, BLOCK_D)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + q_rows[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & (offs_d < D)[None, :])
+
+
+@triton.jit
+def softmax_update(m_i, l_i, s):
+    """One online-softmax step over the masked scores ``s`` ``[ROWS, BLOCK_N]``: returns the new
+    running max, the factor ``alpha`` that rescales what was accumulated, the weights ``p`` and the
+    new sum. A row with nothing visible yet keeps max -inf; its scores are shifted by 0 (no NaN)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_use)
+    p = tl.exp(s - m_use[:, None])
+    return m_new, alpha, p, l_i * alpha + tl.sum(p, 1)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import FMT_PLAIN, block_slots, dot_f32
+from .common import (FMT_PLAIN, block_slots, decode_queries, dot_f32, prefill_queries, softmax_update, store_rows,
+                     store_split)
 
 
 @triton.jit
@@ -110,11 +111,7 @@ def split_attend(q, q_pos, n_start, n_end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_pt
             s = tl.where(exact, se, s)
         s = s * sm_scale
         s = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_use)
-        p = tl.exp(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, alpha, p, l_i = softmax_update(m_i, l_i, s)
         row = slots * H + kvh
         if VFMT == FMT_PLAIN:
             vq = tl.load(v_ptr + row[:, None] * D + offs_d[None, :], mask=m2, other=0.0).to(tl.float32)
@@ -154,32 +151,16 @@ def split_decode_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, k
                         VFMT: tl.constexpr, COMPACT: tl.constexpr, PRE: tl.constexpr, ROT: tl.constexpr,
                         WIN: tl.constexpr, STAGED: tl.constexpr, HAS_SINK: tl.constexpr, DOT: tl.constexpr):
     """Stage 1 of split-KV decode, grid ``(num_seqs, num_kv_heads, nsplit)`` (merge: the common kernel)."""
-    seq = tl.program_id(0)
     kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(sl_ptr + seq)
-    start = split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, seq_len)
-    offs_g = tl.arange(0, GP)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_g = offs_g < GROUP
-    mask_d = offs_d < D
-    heads = kvh * GROUP + offs_g
-    q = tl.load(q_ptr + (seq * HQ + heads)[:, None] * D + offs_d[None, :],
-                mask=mask_g[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
-    q_pos = tl.zeros([GP], tl.int32) + (seq_len - 1)
-    bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
+    q, q_pos, start, end, bt_row = decode_queries(q_ptr, sl_ptr, bt_ptr, bt_stride, tokens_per_split,
+                                                  HQ, D, GROUP, GP, BLOCK_D)
     acc, m_i, l_i = split_attend(q, q_pos, start, end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr,
                                  ko_ptr, lv_ptr, cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr,
-                                 xmap_ptr, bt_row, kvh, offs_d, mask_d, sm_scale, SINK, WINDOW, GP, H, D, BS, RK, RV,
-                                 VBITS, VG, BLOCK_N,
-                                 BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK, DOT)
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    row = (seq * HQ + heads) * nsplit + split
-    tl.store(mid_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask_g[:, None])
-    tl.store(mid_lse_ptr + row, lse, mask=mask_g)
+                                 xmap_ptr, bt_row, kvh, offs_d, offs_d < D, sm_scale, SINK, WINDOW, GP, H, D, BS, RK,
+                                 RV, VBITS, VG, BLOCK_N, BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED,
+                                 HAS_SINK, DOT)
+    store_split(mid_o_ptr, mid_lse_ptr, acc, m_i, l_i, nsplit, HQ, GROUP, GP, BLOCK_D)
 
 
 @triton.jit
@@ -195,30 +176,13 @@ def split_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, 
                          DOT: tl.constexpr):
     """Grid ``(num_seqs, num_kv_heads, q_tiles)``: ``BLOCK_Q`` query tokens x the head group (rows as
     in :func:`kernels.triton_impl.attention.prefill_kernel`)."""
-    seq = tl.program_id(0)
     kvh = tl.program_id(1)
-    tile = tl.program_id(2)
-    seq_len = tl.load(sl_ptr + seq)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    M: tl.constexpr = BLOCK_Q * GP
-    offs_m = tl.arange(0, M)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    tok = tile * BLOCK_Q + offs_m // GP
-    g = offs_m % GP
-    mask_m = (tok < q_len) & (g < GROUP)
-    q_pos = seq_len - q_len + tok
-    q_rows = (q_start + tok).to(tl.int64) * HQ + kvh * GROUP + g
-    q = tl.load(q_ptr + q_rows[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :],
-                other=0.0).to(tl.float32)
-    kv_end = tl.where(tile * BLOCK_Q < q_len, tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_Q), 0)
-    bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
+    q, q_pos, kv_end, bt_row, q_rows, mask_m = prefill_queries(q_ptr, sl_ptr, qsl_ptr, bt_ptr, bt_stride,
+                                                               HQ, D, GROUP, GP, BLOCK_Q, BLOCK_D)
     acc, m_i, l_i = split_attend(q, q_pos, 0, kv_end, k_ptr, v_ptr, ks_ptr, kz_ptr, ksup_ptr, vs_ptr, kw_ptr,
                                  ko_ptr, lv_ptr, cos_ptr, sin_ptr, had_ptr, sk_ptr, sv_ptr, map_ptr, xk_ptr, xv_ptr,
-                                 xmap_ptr, bt_row, kvh, offs_d, mask_d, sm_scale, SINK, WINDOW, M, H, D, BS, RK, RV,
-                                 VBITS, VG, BLOCK_N,
-                                 BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK, DOT)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + q_rows[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_d[None, :])
+                                 xmap_ptr, bt_row, kvh, offs_d, offs_d < D, sm_scale, SINK, WINDOW, BLOCK_Q * GP, H,
+                                 D, BS, RK, RV, VBITS, VG, BLOCK_N, BLOCK_D, KFMT, VFMT, COMPACT, PRE, ROT, WIN,
+                                 STAGED, HAS_SINK, DOT)
+    store_rows(out_ptr, acc, l_i, q_rows, mask_m, D, BLOCK_D)

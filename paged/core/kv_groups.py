@@ -115,11 +115,6 @@ class KVLayout:
                 total += g.num_layers * held * self.bytes_per_token
         return total
 
-    def marginal_bytes_per_token(self, num_tokens: int) -> int:
-        """Bytes one more token adds to a request already ``num_tokens`` long (content, no
-        rounding): full layers always, sliding layers while the request is within their window."""
-        return self.content_bytes(num_tokens + 1) - self.content_bytes(num_tokens)
-
 
 def make_layout(kinds: Sequence[str], bytes_per_token: int, block_size: int, *, window: int = 0,
                 state_bytes: int = 0) -> KVLayout:

@@ -28,12 +28,11 @@ from typing import Any, Sequence
 from . import events as ev
 from .block import Block, BlockMapping
 from .compaction import CompactionPlan, compact_pool, fragmentation
-from .config import CacheConfig
 from paged.errors import BlockStateError, DuplicateRequestError, InvalidRequestError, UnknownRequestError
 from .host_tier import HostBlock
 from .kv_parts import KVCacheParts
 from .request import Request
-__all__ = ["BlockMapping", "KVCacheManager", "build_kv_manager"]
+__all__ = ["BlockMapping", "KVCacheManager"]
 
 
 class KVCacheManager(KVCacheParts):

@@ -20,7 +20,7 @@ one token long.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from .block import Block, BlockMapping
@@ -177,9 +177,6 @@ class PoolCounts:
     prefix_cache_hits: int = 0
     num_host_cached_blocks: int = 0   # host tier (paged.core.host_tier): blocks it holds
     host_cache_hits: int = 0          # cumulative tokens of prefix_cache_hits served from the host tier
-
-    def pool_counts(self) -> dict[str, int | float]:
-        return {f.name: getattr(self, f.name) for f in fields(PoolCounts)}
 
 
 @dataclass

@@ -25,7 +25,7 @@ import hashlib
 import struct
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from .block_pool import Block, BlockPool
+from .block_pool import BlockPool
 from paged.errors import ConfigError
 
 try:

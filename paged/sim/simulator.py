@@ -261,8 +261,14 @@ class Simulator:
         tokens at its end, gaps into the TBT samples, in batch order) and the finished ones."""
         clock, t_end, batch = step.start_s, step.end_s, step.plan.batch
         tbt_append = self._tbt.append
-        for decodes, i in batch.runs():
-            for r in decodes:  # the decode lane's: scheduled in an earlier step, one token each
+        for sampled, i in batch.runs():  # a run of the decode lane (one token each), then chunk i
+            if i >= 0:
+                r = batch.requests[i]
+                if r.data.first_scheduled is None:
+                    r.data.first_scheduled = clock
+                if batch.samples[i]:
+                    sampled = [*sampled, r]
+            for r in sampled:
                 d = r.data
                 last = d.last_token
                 if last is None:
@@ -270,19 +276,6 @@ class Simulator:
                 else:
                     tbt_append(t_end - last)
                 d.last_token = t_end
-            if i < 0:
-                break
-            d = batch.requests[i].data
-            if d.first_scheduled is None:
-                d.first_scheduled = clock
-            if not batch.samples[i]:
-                continue
-            last = d.last_token
-            if last is None:
-                d.first_token = t_end
-            else:
-                tbt_append(t_end - last)
-            d.last_token = t_end
         if step.finished:
             self._finish(step.finished, t_end)
 
