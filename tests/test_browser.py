@@ -407,9 +407,31 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
             assert before and any(a != b for a, b in zip(after, before)), \
                 f"{name}: the replay does not advance by itself after the run ({before} -> {after})"
         _shot(page, f"{stem}-end.png")
+        _save(page, name)
     finally:
         page.close()
         _shut_down_kernels(port, token)  # one notebook's kernel at a time (each holds a model)
+
+
+# File > Save, as a person would (Ctrl+S runs the same command); the page records when the server has
+# answered and whether the notebook is still unsaved
+SAVE = """() => { window.__pagedSaved = null;
+    window.jupyterapp.commands.execute('docmanager:save').then(
+        () => { window.__pagedSaved = {dirty: window.jupyterapp.shell.currentWidget.context.model.dirty}; },
+        e => { window.__pagedSaved = {error: String(e)}; }); }"""
+
+
+def _save(page, name: str) -> None:
+    """The notebook, outputs and all, saved through the page; returns once the server has the file (the
+    page's own promise, not a pause). Every notebook is saved, so the git-status check covers each one."""
+    page.evaluate(SAVE)
+    try:
+        page.wait_for_function("() => window.__pagedSaved !== null", timeout=60_000, polling=100)
+    except Exception as e:  # noqa: BLE001 - playwright's TimeoutError
+        dialog = page.inner_text(".jp-Dialog")[:500] if page.locator(".jp-Dialog").count() else "no dialog"
+        raise AssertionError(f"{name}: File > Save did not finish within 60 s ({dialog!r})") from e
+    saved = page.evaluate("() => window.__pagedSaved")
+    assert saved == {"dirty": False}, f"{name}: File > Save: {saved}"
 
 
 def _shut_down_kernels(port: int, token: str) -> None:
@@ -423,9 +445,9 @@ def _shut_down_kernels(port: int, token: str) -> None:
 
 
 def test_git_status_is_clean_after_every_notebook_ran(workdir: Path, lab) -> None:
-    """Runs after the notebooks above (same module, file order): JupyterLab's saves kept outputs out of the
-    tracked notebooks and the artefacts went to the ignored folder."""
-    time.sleep(3)  # a last autosave
+    """Runs after the notebooks above (same module, file order), each saved with its outputs once it ran
+    (`_save` waits for the server's answer): JupyterLab's saves kept outputs out of the tracked notebooks
+    and the artefacts went to the ignored folder."""
     assert _git(workdir, "status", "--porcelain", "--", "notebooks") == ""
 
 
