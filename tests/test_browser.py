@@ -464,7 +464,8 @@ def test_git_status_is_clean_after_every_notebook_ran(workdir: Path, lab) -> Non
     """Runs after the notebooks above (same module, file order), each saved with its outputs once it ran
     (`_save` waits for the server's answer): JupyterLab's saves kept outputs out of the tracked notebooks
     and the artefacts went to the ignored folder."""
-    assert _git(workdir, "status", "--porcelain", "--", "notebooks") == ""
+    changed = _git(workdir, "status", "--porcelain", "--", "notebooks")
+    assert changed == "", f"saving changed tracked notebooks:\n{changed}{_git(workdir, 'diff', '--', 'notebooks')[:3000]}"
 
 
 def test_voila_shows_the_first_live_frame_while_cells_run(workdir: Path, browser) -> None:
