@@ -262,8 +262,9 @@ def _open(page, port: int, token: str, name: str) -> None:
     page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
     # not the toolbar's execution indicator: it reads 'idle' before any kernel is connected, and a Run All
     # clicked then asks "Select Kernel" (taking its default started the second kernel)
-    page.wait_for_function(KERNEL_READY, timeout=120_000, polling=250)
-    shown = page.evaluate(KERNEL_READY)
+    # the id the page showed when it was ready (evaluating KERNEL_READY again races the kernel's next
+    # status: it read None once, 'busy' a moment after 'idle', on a busy machine)
+    shown = page.wait_for_function(KERNEL_READY, timeout=120_000, polling=250).json_value()
     assert shown == session["kernel"]["id"], \
         f"{name}: the page is on kernel {shown}, not the session's {session['kernel']['id']}"
     two = _one_session(port, token, name)
