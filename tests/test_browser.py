@@ -57,20 +57,43 @@ MIN_PLOT_PX, MIN_ROW_PX = 160, 12
 ERROR_TEXTS = ("Error displaying widget", "Failed to load", "Traceback")
 MACHINE_PATHS = (str(ROOT), "/tmp/", "/home/", "/root/", "site-packages")
 
-# Every plotly plot on the page: its traces' types and data (z of heatmaps, else y, else x), shortened; its
-# title, rendered height and plot-area height.
+EMPTY = ("null", "[]", "", "[[null]]", "[null]")
+# a trace's data as the test compares it (z of heatmaps, else y, else x, ...), shortened
+TRACE_DATA = """(t => JSON.stringify(t.z !== undefined ? t.z : t.y !== undefined ? t.y : t.x !== undefined ? t.x
+    : t.dimensions !== undefined ? t.dimensions.map(d => d.values) : t.values !== undefined ? t.values
+    : t.labels !== undefined ? t.labels : null).slice(0, 20000))"""
+# Every plotly plot on the page: its title, rendered height, plot-area height, its traces' types and data,
+# and what PAGE_WATCH recorded on it (whether it ever had data; distinct states drawn while a cell ran).
 PROBE = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => ({
     title: (((gd.layout || {}).title || {}).text || ''),
     height: gd.getBoundingClientRect().height,
     area: ((gd._fullLayout || {})._size || {}).h || 0,
+    had: !!gd.__pagedHad, busyStates: gd.__pagedBusy ? gd.__pagedBusy.size : 0,
     traces: (gd.data || []).map(t => ({
         type: t.type || 'scatter',
         rows: t.type === 'heatmap' && Array.isArray(t.z) ? t.z.length : 0,
-        data: JSON.stringify(t.z !== undefined ? t.z : t.y !== undefined ? t.y : t.x !== undefined ? t.x
-            : t.dimensions !== undefined ? t.dimensions.map(d => d.values) : t.values !== undefined ? t.values
-            : t.labels !== undefined ? t.labels : null)
-            .slice(0, 20000)}))}))"""
-EMPTY = ("null", "[]", "", "[[null]]", "[null]")
+        data: TRACE_DATA(t)}))}))""".replace("TRACE_DATA", TRACE_DATA)
+# The page watching its own plots (an init script, from the page's first script on): every redraw of a plot
+# changes the DOM, and a MutationObserver's callback runs after each such change -- no polling interval to
+# fall between frames, however busy the machine. On each plot it records whether it ever had data and the
+# distinct data states it drew while the notebook's kernel was busy (a cell running; JupyterLab's kernel
+# status follows the kernel's own messages, in order with the frames). Then `onState(gd, key)` (a hook).
+PAGE_WATCH = """(() => {
+  const traceData = TRACE_DATA, empty = new Set(EMPTY);
+  const busy = () => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+    return !!k && k.status === 'busy'; };
+  const seen = gd => {
+    if (gd.data === gd.__pagedData && gd._fullData === gd.__pagedFull) return;
+    gd.__pagedData = gd.data; gd.__pagedFull = gd._fullData;
+    const data = (gd.data || []).map(traceData), key = JSON.stringify(data);
+    if (data.some(d => !empty.has(d))) gd.__pagedHad = true;
+    if (busy()) { gd.__pagedBusy = gd.__pagedBusy || new Set(); if (gd.__pagedBusy.size < 16) gd.__pagedBusy.add(key); }
+    if (window.__pagedOnState) window.__pagedOnState(gd, key);
+  };
+  new MutationObserver(() => document.querySelectorAll('.js-plotly-plot').forEach(seen))
+    .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
+})()""".replace("TRACE_DATA", TRACE_DATA).replace("EMPTY", json.dumps(EMPTY))
 PLAYERS = """() => Array.from(document.querySelectorAll('.paged-player-label')).map(e => e.textContent)"""
 # a live plot inside the window (Run All lands on the show)
 LIVE_VIEW_IN_VIEW = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
@@ -239,8 +262,9 @@ def _open(page, port: int, token: str, name: str) -> None:
     page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
     # not the toolbar's execution indicator: it reads 'idle' before any kernel is connected, and a Run All
     # clicked then asks "Select Kernel" (taking its default started the second kernel)
-    page.wait_for_function(KERNEL_READY, timeout=120_000, polling=250)
-    shown = page.evaluate(KERNEL_READY)
+    # the id the page showed when it was ready (evaluating KERNEL_READY again races the kernel's next
+    # status: it read None once, 'busy' a moment after 'idle', on a busy machine)
+    shown = page.wait_for_function(KERNEL_READY, timeout=120_000, polling=250).json_value()
     assert shown == session["kernel"]["id"], \
         f"{name}: the page is on kernel {shown}, not the session's {session['kernel']['id']}"
     two = _one_session(port, token, name)
@@ -313,39 +337,28 @@ def _stuck(page, work: Path, port: int) -> str:
 
 
 class Watch:
-    """What the page showed over time: per plot (in page order) whether it had data, how many distinct
-    data states it went through, its size checks, and the distinct states of the block grids."""
+    """What the page showed: per plot (in page order) whether it had data at some moment and the most
+    distinct states one plot drew while a cell ran (both as PAGE_WATCH recorded them on the page, at every
+    redraw), and the size checks of every sample."""
 
     def __init__(self) -> None:
         self.had_data: list[bool] = []
-        self.states: list[set[int]] = []
-        self.grid_states: list[str] = []
+        self.most_states = 0  # >= 2: a plot was redrawn while the run went
         self.small: dict[str, str] = {}
         self.plots: list = []
-
-    @property
-    def most_states(self) -> int:
-        """The most distinct data states one plot went through (>= 2: it was redrawn as the run went)."""
-        return max((len(s) for s in self.states), default=0)
 
     def sample(self, page, label: str) -> None:
         self.plots = plots = page.evaluate(PROBE)
         self.had_data += [False] * (len(plots) - len(self.had_data))
-        self.states += [set() for _ in range(len(plots) - len(self.states))]
         for i, p in enumerate(plots):
             has = any(t["data"] not in EMPTY for t in p["traces"])
-            self.had_data[i] = self.had_data[i] or has
-            self.states[i].add(hash(json.dumps([t["data"] for t in p["traces"]])))
+            self.had_data[i] = self.had_data[i] or has or p["had"]
+            self.most_states = max(self.most_states, p["busyStates"])
             if has and p["height"] < MIN_PLOT_PX:
                 self.small[p["title"][:60]] = f"{p['height']:.0f} px tall"
             rows = max((t["rows"] for t in p["traces"]), default=0)
             if has and rows and p["area"] / rows < MIN_ROW_PX:
                 self.small[p["title"][:60]] = f"{p['area'] / rows:.1f} px per heatmap row ({rows} rows)"
-        grid = [t["data"] for p in plots for t in p["traces"] if t["type"] == "heatmap" and "pool" in p["title"]]
-        if grid:
-            state = json.dumps(grid)
-            if not self.grid_states or self.grid_states[-1] != state:
-                self.grid_states.append(state)
         text = page.inner_text("body")
         bad = [m for m in ERROR_TEXTS if m in text]
         assert not bad, f"{label}: the page shows {bad}:\n{text[-3000:]}"
@@ -365,6 +378,7 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
     has_dashboard, has_replay = "Dashboard(" in source, "ReplayView(" in source
     has_live_view = has_dashboard or "ServerView(" in source or "SweepView(" in source
     page = browser.new_page(viewport=VIEWPORT)
+    page.add_init_script(PAGE_WATCH)
     try:
         _open(page, port, token, name)
         _run_all(page)
@@ -382,6 +396,7 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
             assert lost is None, f"{name}: {lost}; {_stuck(page, workdir, port)}"
         assert _all_cells_ran(page), \
             f"{name}: not every cell ran within {DEADLINE_S:.0f} s; {_stuck(page, workdir, port)}"
+        t_ran = time.time()
         _settled(page)  # the last frames on their way
         watch.sample(page, name)
         if not mid_shot:
@@ -396,7 +411,7 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
             assert page.evaluate(LIVE_VIEW_IN_VIEW), f"{name}: after Run All the window shows no live view"
         if has_dashboard:
             moments = [p for p in watch.plots if p["title"].startswith("key moments of the run")]
-            assert moments and any(t["data"] not in EMPTY for t in moments[0]["traces"]), \
+            assert moments and (moments[0]["had"] or any(t["data"] not in EMPTY for t in moments[0]["traces"])), \
                 f"{name}: no key-moments timeline after the run"
         if has_replay:
             before = after = _player_values(page)
@@ -407,9 +422,33 @@ def test_notebook_in_lab(name: str, lab: tuple[int, str], workdir: Path, browser
             assert before and any(a != b for a, b in zip(after, before)), \
                 f"{name}: the replay does not advance by itself after the run ({before} -> {after})"
         _shot(page, f"{stem}-end.png")
+        _save(page, name)
+        print(f"{name}: cells ran in {t_ran - t0:.0f} s; most states one plot drew while cells ran: "
+              f"{watch.most_states}")
     finally:
         page.close()
         _shut_down_kernels(port, token)  # one notebook's kernel at a time (each holds a model)
+
+
+# File > Save, as a person would (Ctrl+S runs the same command); the page records when the server has
+# answered and whether the notebook is still unsaved
+SAVE = """() => { window.__pagedSaved = null;
+    window.jupyterapp.commands.execute('docmanager:save').then(
+        () => { window.__pagedSaved = {dirty: window.jupyterapp.shell.currentWidget.context.model.dirty}; },
+        e => { window.__pagedSaved = {error: String(e)}; }); }"""
+
+
+def _save(page, name: str) -> None:
+    """The notebook, outputs and all, saved through the page; returns once the server has the file (the
+    page's own promise, not a pause). Every notebook is saved, so the git-status check covers each one."""
+    page.evaluate(SAVE)
+    try:
+        page.wait_for_function("() => window.__pagedSaved !== null", timeout=60_000, polling=100)
+    except Exception as e:  # noqa: BLE001 - playwright's TimeoutError
+        dialog = page.inner_text(".jp-Dialog")[:500] if page.locator(".jp-Dialog").count() else "no dialog"
+        raise AssertionError(f"{name}: File > Save did not finish within 60 s ({dialog!r})") from e
+    saved = page.evaluate("() => window.__pagedSaved")
+    assert saved == {"dirty": False}, f"{name}: File > Save: {saved}"
 
 
 def _shut_down_kernels(port: int, token: str) -> None:
@@ -423,10 +462,11 @@ def _shut_down_kernels(port: int, token: str) -> None:
 
 
 def test_git_status_is_clean_after_every_notebook_ran(workdir: Path, lab) -> None:
-    """Runs after the notebooks above (same module, file order): JupyterLab's saves kept outputs out of the
-    tracked notebooks and the artefacts went to the ignored folder."""
-    time.sleep(3)  # a last autosave
-    assert _git(workdir, "status", "--porcelain", "--", "notebooks") == ""
+    """Runs after the notebooks above (same module, file order), each saved with its outputs once it ran
+    (`_save` waits for the server's answer): JupyterLab's saves kept outputs out of the tracked notebooks
+    and the artefacts went to the ignored folder."""
+    changed = _git(workdir, "status", "--porcelain", "--", "notebooks")
+    assert changed == "", f"saving changed tracked notebooks:\n{changed}{_git(workdir, 'diff', '--', 'notebooks')[:3000]}"
 
 
 def test_voila_shows_the_first_live_frame_while_cells_run(workdir: Path, browser) -> None:
@@ -444,9 +484,10 @@ def test_voila_shows_the_first_live_frame_while_cells_run(workdir: Path, browser
     last_output = "saved outputs/02_block_tables"  # what 02's last code cell prints
     try:
         page = browser.new_page(viewport=VIEWPORT)
-        # the page watches itself (every 50 ms, from its first script on): the moment its pool grid shows a
-        # second state, and whether 02's last output was on the page by then -- no race with a 1-s poll
+        # the page watches itself (at every redraw, from its first script on): the moment its pool grid shows
+        # a second state, and whether 02's last output was on the page by then -- no race with a 1-s poll
         page.add_init_script(VOILA_WATCH.replace("LAST_OUTPUT", json.dumps(last_output)))
+        page.add_init_script(PAGE_WATCH)
         t0 = time.time()
         page.goto(f"http://127.0.0.1:{port}/voila/render/{name}?token={token}", timeout=120_000, wait_until="commit")
         watch, seen = Watch(), None
@@ -473,29 +514,22 @@ def test_voila_shows_the_first_live_frame_while_cells_run(workdir: Path, browser
         _stop(srv)
 
 
-# Voila's page watching itself (an init script): when the pool grid first shows a second state, whether the
-# last cell's output was already on the page and where the dashboard (its 'reset' button) starts
+# Voila's page watching itself (a hook of PAGE_WATCH, called at each plot's redraw): when the pool grid first
+# shows a second state, whether the last cell's output was already on the page and where the dashboard (its
+# 'reset' button) starts
 VOILA_WATCH = """(() => {
   const live = window.__pagedLive = {at: null, done: null, top: null};
   const states = new Set();
-  const tick = () => {
-    if (live.at !== null) return;
-    if (!document.body) { setTimeout(tick, 50); return; }
-    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
-      if (!String(((gd.layout || {}).title || {}).text || '').includes('pool')) continue;
-      for (const t of gd.data || []) if (t.type === 'heatmap') states.add(JSON.stringify(t.z));
-    }
-    if (states.size >= 2) {
-      live.done = document.body.innerText.includes(LAST_OUTPUT);
-      const tops = Array.from(document.querySelectorAll('button')).filter(b => b.textContent.includes('reset'))
-        .map(b => b.getBoundingClientRect().top + scrollY);
-      live.top = tops.length ? Math.min(...tops) : null;
-      live.at = performance.now();
-      return;
-    }
-    setTimeout(tick, 50);
+  window.__pagedOnState = gd => {
+    if (live.at !== null || !String(((gd.layout || {}).title || {}).text || '').includes('pool')) return;
+    for (const t of gd.data || []) if (t.type === 'heatmap') states.add(JSON.stringify(t.z));
+    if (states.size < 2) return;
+    live.done = document.body.innerText.includes(LAST_OUTPUT);
+    const tops = Array.from(document.querySelectorAll('button')).filter(b => b.textContent.includes('reset'))
+      .map(b => b.getBoundingClientRect().top + scrollY);
+    live.top = tops.length ? Math.min(...tops) : null;
+    live.at = performance.now();
   };
-  setTimeout(tick, 50);
 })()"""
 
 SLOW_PAGE = "_slow_page.ipynb"
