@@ -14,6 +14,7 @@ Invariant (checked by the tests): the precise view's blocks are exactly the pool
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from paged.connect.wire import AllBlocksCleared
@@ -25,6 +26,7 @@ from paged.core.request import Request
 from paged.sim.executor import RooflineExecutor
 
 from .caches import PreciseCache
+from .coast import coast
 
 
 CACHE_KINDS = frozenset((ev.CACHE_BLOCK, ev.EVICT, ev.TIER_OUT, ev.RESET))
@@ -127,11 +129,13 @@ class SimReplica:
             self.clock.advance_to(request.arrival_time)
         self.loop.add_request(request)
 
-    def step(self) -> Step:
-        """One step of this replica's loop; its record kept as a row."""
+    def step(self, horizon: float = -math.inf) -> Step:
+        """One step of this replica's loop, its record kept; then the quiet decode steps that
+        follow and start by ``horizon`` (``paged.fleet.coast``: none by default)."""
         s = self.loop.step()
         if s.record is not None:
             self.records.append(s.record)
+            coast(self, horizon)
         return s
 
     def step_rows(self) -> list[tuple]:
