@@ -46,7 +46,8 @@ class RequestStamps:
 
 
 class SimReplica:
-    """See the module docstring. ``records``: the ``StepRecord`` of every executed step."""
+    """See the module docstring. ``records``: the ``StepRecord`` of every executed step
+    (``num_coasted`` of them fast-forwarded, ``paged.fleet.coast``)."""
 
     def __init__(self, index: int, name: str, config: Any, precise: bool = True) -> None:
         from paged.sim.simulator import Simulator
@@ -58,6 +59,7 @@ class SimReplica:
         self.clock = SimulatedClock()
         self.loop = StepLoop(sim.scheduler, RooflineExecutor(sim.cost, sim.block_bytes), self.clock, observer=self)
         self.records: list = []               # StepRecords, in order
+        self.num_coasted = 0                  # of them, steps taken by the decode fast-forward
         self.finished: list[Request] = []     # finished since the fleet last took them
         self.precise = PreciseCache(self.block_size, keep_forest=False) if precise else None
         if self.precise is not None:
@@ -102,7 +104,7 @@ class SimReplica:
         s = self.loop.step()
         if s.record is not None:
             self.records.append(s.record)
-            coast(self, horizon)
+            self.num_coasted += coast(self, horizon)
         return s
 
     def step_rows(self) -> list[tuple]:
