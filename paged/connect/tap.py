@@ -43,7 +43,18 @@ class TapRecorder(ev.Recorder):
             if kinds is None or kind in kinds:
                 f(self.step, kind, request_id, block_id, value)
 
-    def _listening(self) -> None:
+    def listen(self, listener: Listener, kinds: AbstractSet[str] | None = None) -> None:
+        """Call ``listener`` on every emit of ``kinds`` (None: of every kind); once per listener."""
+        if all(f != listener for f, _ in self.listeners):
+            self.listeners.append((listener, None if kinds is None else frozenset(kinds)))
+            self._union()
+
+    def discard(self, listener: Listener) -> None:
+        """Stop calling ``listener`` (nothing happens if it is not one)."""
+        self.listeners = [(f, k) for f, k in self.listeners if f != listener]
+        self._union()
+
+    def _union(self) -> None:
         sets = [k for _, k in self.listeners]
         self.kinds = None if None in sets else frozenset().union(*sets)
 
@@ -62,9 +73,7 @@ def install(engine: Any, listener: Listener, kinds: AbstractSet[str] | None = No
         if getattr(h, "recorder", None) is not old and getattr(h, "recorder", None) is not tap:
             raise RuntimeError(f"{type(h).__name__} holds another recorder than the engine's; cannot tap it")
         h.recorder = tap
-    if all(f != listener for f, _ in tap.listeners):
-        tap.listeners.append((listener, None if kinds is None else frozenset(kinds)))
-        tap._listening()
+    tap.listen(listener, kinds)
     return tap
 
 
@@ -72,5 +81,4 @@ def remove(engine: Any, listener: Listener) -> None:
     """Stop calling ``listener`` (the tap stays in place)."""
     tap = engine.recorder
     if isinstance(tap, TapRecorder):
-        tap.listeners = [(f, k) for f, k in tap.listeners if f != listener]
-        tap._listening()
+        tap.discard(listener)
