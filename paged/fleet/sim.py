@@ -117,7 +117,7 @@ class SimFleet:
             if r is not None and r.now <= t_next:
                 heapq.heappop(self.ready)
                 self.queued.discard(r.index)
-                s = r.step()
+                s = r.step(t_next)
                 for done in r.take_finished():
                     d.finished(r.index, done.request_id)
                     self.inflight.pop(done.request_id, None)

@@ -6,16 +6,18 @@ that does not fit its GPUs is a ConfigError there); the replica drives them with
 own, whose observer stamps each request (first scheduled, first token, finish, cached tokens).
 
 Its cache events (the KV manager's ``cache_block`` / ``evict`` / ``tier_out`` / ``reset``, tapped
-as ``paged.connect.tap`` does for a live engine, by a recorder that passes on only those four kinds
-while the pool still holds the state they are about) are applied to the replica's ``PreciseCache`` as
+by ``paged.connect.tap`` as for a live engine, for those four kinds only, while the pool still
+holds the state they are about) are applied to the replica's ``PreciseCache`` as
 the ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` (``paged.connect.wire``) blocks they
 are, in process (no encoding): the router's precise view follows the protocol a live replica speaks.
 Invariant (checked by the tests): the precise view's blocks are exactly the pool's hash index.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import math
+from typing import Any
 
+from paged.connect import tap
 from paged.connect.wire import AllBlocksCleared
 from paged.core import events as ev
 from paged.core.clock import SimulatedClock
@@ -25,43 +27,10 @@ from paged.core.request import Request
 from paged.sim.executor import RooflineExecutor
 
 from .caches import PreciseCache
+from .coast import coast
 
 
 CACHE_KINDS = frozenset((ev.CACHE_BLOCK, ev.EVICT, ev.TIER_OUT, ev.RESET))
-
-
-class CacheTap(ev.Recorder):
-    """The replica's recorder: records as the one it replaces did (``keep``: that one kept events)
-    and calls ``listener(kind, request_id, block_id)`` for the ``CACHE_KINDS`` only, synchronously."""
-
-    __slots__ = ("keep", "listener")
-
-    def __init__(self, base: ev.Recorder, listener: Callable[[str, Any, Any], None]) -> None:
-        super().__init__()
-        self.events, self.step = base.events, base.step
-        self.keep = not isinstance(base, ev.NullRecorder)
-        self.listener = listener
-
-    def emit(self, kind: str, request_id: str | None = None, block_id: int | None = None,
-             value: int | None = None) -> None:
-        if self.keep:
-            self.events.append((self.step, kind, request_id, block_id, value))
-        if kind in CACHE_KINDS:
-            self.listener(kind, request_id, block_id)
-
-
-def install_tap(sim: Any, listener: Callable[[str, Any, Any], None]) -> CacheTap:
-    """Put a ``CacheTap`` in place of the recorder ``sim``'s KV manager, pool, host tier and
-    scheduler share (every holder checked, so no event bypasses it)."""
-    old, kv = sim.recorder, sim.kv
-    tap = CacheTap(old, listener)
-    for h in (sim, kv, kv.pool, getattr(kv, "host", None), sim.scheduler):
-        if h is None:
-            continue
-        if getattr(h, "recorder", None) is not old:
-            raise RuntimeError(f"{type(h).__name__} holds another recorder than the simulator's; cannot tap it")
-        h.recorder = tap
-    return tap
 
 
 class RequestStamps:
@@ -77,7 +46,8 @@ class RequestStamps:
 
 
 class SimReplica:
-    """See the module docstring. ``records``: the ``StepRecord`` of every executed step."""
+    """See the module docstring. ``records``: the ``StepRecord`` of every executed step
+    (``num_coasted`` of them fast-forwarded, ``paged.fleet.coast``)."""
 
     def __init__(self, index: int, name: str, config: Any, precise: bool = True) -> None:
         from paged.sim.simulator import Simulator
@@ -89,13 +59,14 @@ class SimReplica:
         self.clock = SimulatedClock()
         self.loop = StepLoop(sim.scheduler, RooflineExecutor(sim.cost, sim.block_bytes), self.clock, observer=self)
         self.records: list = []               # StepRecords, in order
+        self.num_coasted = 0                  # of them, steps taken by the decode fast-forward
         self.finished: list[Request] = []     # finished since the fleet last took them
         self.precise = PreciseCache(self.block_size, keep_forest=False) if precise else None
         if self.precise is not None:
-            self.recorder = install_tap(sim, self.on_event)
+            self.recorder = tap.install(sim, self.on_event, CACHE_KINDS)
 
     # ---- the KV events ------------------------------------------------------------------------------
-    def on_event(self, kind: str, rid: Any, bid: Any) -> None:
+    def on_event(self, step: int, kind: str, rid: Any, bid: Any, value: Any) -> None:
         """The tap's listener: the cache change as the vLLM KV event it is (``BlockStored`` of one
         block, ``BlockRemoved``, ``AllBlocksCleared``), applied to the precise view block by block
         (``PreciseCache.store`` / ``remove``: what ``apply`` does per block of a decoded event)."""
@@ -127,11 +98,13 @@ class SimReplica:
             self.clock.advance_to(request.arrival_time)
         self.loop.add_request(request)
 
-    def step(self) -> Step:
-        """One step of this replica's loop; its record kept as a row."""
+    def step(self, horizon: float = -math.inf) -> Step:
+        """One step of this replica's loop, its record kept; then the quiet decode steps that
+        follow and start by ``horizon`` (``paged.fleet.coast``: none by default)."""
         s = self.loop.step()
         if s.record is not None:
             self.records.append(s.record)
+            self.num_coasted += coast(self, horizon)
         return s
 
     def step_rows(self) -> list[tuple]:

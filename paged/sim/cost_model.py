@@ -249,6 +249,30 @@ class CostModel:
             t += self.transfer_seconds(s)
         return t
 
+    def decode_run_times(self, ctx: Sequence[int], k: int) -> np.ndarray:
+        """``step_time`` of ``k`` consecutive all-decode steps (one sampling token per sequence, no
+        swaps or copies) whose contexts start at ``ctx`` and grow by one a step, bit for bit: the
+        same operations in the same order, step by step (the attention sum accumulated left to
+        right, as numpy sums fewer than 8 terms; from 8 sequences on, each step's row summed by numpy)."""
+        n = len(ctx)
+        q = np.ones(n)
+        T = float(q.sum())
+        P, W = self.effective_flops, self.effective_bandwidth
+        c = np.asarray(ctx, dtype=np.float64)[None, :] + np.arange(k, dtype=np.float64)[:, None]
+        f = self._attn_flops_per_tok / P * q * (c + (q + 1.0) * 0.5)
+        m = np.maximum(f, (self._kv_bytes / W) * (c + q))
+        if n < 8:
+            attn = m[:, 0].copy()
+            for j in range(1, n):
+                attn += m[:, j]
+        else:
+            attn = np.array([row.sum() for row in m])
+        t = self.linear_seconds(T, n) + attn
+        t += self.step_overhead_s + self.per_seq_s * n + self.per_token_s * T
+        if self.tensor_parallel > 1:
+            t += self.comm_seconds(StepShape(q, q, n, 0.0, 0.0))
+        return t
+
     def predict(self, shapes: Iterable[StepShape]) -> np.ndarray:
         return np.array([self.step_time(s) for s in shapes])
 
