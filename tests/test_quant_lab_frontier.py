@@ -111,7 +111,8 @@ def test_lab_cache_stores_the_sparse_groups_and_pooled_bits(smollm2):
     ids = torch.tensor(smollm2.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:70])
     outs = {}
     for name, side in (("plain", k), ("sparse", SideSpec(**{**_fields(k), "sparse": 16})),
-                       ("heads", SideSpec(**{**_fields(k), "alloc_heads": True}))):
+                       ("heads", SideSpec(**{**_fields(k), "alloc_heads": True})),
+                       ("qjl", SideSpec(**{**_fields(k), "qjl": 32}))):
         cache = LabCache(LabSpec(side, EXACT, sink=4), smollm2.model, cal)
         with torch.inference_mode():
             smollm2.model(ids, torch.arange(len(ids)), cache)
@@ -131,7 +132,36 @@ def test_lab_cache_stores_the_sparse_groups_and_pooled_bits(smollm2):
         hb, pb = heads.codecs[layer][0].bits, plain.codecs[layer][0].bits
         assert int(hb.sum()) == int(pb.sum()) == 2 * 3 * 64
     assert any(not torch.equal(heads.codecs[i][0].bits.sum(-1), plain.codecs[i][0].bits.sum(-1)) for i in range(30))
+    from paged.quant.lab_qjl import qjl_matrix, qjl_roundtrip
+    for layer in (0,):  # layer 0 sees the same keys in both caches; the estimate is added to full groups
+        want = qjl_roundtrip(outs["qjl"].kz_raw[layer][:64], plain.kz_done[layer], qjl_matrix(32, 64, layer), 8)
+        assert torch.equal(outs["qjl"].kz_done[layer], want) and not torch.equal(want, plain.kz_done[layer])
 
 
 def _fields(s: SideSpec) -> dict:
     return {f: getattr(s, f) for f in s.__dataclass_fields__}
+
+
+def test_qjl_bits_by_hand_and_bad_input():
+    from paged.quant.lab_qjl import qjl_bits
+    assert qjl_bits(64, 8, 64) == (64 + 8) / 64 and qjl_bits(0, 16, 64) == 0.0
+    k = SideSpec(1, axis="channel", group=32, pre_rope=True, scale_bits=8, alloc=True, qjl=64)
+    assert k.bits_per_value(64) == 1 + 15.5 / 32 + 72 / 64 and k.name.endswith("+qjl64")
+    with pytest.raises(ConfigError, match="8- or 16-bit"):
+        qjl_bits(64, 4, 64)
+    with pytest.raises(ConfigError, match="qjl residual"):
+        SideSpec(2, qjl=8).check(64, "k")
+
+
+def test_qjl_estimate_is_unbiased_and_exact_without_residual():
+    from paged.quant.lab_qjl import qjl_matrix, qjl_roundtrip
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(1, 64, generator=g)
+    zq = z + 0.3 * torch.randn(1, 64, generator=g)          # a quantizer's error
+    q = 3 * (z - zq)[0] + torch.randn(64, generator=g)      # a query that meets it
+    est = torch.stack([qjl_roundtrip(z, zq, qjl_matrix(64, 64, s), 16)[0] for s in range(3000)])
+    # q . (zq + r_hat) averages to q . z (the residual's inner product, unbiased) ...
+    assert float((est @ q).mean()) == pytest.approx(float(z[0] @ q), abs=0.02 * float((zq - z).norm() * q.norm()))
+    # ... whereas zq alone is off by q . r
+    assert abs(float((zq[0] - z[0]) @ q)) > 0.1 * float((zq - z).norm() * q.norm())
+    assert torch.equal(qjl_roundtrip(z, z.clone(), qjl_matrix(64, 64, 0), 8), z)

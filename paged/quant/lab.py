@@ -16,6 +16,7 @@ from .artefact import allocate_bits
 from .calibration import Calibration
 from .lab_heads import pooled_bits
 from .lab_spec import EXACT, LabSpec, SideSpec
+from .lab_qjl import qjl_matrix, qjl_roundtrip
 from .lab_sparse import sparse_roundtrip
 
 __all__ = ["SideSpec", "LabSpec", "LabCache", "lloyd_max", "normal_codebook", "EXACT"]
@@ -318,6 +319,9 @@ class LabCache:
                 return quantize_channels(x, bits, kc.levels, kc.spec.scale_bits == 8, ex)
             new = torch.cat([sparse_roundtrip(x, kc.spec.sparse, bits, quantize, ex)
                              for x, ex in zip(raw[nd:full].split(g), sink[nd:full].split(g))])
+            if kc.spec.qjl:
+                new = qjl_roundtrip(raw[nd:full], new, qjl_matrix(kc.spec.qjl, self.head_dim, layer),
+                                    kc.spec.scale_bits)
             done = new if done is None else torch.cat([done, new])
             self.kz_done[layer] = done
         zq = raw if done is None else torch.cat([done, raw[done.shape[0]:]])
