@@ -165,3 +165,20 @@ def test_qjl_estimate_is_unbiased_and_exact_without_residual():
     # ... whereas zq alone is off by q . r
     assert abs(float((zq[0] - z[0]) @ q)) > 0.1 * float((zq - z).norm() * q.norm())
     assert torch.equal(qjl_roundtrip(z, z.clone(), qjl_matrix(64, 64, 0), 8), z)
+
+
+def test_the_frontier_job_stays_within_three_bits():
+    import runpy
+    import sys
+    from pathlib import Path
+    saved = list(sys.path)
+    try:
+        job = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "quant_ablation.py"), run_name="job")
+    finally:
+        sys.path[:] = saved
+    specs = job["_frontier"]()
+    assert len(specs) == 5
+    for s in specs:
+        s.k.check(64, "k"), s.v.check(64, "v")
+        assert s.bits(30, 64, 2048)[2] <= 3.0, s.name
+    assert specs[1].bits(30, 64)[2] == pytest.approx(3.0, abs=0.005)   # the outliers spend the budget
