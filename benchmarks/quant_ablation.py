@@ -152,7 +152,23 @@ def _mixed() -> list:
     return [uniform, mixed]
 
 
+def _frontier() -> list[LabSpec]:
+    """<= 3 bits (issue 29): kvq2 in the lab (KIVI 2-bit pre-RoPE keys, per-channel bits, 8-bit
+    scale codes; 2-bit rotated codebook values; sink 4, window 32) and the new switches on its keys:
+    dense-and-sparse outliers (15 per 32 x 64 group and head, 0.73% of the keys: 0.198 bits, the
+    most that keeps the mean <= 3.0), per-head allocation, both; QJL's 1-bit residual on 1-bit keys."""
+    v = S(2, "lloyd", rot=True)
+    k = _kq(2)
+    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
+    return [LabSpec(k, v, sink=4, window=32, label="lab kvq2"),
+            LabSpec(S(2, **base, sparse=15), v, sink=4, window=32),
+            LabSpec(S(2, **base, alloc_heads=True), v, sink=4, window=32),
+            LabSpec(S(2, **base, alloc_heads=True, sparse=15), v, sink=4, window=32),
+            LabSpec(S(1, **base, qjl=64), v, sink=4, window=32)]
+
+
 JOBS = {
+    "frontier": _frontier,
     "mixed": _mixed,
     "front": _front_full, "decomp": _decomp,
     "served": _served,

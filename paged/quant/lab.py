@@ -14,7 +14,10 @@ from kernels.split import hadamard, lloyd_levels as lloyd_max, rope, unrope
 
 from .artefact import allocate_bits
 from .calibration import Calibration
+from .lab_heads import pooled_bits
 from .lab_spec import EXACT, LabSpec, SideSpec
+from .lab_qjl import qjl_matrix, qjl_roundtrip
+from .lab_sparse import sparse_roundtrip
 
 __all__ = ["SideSpec", "LabSpec", "LabCache", "lloyd_max", "normal_codebook", "EXACT"]
 
@@ -190,7 +193,8 @@ class SideCodec:
                 n = (z.shape[0] // spec.group) * spec.group
                 zg = z[:n].reshape(n // spec.group, spec.group, *z.shape[1:])
                 imp = (zg.amax(1) - zg.amin(1)).pow(2).mean(0) / 12
-                self.bits = allocate_bits(imp, spec.bits)
+                self.bits = pooled_bits(imp, calib.q2[layer], self.a, spec.bits) if spec.alloc_heads \
+                    else allocate_bits(imp, spec.bits)
                 self.levels = {b: channel_codebook(z, b, spec.group) for b in self.bits.unique().tolist() if b} \
                     if spec.levels == "lloyd" else None
             else:
@@ -309,9 +313,15 @@ class LabCache:
         full = (raw.shape[0] // g) * g
         if full > nd:
             sink = torch.arange(full) < self.spec.sink
-            new = torch.cat([quantize_channels(x, kc.spec.bits if kc.bits is None else kc.bits, kc.levels,
-                                               kc.spec.scale_bits == 8, ex)
+            bits = kc.spec.bits if kc.bits is None else kc.bits
+
+            def quantize(x, ex):
+                return quantize_channels(x, bits, kc.levels, kc.spec.scale_bits == 8, ex)
+            new = torch.cat([sparse_roundtrip(x, kc.spec.sparse, bits, quantize, ex)
                              for x, ex in zip(raw[nd:full].split(g), sink[nd:full].split(g))])
+            if kc.spec.qjl:
+                new = qjl_roundtrip(raw[nd:full], new, qjl_matrix(kc.spec.qjl, self.head_dim, layer),
+                                    kc.spec.scale_bits)
             done = new if done is None else torch.cat([done, new])
             self.kz_done[layer] = done
         zq = raw if done is None else torch.cat([done, raw[done.shape[0]:]])

@@ -16,6 +16,11 @@ switch can be turned on alone or with the others, so an ablation can measure eac
 * ``axis``: ``"token"`` (groups of ``group`` values along head_dim) or ``"channel"`` (KIVI: per
   channel over ``group`` tokens, the unfilled group kept exact);
 * ``outliers``: the ``outliers`` largest values of each token-head kept exactly (dense-and-sparse);
+  ``sparse`` (KIVI keys): that many per group x head, left out of the channel ranges
+  (:mod:`paged.quant.lab_sparse`); ``alloc_heads``: ``alloc``'s bits pooled over a layer's heads
+  by their query-weighted error (:mod:`paged.quant.lab_heads`), the layer's mean unchanged;
+  ``qjl`` (KIVI keys): an m-bit sign sketch of each token-head's residual and its norm (in
+  ``scale_bits``), read back as QJL's unbiased estimate (:mod:`paged.quant.lab_qjl`);
 * ``sink`` / ``window`` (cache-wide): the first ``sink`` tokens, and for each query the keys and
   values of the ``window`` positions ending at it, read exactly (each query sees what a
   token-by-token decode would: a teacher-forced pass never reads unquantized states otherwise);
@@ -35,6 +40,8 @@ import math
 from dataclasses import dataclass, replace
 
 from paged.errors import ConfigError
+from .lab_qjl import qjl_bits
+from .lab_sparse import sparse_bits
 
 __all__ = ["SideSpec", "LabSpec", "EXACT", "LEVELS"]
 
@@ -58,6 +65,9 @@ class SideSpec:
     scale_bits: int = 16
     pca: bool = False           # static per-head KLT (eigenvectors of the calibration covariance)
     alloc: bool = False         # bits per channel (stored frame) by greedy rate allocation, mean = bits
+    sparse: int = 0             # KIVI keys: outliers per group x head kept in fp16 (paged.quant.lab_sparse)
+    alloc_heads: bool = False   # alloc pooled over the heads of a layer (paged.quant.lab_heads)
+    qjl: int = 0                # KIVI keys: m-bit sign sketch of the residual + its norm (paged.quant.lab_qjl)
 
     @property
     def exact(self) -> bool:
@@ -81,6 +91,12 @@ class SideSpec:
             s += "+pca"
         if self.alloc:
             s += "+alloc"
+        if self.alloc_heads:
+            s += "+heads"
+        if self.sparse:
+            s += f"+sp{self.sparse}"
+        if self.qjl:
+            s += f"+qjl{self.qjl}"
         return s
 
     def check(self, head_dim: int, side: str) -> None:
@@ -96,6 +112,13 @@ class SideSpec:
             raise ConfigError(f"{self.name}: group {self.group} must divide head_dim {head_dim}")
         if self.axis == "channel" and (side != "k" or self.levels not in ("int", "lloyd") or self.outliers):
             raise ConfigError(f"{self.name}: per-channel (KIVI) groups are for keys, int or lloyd levels, no outliers")
+        if self.qjl and self.axis != "channel":
+            raise ConfigError(f"{self.name}: the qjl residual is for per-channel (KIVI) keys")
+        if self.sparse and self.axis != "channel":
+            raise ConfigError(f"{self.name}: sparse outliers are for per-channel (KIVI) keys; use outliers")
+        if self.alloc_heads and not (self.alloc and self.axis == "channel" and not (self.rot or self.pca)):
+            raise ConfigError(f"{self.name}: alloc_heads pools alloc's bits over heads: per-channel keys with "
+                              "alloc, without rot or pca (their channels are not the query's)")
         if self.pre_rope and side != "k":
             raise ConfigError(f"{self.name}: pre_rope is a key switch")
 
@@ -106,7 +129,8 @@ class SideSpec:
         b = float(self.bits)
         if self.axis == "channel":  # step + zero per channel and group (fp16, or 8 + 7-bit codes under
             side = 32.0 if self.scale_bits == 16 else 15.0 + 32.0 / head_dim  # two fp16 per-head scales)
-            return b + side / self.group
+            return (b + side / self.group + sparse_bits(self.sparse, self.group, head_dim)
+                    + qjl_bits(self.qjl, self.scale_bits, head_dim))
         if self.alloc:  # one rms scale per token-head, static per-channel steps
             return b + float(self.scale_bits) / head_dim
         b += (32.0 if self.levels == "int" else float(self.scale_bits)) / self.group
