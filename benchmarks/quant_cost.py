@@ -102,6 +102,18 @@ def our_steps(loaded, formats: list[str], batch: int, prompt: int, steps: int, r
     return times, {f: memory_facts(e).cache_bytes for f, e in engines.items()}
 
 
+def machine() -> str:
+    """The CPU this ran on, in words: model name and core count (from /proc/cpuinfo where there is one)."""
+    import platform
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores"
+
+
 def _publish(rows: list[dict], args, load0) -> None:
     import json
     import pandas as pd
@@ -110,7 +122,7 @@ def _publish(rows: list[dict], args, load0) -> None:
     df.to_csv(os.path.join(root, "05_cost.csv"), index=False)
     cmd = " ".join(["OMP_NUM_THREADS=1 python benchmarks/quant_cost.py", *sys.argv[1:]])
     meta = {"made_by": cmd, "date": time.strftime("%Y-%m-%d"), "batch": args.batch,
-            "base": "ours: fp32 cache; llama.cpp: its f16 cache", "backend": args.backend or "native",
+            "base": "ours: fp32 cache; llama.cpp: its f16 cache", "backend": args.backend or "native", "machine": machine(),
             "load_average": [round(x, 1) for x in (*load0, *os.getloadavg())]}
     with open(os.path.join(root, "05_cost.attrs.json"), "w") as f:
         json.dump(meta, f, indent=1)

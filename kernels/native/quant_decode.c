@@ -73,20 +73,40 @@ static void load_row(int64_t dtype, const void *base, int64_t idx, int64_t d, fl
 /* where each channel's code lies in a row: byte index, shift, mask (0 for a 0-bit channel); uniform
  * b-bit codes sit at bit c * b, KIVI +alloc widths at their offsets (little-endian, a code may
  * straddle two bytes) */
-typedef struct { int32_t idx[MAXD], sh[MAXD], mask[MAXD], ubits; } layout_t;  /* ubits: uniform width or 0 */
+typedef struct {
+    int32_t idx[MAXD], sh[MAXD], mask[MAXD], ubits;  /* ubits: uniform width or 0 */
+    int32_t row_bytes;                                /* > 0: the row fits one 64-byte register (pidx) */
+    uint8_t pidx[4 * MAXD];                           /* bytes idx[c] .. idx[c] + 3 of channel c, in order */
+} layout_t;
 
-static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int64_t d, layout_t *l) {
+static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int64_t d, int64_t row_bytes,
+                        layout_t *l) {
     l->ubits = of ? 0 : (int32_t)bits;
+    l->row_bytes = 0;
     for (int64_t c = 0; c < d; c++) {
         int32_t w = wd ? wd[c] : (int32_t)bits, o = of ? of[c] : (int32_t)(c * bits);
         l->idx[c] = w ? o >> 3 : 0;
         l->sh[c] = o & 7;
         l->mask[c] = (int32_t)((1u << w) - 1u);
+        for (int j = 0; j < 4; j++) l->pidx[4 * c + j] = (uint8_t)((l->idx[c] + j) & 63);
     }
+    if (row_bytes <= 64) l->row_bytes = (int32_t)row_bytes;
 }
 
 /* codes of a row as floats; reads up to 4 bytes from each channel's byte (the row is padded) */
 static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, float *codes) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
+    if (l->row_bytes && !(l->ubits && l->ubits <= 4)) {  /* the row in one register: a byte permute per 16 codes */
+        __m512i rv = _mm512_maskz_loadu_epi8(l->row_bytes == 64 ? ~0ULL : (1ULL << l->row_bytes) - 1, row);
+        for (int64_t c = 0; c < d; c += 16) {  /* bytes past the row read 0: they only fill masked-off bits */
+            __m512i w = _mm512_permutexvar_epi8(_mm512_loadu_si512((const void *)(l->pidx + 4 * c)), rv);
+            w = _mm512_srlv_epi32(w, _mm512_loadu_si512((const void *)(l->sh + c)));
+            w = _mm512_and_si512(w, _mm512_loadu_si512((const void *)(l->mask + c)));
+            _mm512_storeu_ps(codes + c, _mm512_cvtepi32_ps(w));
+        }
+        return;
+    }
+#endif
 #ifdef __AVX2__
     if (l->ubits && l->ubits <= 4) {  /* 8 codes in one 32-bit word: broadcast, shift per lane, mask */
         int32_t b = l->ubits;
@@ -188,6 +208,21 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
         case S_CB: {
             int64_t gs = d / s->groups;
             unpack(rp, lay, d, codes);
+#ifdef __AVX512F__
+            if (s->bits <= 4 && gs % 16 == 0) {  /* <= 16 levels in one register: a lane permute per 16 codes */
+                float lv[16] = {0};
+                memcpy(lv, s->lut, sizeof(float) << s->bits);
+                __m512 levels = _mm512_loadu_ps(lv);
+                for (int64_t g = 0; g < s->groups; g++) {
+                    __m512 a = _mm512_set1_ps(h2f(s->scale[r * s->groups + g]));
+                    for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
+                        __m512i ix = _mm512_cvttps_epi32(_mm512_loadu_ps(codes + c));
+                        _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_permutexvar_ps(ix, levels), a));
+                    }
+                }
+                return;
+            }
+#endif
 #ifdef __AVX2__
             if (s->bits <= 3 && gs % 8 == 0) {  /* <= 8 levels in one register: a lane permute per 8 codes */
                 float lv[8] = {0};
@@ -249,9 +284,9 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
     (void)n_threads;
     for (int64_t h = 0; h < hkv; h++) {
         make_layout(ks->width ? ks->width + h * d : 0, ks->offset ? ks->offset + h * d : 0,
-                    ks->code == S_INT4 ? 4 : ks->bits, d, klay + h);
+                    ks->code == S_INT4 ? 4 : ks->bits, d, ks->row_bytes, klay + h);
         make_layout(vs->width ? vs->width + h * d : 0, vs->offset ? vs->offset + h * d : 0,
-                    vs->code == S_INT4 ? 4 : vs->bits, d, vlay + h);
+                    vs->code == S_INT4 ? 4 : vs->bits, d, vs->row_bytes, vlay + h);
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
     for (int64_t s = 0; s < n_seqs; s++) {

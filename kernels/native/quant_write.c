@@ -74,6 +74,16 @@ static void store_row(int64_t dtype, void *base, int64_t idx, int64_t d, const f
     for (int64_t c = 0; c < d; c++) r[c] = f2h(x[c]);
 }
 
+/* every token written into the block of a slow token (slow[t] == 1) is left to the reference too
+ * (slow[u] = 2), so a block is either written here or by the reference, never by both */
+static inline void widen_to_blocks(const int64_t *slots, int64_t n, int64_t bs, uint8_t *slow) {
+    for (int64_t t = 0; t < n; t++) {
+        if (slow[t] != 1) continue;
+        for (int64_t u = 0; u < n; u++)
+            if (!slow[u] && slots[u] >= 0 && slots[u] / bs == slots[t] / bs) slow[u] = 2;
+    }
+}
+
 /* codebook codes of one value row (cb_quantize + pack_bits of kernels/split_codec.py) */
 static void cb_row(const wspec_t *w, const float *x, uint8_t *dst, uint16_t *scale) {
     int64_t d = w->d, gs = w->v_group, nb = w->n_levels - 1;
@@ -112,11 +122,7 @@ int64_t split_write_f32(const float *key, const float *val, const float *val_rot
         slow[t] = slots[t] >= 0 && ((w->sink && pos[t] < w->sink) ||
                                     (w->map && (off == 0 || off == bs - 1 || w->map[blk] < 0)));
     }
-    for (int64_t t = 0; t < n; t++) {
-        if (slow[t] != 1) continue;
-        for (int64_t u = 0; u < n; u++)
-            if (!slow[u] && slots[u] >= 0 && slots[u] / bs == slots[t] / bs) slow[u] = 2;
-    }
+    widen_to_blocks(slots, n, bs, slow);
     for (int64_t t = 0; t < n; t++) {
         if (slow[t]) { n_slow++; continue; }
         if (slots[t] < 0) continue;
@@ -200,11 +206,7 @@ int64_t plain_write_f32(const float *key, const float *val, const int64_t *slots
         int64_t off = slots[t] % bs;
         slow[t] = slots[t] >= 0 && w->map && (off == 0 || off == bs - 1 || w->map[slots[t] / bs] < 0);
     }
-    for (int64_t t = 0; t < n; t++) {
-        if (slow[t] != 1) continue;
-        for (int64_t u = 0; u < n; u++)
-            if (!slow[u] && slots[u] >= 0 && slots[u] / bs == slots[t] / bs) slow[u] = 2;
-    }
+    widen_to_blocks(slots, n, bs, slow);
     for (int64_t t = 0; t < n; t++) {
         if (slow[t]) { n_slow++; continue; }
         if (slots[t] < 0) continue;
