@@ -1,4 +1,4 @@
-"""Full-size results of the long studies (notebooks 05 and 08), made once and shipped in data/precomputed/.
+"""Full-size results of the long studies (notebooks 05, 08 and 12), made once and shipped in data/precomputed/.
 
 A class cannot wait 15 minutes for 05's study or 7 for 08's: the notebooks run a small "class"
 preset live beside these tables, labelled precomputed. One CSV per table
@@ -142,7 +142,12 @@ def _timed(jobs: dict[str, Callable[[], pd.DataFrame]]) -> dict[str, pd.DataFram
     return out
 
 
-MAKERS: dict[str, Callable[[], dict[str, pd.DataFrame]]] = {"05": _make_05, "08": _make_08}
+def _make_12() -> dict[str, pd.DataFrame]:
+    from paged.fleet.study import mooncake_policies
+    return _timed(dict(mooncake_policies=lambda: mooncake_policies(1000, num_replicas=8)))
+
+
+MAKERS: dict[str, Callable[[], dict[str, pd.DataFrame]]] = {"05": _make_05, "08": _make_08, "12": _make_12}
 
 
 def make(notebook: str, root: Path | None = None) -> list[Path]:
@@ -159,7 +164,7 @@ def make(notebook: str, root: Path | None = None) -> list[Path]:
     return paths
 
 
-if __name__ == "__main__":  # python -m paged.studies.precomputed 05|08
+if __name__ == "__main__":  # python -m paged.studies.precomputed 05|08|12
     for nb in sys.argv[1:] or sorted(MAKERS):
         for p in make(nb):
             print(f"{RELATIVE}/{p.name}")
