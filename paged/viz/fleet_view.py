@@ -62,8 +62,9 @@ def routing_figure(decisions: pd.DataFrame, title: str = "the router's decisions
     names = list(dict.fromkeys(d["replica_name"])) if len(d) else []
     fig = go.Figure(go.Scatter(
         x=np.arange(1, len(d) + 1), y=d["replica_name"], mode="markers+text",
-        text=[str(max(int(m), 0)) for m in d["overlap_blocks"]], textposition="top center",
+        text=[str(max(int(m), 0)) for m in d["overlap_blocks"]], textposition="top center", cliponaxis=False,
         marker=dict(size=14, color=d["overlap_blocks"].clip(lower=0), colorscale="Viridis", cmin=0,
+                    cmax=max(1, int(d["overlap_blocks"].max())) if len(d) else 1,
                     colorbar=dict(title="matched<br>blocks", len=0.9)),
         customdata=np.stack([d["policy"], d["prompt_tokens"]], axis=1) if len(d) else None,
         hovertemplate="request %{x} -> %{y}<br>%{text} prefix blocks matched<br>%{customdata[0]}, "
@@ -85,8 +86,9 @@ def policies_figure(df: pd.DataFrame, title: str = "routing policies on the same
     fig.add_trace(go.Bar(x=label, y=df["ttft_p99_s"], name="TTFT p99", marker_color="#e45756"), 1, 2)
     fig.update_yaxes(title_text="hit rate", row=1, col=1)
     fig.update_yaxes(title_text="seconds", row=1, col=2)
-    fig.update_layout(title=title, height=430, barmode="group", legend=dict(orientation="h", y=-0.25),
-                      margin=dict(b=110))
+    # the legend sits below the tick labels, which plotly turns 45 degrees when six names do not fit
+    fig.update_layout(title=title, height=460, barmode="group", legend=dict(orientation="h", y=-0.42),
+                      margin=dict(b=140))
     return fig
 
 
