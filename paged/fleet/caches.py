@@ -16,6 +16,7 @@ replica holds (by tokens, so neither needs the replica's hash function). ``gap``
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import takewhile
 from typing import Container, Iterable, Protocol, Sequence
 
 from paged.connect.forest import PrefixForest
@@ -67,13 +68,8 @@ class _KeyMatch:
         raise NotImplementedError
 
     def match_keys(self, keys: Sequence[int]) -> int:
-        """Leading keys the view holds."""
-        n, known = 0, self._known()
-        for k in keys:
-            if k not in known:
-                break
-            n += 1
-        return n
+        """Leading keys the view holds (counted at C speed: ``takewhile`` of the container's test)."""
+        return len(list(takewhile(self._known().__contains__, keys)))
 
     def match_blocks(self, token_ids: Sequence[int]) -> int:
         return self.match_keys(chain_keys(token_ids, self.block_size))
