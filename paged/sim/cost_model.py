@@ -265,8 +265,8 @@ class CostModel:
             attn = m[:, 0].copy()
             for j in range(1, n):
                 attn += m[:, j]
-        else:
-            attn = np.array([row.sum() for row in m])
+        else:   # a row-wise reduction: numpy's pairwise sum over each contiguous row, as row.sum()
+            attn = m.sum(axis=1)
         t = self.linear_seconds(T, n) + attn
         t += self.step_overhead_s + self.per_seq_s * n + self.per_token_s * T
         if self.tensor_parallel > 1:
