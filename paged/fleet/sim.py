@@ -207,8 +207,9 @@ class SimFleet:
         reqs = pd.DataFrame(rows, columns=list(telemetry.REQUEST_COLUMNS) + ["replica", "num_reroutes"])
         reqs["rejected"] = False
         reqs.loc[[i for i, _ in rejected], "rejected"] = True
-        steps = pd.DataFrame([row for r in self.replicas for row in r.step_rows()],
-                             columns=list(telemetry.STEP_COLUMNS) + ["replica"])
+        steps = telemetry.steps_frame([rec for r in self.replicas for rec in r.records])  # no row tuples
+        steps["replica"] = np.repeat(np.array([r.index for r in self.replicas], dtype=np.int64),
+                                     [len(r.records) for r in self.replicas]) if len(steps) else np.array([], object)
         routing = self.dispatcher.frame()
         per = pd.DataFrame([self.replica_summary(r, reqs[reqs["replica"] == r.index]) for r in self.replicas])
         summary = fleet_summary(reqs, per, self.router.name, self.wall_s)
