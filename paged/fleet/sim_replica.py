@@ -22,7 +22,6 @@ from paged.connect.wire import AllBlocksCleared
 from paged.core import events as ev
 from paged.core.clock import SimulatedClock
 from paged.core.loop import Step, StepLoop
-from paged.core.record import record_values
 from paged.core.request import Request
 from paged.sim.executor import RooflineExecutor
 
@@ -106,10 +105,6 @@ class SimReplica:
             self.records.append(s.record)
             self.num_coasted += coast(self, horizon)
         return s
-
-    def step_rows(self) -> list[tuple]:
-        """One ``STEP_FIELDS`` tuple per executed step, then this replica's index."""
-        return [record_values(r) + (self.index,) for r in self.records]
 
     def after_update(self, step: Step) -> None:
         """The loop's observer: stamp the step's requests and the finished ones."""
