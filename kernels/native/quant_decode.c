@@ -76,13 +76,17 @@ static void load_row(int64_t dtype, const void *base, int64_t idx, int64_t d, fl
 typedef struct {
     int32_t idx[MAXD], sh[MAXD], mask[MAXD], ubits;  /* ubits: uniform width or 0 */
     int32_t row_bytes;                                /* > 0: the row fits one 64-byte register (pidx) */
+    int32_t shuf_ok;                                  /* every 8 channels' bytes lie in 16 from base[] */
+    int32_t base[MAXD / 8];                           /* first byte of channels 8k .. 8k + 7 */
     uint8_t pidx[4 * MAXD];                           /* bytes idx[c] .. idx[c] + 3 of channel c, in order */
+    uint8_t shuf[4 * MAXD];                           /* the same bytes, counted from base[c / 8] */
 } layout_t;
 
 static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int64_t d, int64_t row_bytes,
                         layout_t *l) {
     l->ubits = of ? 0 : (int32_t)bits;
     l->row_bytes = 0;
+    l->shuf_ok = 1;
     for (int64_t c = 0; c < d; c++) {
         int32_t w = wd ? wd[c] : (int32_t)bits, o = of ? of[c] : (int32_t)(c * bits);
         l->idx[c] = w ? o >> 3 : 0;
@@ -90,11 +94,23 @@ static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int6
         l->mask[c] = (int32_t)((1u << w) - 1u);
         for (int j = 0; j < 4; j++) l->pidx[4 * c + j] = (uint8_t)((l->idx[c] + j) & 63);
     }
+    for (int64_t k = 0; k < d / 8; k++) {  /* 0-bit channels read byte base (masked off) */
+        int32_t lo = -1;
+        for (int64_t c = 8 * k; c < 8 * k + 8; c++)
+            if (l->mask[c] && (lo < 0 || l->idx[c] < lo)) lo = l->idx[c];
+        l->base[k] = lo < 0 ? 0 : lo;
+        for (int64_t c = 8 * k; c < 8 * k + 8; c++) {
+            int32_t rel = l->mask[c] ? l->idx[c] - l->base[k] : 0;
+            if (rel + 3 > 15) l->shuf_ok = 0;
+            for (int j = 0; j < 4; j++) l->shuf[4 * c + j] = (uint8_t)((rel + j) & 15);
+        }
+    }
     if (row_bytes <= 64) l->row_bytes = (int32_t)row_bytes;
 }
 
-/* codes of a row as floats; reads up to 4 bytes from each channel's byte (the row is padded) */
-static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, float *codes) {
+/* codes of a row; reads up to 4 bytes from each channel's byte and 16 from each base (the row is
+ * padded: 16 readable bytes follow it) */
+static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, int32_t *codes) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
     if (l->row_bytes && !(l->ubits && l->ubits <= 4)) {  /* the row in one register: a byte permute per 16 codes */
         __m512i rv = _mm512_maskz_loadu_epi8(l->row_bytes == 64 ? ~0ULL : (1ULL << l->row_bytes) - 1, row);
@@ -102,7 +118,7 @@ static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, floa
             __m512i w = _mm512_permutexvar_epi8(_mm512_loadu_si512((const void *)(l->pidx + 4 * c)), rv);
             w = _mm512_srlv_epi32(w, _mm512_loadu_si512((const void *)(l->sh + c)));
             w = _mm512_and_si512(w, _mm512_loadu_si512((const void *)(l->mask + c)));
-            _mm512_storeu_ps(codes + c, _mm512_cvtepi32_ps(w));
+            _mm512_storeu_si512((void *)(codes + c), w);
         }
         return;
     }
@@ -116,7 +132,17 @@ static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, floa
             uint32_t w;
             memcpy(&w, row + (c / 8) * b, 4);
             __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), m);
-            _mm256_storeu_ps(codes + c, _mm256_cvtepi32_ps(v));
+            _mm256_storeu_si256((__m256i *)(codes + c), v);
+        }
+        return;
+    }
+    if (l->shuf_ok) {  /* 8 codes within 16 bytes: one load, a byte shuffle, shift and mask per lane */
+        for (int64_t c = 0; c < d; c += 8) {
+            __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(row + l->base[c / 8])));
+            __m256i w = _mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *)(l->shuf + 4 * c)));
+            w = _mm256_srlv_epi32(w, _mm256_loadu_si256((const __m256i *)(l->sh + c)));
+            w = _mm256_and_si256(w, _mm256_loadu_si256((const __m256i *)(l->mask + c)));
+            _mm256_storeu_si256((__m256i *)(codes + c), w);
         }
         return;
     }
@@ -125,13 +151,13 @@ static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, floa
         __m256i w = _mm256_i32gather_epi32((const int *)row, ix, 1);
         w = _mm256_srlv_epi32(w, _mm256_loadu_si256((const __m256i *)(l->sh + c)));
         w = _mm256_and_si256(w, _mm256_loadu_si256((const __m256i *)(l->mask + c)));
-        _mm256_storeu_ps(codes + c, _mm256_cvtepi32_ps(w));
+        _mm256_storeu_si256((__m256i *)(codes + c), w);
     }
 #else
     for (int64_t c = 0; c < d; c++) {
         uint32_t w;
         memcpy(&w, row + l->idx[c], 4);
-        codes[c] = (float)((w >> l->sh[c]) & (uint32_t)l->mask[c]);
+        codes[c] = (int32_t)((w >> l->sh[c]) & (uint32_t)l->mask[c]);
     }
 #endif
 }
@@ -167,7 +193,7 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
     int64_t r = slot * hkv + h;
     const uint8_t *src = s->data + r * s->row_bytes;
     uint8_t row[MAXD + 16];
-    float codes[MAXD];
+    int32_t codes[MAXD];
     switch (s->code) {
         case S_F32: memcpy(out, src, sizeof(float) * d); return;
         case S_F16: for (int64_t c = 0; c < d; c++) out[c] = h2f(((const uint16_t *)src)[c]); return;
@@ -195,14 +221,14 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
             unpack(rp, lay, d, codes);
             for (int64_t g = 0; g < s->groups; g++) {
                 float a = h2f(s->scale[r * s->groups + g]), z = h2f(s->zero[r * s->groups + g]);
-                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = codes[c] * a + z;
+                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = (float)codes[c] * a + z;
             }
             return;
         }
         case S_KIVI: {
             unpack(rp, lay, d, codes);
             const float *a = st + h * d, *z = zr + h * d;
-            for (int64_t c = 0; c < d; c++) out[c] = codes[c] * a[c] + z[c];
+            for (int64_t c = 0; c < d; c++) out[c] = (float)codes[c] * a[c] + z[c];
             return;
         }
         case S_CB: {
@@ -216,7 +242,7 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
                 for (int64_t g = 0; g < s->groups; g++) {
                     __m512 a = _mm512_set1_ps(h2f(s->scale[r * s->groups + g]));
                     for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
-                        __m512i ix = _mm512_cvttps_epi32(_mm512_loadu_ps(codes + c));
+                        __m512i ix = _mm512_loadu_si512((const void *)(codes + c));
                         _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_permutexvar_ps(ix, levels), a));
                     }
                 }
@@ -224,15 +250,19 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
             }
 #endif
 #ifdef __AVX2__
-            if (s->bits <= 3 && gs % 8 == 0) {  /* <= 8 levels in one register: a lane permute per 8 codes */
-                float lv[8] = {0};
+            if (s->bits <= 4 && gs % 8 == 0) {  /* <= 16 levels in two registers: lane permutes and a blend */
+                float lv[16] = {0};
                 memcpy(lv, s->lut, sizeof(float) << s->bits);
-                __m256 levels = _mm256_loadu_ps(lv);
+                __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
                 for (int64_t g = 0; g < s->groups; g++) {
                     __m256 a = _mm256_set1_ps(h2f(s->scale[r * s->groups + g]));
                     for (int64_t c = g * gs; c < (g + 1) * gs; c += 8) {
-                        __m256i ix = _mm256_cvttps_epi32(_mm256_loadu_ps(codes + c));
-                        _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_permutevar8x32_ps(levels, ix), a));
+                        __m256i ix = _mm256_loadu_si256((const __m256i *)(codes + c));
+                        __m256 v = _mm256_permutevar8x32_ps(lo, ix);  /* index bits 0-2; bit 3 picks hi */
+                        if (s->bits == 4)
+                            v = _mm256_blendv_ps(v, _mm256_permutevar8x32_ps(hi, ix),
+                                                 _mm256_castsi256_ps(_mm256_slli_epi32(ix, 28)));
+                        _mm256_storeu_ps(out + c, _mm256_mul_ps(v, a));
                     }
                 }
                 return;
@@ -240,7 +270,7 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
 #endif
             for (int64_t g = 0; g < s->groups; g++) {
                 float a = h2f(s->scale[r * s->groups + g]);
-                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = s->lut[(int)codes[c]] * a;
+                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = s->lut[codes[c]] * a;
             }
             return;
         }
@@ -273,6 +303,47 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     float acc = 0.0f;
     for (int64_t c = 0; c < d; c++) acc += a[c] * b[c];
     return acc;
+}
+
+/* 8 floats (GCC/Clang vector extension: an AVX2 register, two NEON ones); d is a multiple of 8 */
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 ld8(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
+static inline float hsum8(v8 a) {
+    float s = 0.0f;
+    for (int i = 0; i < 8; i++) s += a[i];
+    return s;
+}
+
+/* sc[j * t_max] = scale * q_j . row for n (a constant after inlining) query heads sharing each load */
+static inline __attribute__((always_inline)) void scores_n(const float *q, int64_t qhs, const float *row, int64_t d,
+                                                           float scale, float *sc, int64_t t_max, const int n) {
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t x = 0; x < d; x += 8) {
+        v8 kv = ld8(row + x);
+        a0 += ld8(q + x) * kv;
+        if (n > 1) a1 += ld8(q + qhs + x) * kv;
+        if (n > 2) a2 += ld8(q + 2 * qhs + x) * kv;
+        if (n > 3) a3 += ld8(q + 3 * qhs + x) * kv;
+    }
+    sc[0] = hsum8(a0) * scale;
+    if (n > 1) sc[t_max] = hsum8(a1) * scale;
+    if (n > 2) sc[2 * t_max] = hsum8(a2) * scale;
+    if (n > 3) sc[3 * t_max] = hsum8(a3) * scale;
+}
+
+/* the g query heads of one KV head against one K row, 4 at a time */
+static inline void scores_row(const float *q, int64_t qhs, const float *row, int64_t g, int64_t d, float scale,
+                              float *sc, int64_t t_max) {
+    for (int64_t j = 0; j < g; j += 4) {
+        const float *qj = q + j * qhs;
+        float *sj = sc + j * t_max;
+        switch (g - j) {
+            case 1: scores_n(qj, qhs, row, d, scale, sj, t_max, 1); break;
+            case 2: scores_n(qj, qhs, row, d, scale, sj, t_max, 2); break;
+            case 3: scores_n(qj, qhs, row, d, scale, sj, t_max, 3); break;
+            default: scores_n(qj, qhs, row, d, scale, sj, t_max, 4);
+        }
+    }
 }
 
 void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_stride, const side_t *ks,
@@ -314,8 +385,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
                         rope_row(row, ks->cos + p * d, ks->sin + p * d, d);
                     }
                 }
-                for (int64_t j = 0; j < g; j++)
-                    sc[(h * g + j) * t_max + t] = dot(qs + (h * g + j) * q_head_stride, row, d) * scale;
+                scores_row(qs + h * g * q_head_stride, q_head_stride, row, g, d, scale, sc + h * g * t_max + t, t_max);
             }
         }
         /* 2. softmax numerators; norm = 1 / sum */
