@@ -15,13 +15,14 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 enum { S_F32 = 0, S_F16 = 1, S_BF16 = 2, S_LUT8 = 3, S_INT8 = 4, S_INT4 = 5, S_KIVI = 6, S_CB = 7 };
 #define MAXD 256
 #define MAXHD 8192
+#define TILE 16  /* V rows decoded together, then accumulated into each query head's output */
 
 typedef struct {
     int64_t code, row_bytes, groups, bits, compact, n_pos, safe_rows;  /* rows < safe_rows: 16 bytes follow */
@@ -44,6 +45,9 @@ typedef struct {
 } exact_t;
 
 static inline float h2f(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);  /* fp16 -> fp32 is exact: the same value as below */
+#endif
     uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, b;
     if (e == 0x1f) b = s | 0x7f800000u | (m << 13);
     else if (e) b = s | ((e + 112u) << 23) | (m << 13);
@@ -77,14 +81,16 @@ typedef struct {
     int32_t idx[MAXD], sh[MAXD], mask[MAXD], ubits;  /* ubits: uniform width or 0 */
     int32_t row_bytes;                                /* > 0: the row fits one 64-byte register (pidx) */
     int32_t shuf_ok;                                  /* every 8 channels' bytes lie in 16 from base[] */
+    int32_t gs;                                       /* channels per scale group (INT4, CB) */
     int32_t base[MAXD / 8];                           /* first byte of channels 8k .. 8k + 7 */
     uint8_t pidx[4 * MAXD];                           /* bytes idx[c] .. idx[c] + 3 of channel c, in order */
     uint8_t shuf[4 * MAXD];                           /* the same bytes, counted from base[c / 8] */
 } layout_t;
 
 static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int64_t d, int64_t row_bytes,
-                        layout_t *l) {
+                        int64_t groups, layout_t *l) {
     l->ubits = of ? 0 : (int32_t)bits;
+    l->gs = (int32_t)(groups > 0 ? d / groups : d);
     l->row_bytes = 0;
     l->shuf_ok = 1;
     for (int64_t c = 0; c < d; c++) {
@@ -217,7 +223,7 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
     }
     switch (s->code) {
         case S_INT4: {
-            int64_t gs = d / s->groups;
+            int64_t gs = lay->gs;
             unpack(rp, lay, d, codes);
             for (int64_t g = 0; g < s->groups; g++) {
                 float a = h2f(s->scale[r * s->groups + g]), z = h2f(s->zero[r * s->groups + g]);
@@ -232,7 +238,7 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
             return;
         }
         case S_CB: {
-            int64_t gs = d / s->groups;
+            int64_t gs = lay->gs;
             unpack(rp, lay, d, codes);
 #ifdef __AVX512F__
             if (s->bits <= 4 && gs % 16 == 0) {  /* <= 16 levels in one register: a lane permute per 16 codes */
@@ -346,6 +352,31 @@ static inline void scores_row(const float *q, int64_t qhs, const float *row, int
     }
 }
 
+/* a[x] += sum_i w[i] * tile[i][x] over n rows of d, the sum over rows in order, 32 outputs in registers */
+static inline void axpy_tile(const float *tile, int64_t n, int64_t d, const float *w, float *a) {
+    int64_t x = 0;
+    for (; x + 32 <= d; x += 32) {
+        v8 a0 = ld8(a + x), a1 = ld8(a + x + 8), a2 = ld8(a + x + 16), a3 = ld8(a + x + 24);
+        for (int64_t i = 0; i < n; i++) {
+            const float *r = tile + i * d + x;
+            float wi = w[i];
+            a0 += wi * ld8(r);
+            a1 += wi * ld8(r + 8);
+            a2 += wi * ld8(r + 16);
+            a3 += wi * ld8(r + 24);
+        }
+        memcpy(a + x, &a0, 32);
+        memcpy(a + x + 8, &a1, 32);
+        memcpy(a + x + 16, &a2, 32);
+        memcpy(a + x + 24, &a3, 32);
+    }
+    for (; x < d; x += 8) {
+        v8 a0 = ld8(a + x);
+        for (int64_t i = 0; i < n; i++) a0 += w[i] * ld8(tile + i * d + x);
+        memcpy(a + x, &a0, 32);
+    }
+}
+
 void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_stride, const side_t *ks,
                       const side_t *vs, const exact_t *ex, const int64_t *tables, int64_t width,
                       const int64_t *lens, int64_t n_seqs, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
@@ -355,9 +386,9 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
     (void)n_threads;
     for (int64_t h = 0; h < hkv; h++) {
         make_layout(ks->width ? ks->width + h * d : 0, ks->offset ? ks->offset + h * d : 0,
-                    ks->code == S_INT4 ? 4 : ks->bits, d, ks->row_bytes, klay + h);
+                    ks->code == S_INT4 ? 4 : ks->bits, d, ks->row_bytes, ks->groups, klay + h);
         make_layout(vs->width ? vs->width + h * d : 0, vs->offset ? vs->offset + h * d : 0,
-                    vs->code == S_INT4 ? 4 : vs->bits, d, vs->row_bytes, vlay + h);
+                    vs->code == S_INT4 ? 4 : vs->bits, d, vs->row_bytes, vs->groups, vlay + h);
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
     for (int64_t s = 0; s < n_seqs; s++) {
@@ -367,12 +398,14 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         float *o = out + s * hq * d, *sc = scores + s * hq * t_max;
         float kst[MAXHD], kzr[MAXHD], vst[MAXHD], vzr[MAXHD], row[MAXD];
         float oc[MAXHD], oe[MAXHD];  /* value accumulators: from codes (rotated frame), from exact rows */
+        float tile[TILE * MAXD];     /* decoded V rows of one tile */
         int64_t kblk = -1, vblk = -1;
         memset(o, 0, sizeof(float) * hq * d);
         if (len == 0) continue;
         /* 1. scores */
-        for (int64_t t = 0; t < len; t++) {
-            int64_t blk = table[t / bs], slot = blk * bs + t % bs;
+        for (int64_t t = 0, bi = 0; t < len; t++) {
+            if (t == (bi + 1) * bs) bi++;
+            int64_t blk = table[bi], slot = blk * bs + t - bi * bs;
             int exact = ex->windowed ? (t < ex->sink || len - 1 - t < ex->window)
                                      : (ex->map != 0 && ex->map[blk] >= 0);
             if (!exact && ks->code == S_KIVI && blk != kblk) { kivi_block(ks, blk, hkv, d, kst, kzr); kblk = blk; }
@@ -400,18 +433,20 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         int vex = ex->windowed && ex->v != 0;
         memset(oc, 0, sizeof(float) * hq * d);
         memset(oe, 0, sizeof(float) * hq * d);
-        for (int64_t t = 0; t < len; t++) {
-            int64_t blk = table[t / bs], slot = blk * bs + t % bs;
-            int exact = vex && (t < ex->sink || len - 1 - t < ex->window);
+        for (int64_t t0 = 0, t1; t0 < len; t0 = t1) {  /* tiles of <= TILE rows: one block, one kind */
+            int64_t bi = t0 / bs, blk = table[bi], lim = (bi + 1) * bs < len ? (bi + 1) * bs : len;
+            int exact = vex && (t0 < ex->sink || len - 1 - t0 < ex->window);
+            if (lim > t0 + TILE) lim = t0 + TILE;
+            for (t1 = t0 + 1; t1 < lim && (vex && (t1 < ex->sink || len - 1 - t1 < ex->window)) == exact; t1++) {}
             if (!exact && vs->code == S_KIVI && blk != vblk) { kivi_block(vs, blk, hkv, d, vst, vzr); vblk = blk; }
             for (int64_t h = 0; h < hkv; h++) {
                 float *acc = exact ? oe : oc;
-                if (exact) exact_row(ex, 1, table, t, bs, h, hkv, d, row);
-                else decode_row(vs, slot, h, hkv, d, vst, vzr, vlay + h, row);
-                for (int64_t j = 0; j < g; j++) {
-                    float w = sc[(h * g + j) * t_max + t], *a = acc + (h * g + j) * d;
-                    for (int64_t c = 0; c < d; c++) a[c] += w * row[c];
+                for (int64_t t = t0; t < t1; t++) {
+                    if (exact) exact_row(ex, 1, table, t, bs, h, hkv, d, tile + (t - t0) * d);
+                    else decode_row(vs, blk * bs + t - bi * bs, h, hkv, d, vst, vzr, vlay + h, tile + (t - t0) * d);
                 }
+                for (int64_t j = 0; j < g; j++)
+                    axpy_tile(tile, t1 - t0, d, sc + (h * g + j) * t_max + t0, acc + (h * g + j) * d);
             }
         }
         /* 4. rotate the code part back (out = oc @ H^T), add the exact part, normalise */
