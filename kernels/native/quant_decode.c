@@ -15,7 +15,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX2__) || defined(__F16C__)
+#if defined(__AVX__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -70,6 +70,12 @@ static inline float bf2f(uint16_t h) {
 static void load_row(int64_t dtype, const void *base, int64_t idx, int64_t d, float *out) {
     if (dtype == S_F32) { memcpy(out, (const float *)base + idx * d, sizeof(float) * d); return; }
     const uint16_t *r = (const uint16_t *)base + idx * d;
+#ifdef __F16C__
+    if (dtype == S_F16 && d % 8 == 0) {  /* exact conversions, 8 at a time */
+        for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + c))));
+        return;
+    }
+#endif
     if (dtype == S_F16) for (int64_t c = 0; c < d; c++) out[c] = h2f(r[c]);
     else for (int64_t c = 0; c < d; c++) out[c] = bf2f(r[c]);
 }
@@ -194,7 +200,7 @@ static void kivi_block(const side_t *s, int64_t blk, int64_t hkv, int64_t d, flo
 }
 
 /* row (slot, h) of side s as floats; KIVI uses the block's st/zr (kivi_block); lay: head h's layout */
-static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t hkv, int64_t d, const float *st,
+static inline __attribute__((always_inline)) void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t hkv, int64_t d, const float *st,
                               const float *zr, const layout_t *lay, float *out) {
     int64_t r = slot * hkv + h;
     const uint8_t *src = s->data + r * s->row_bytes;
@@ -202,7 +208,7 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
     int32_t codes[MAXD];
     switch (s->code) {
         case S_F32: memcpy(out, src, sizeof(float) * d); return;
-        case S_F16: for (int64_t c = 0; c < d; c++) out[c] = h2f(((const uint16_t *)src)[c]); return;
+        case S_F16: load_row(S_F16, src, 0, d, out); return;
         case S_BF16: for (int64_t c = 0; c < d; c++) out[c] = bf2f(((const uint16_t *)src)[c]); return;
         case S_LUT8: {
             const float *lut = s->lut + h * 256;
@@ -283,12 +289,11 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
     }
 }
 
-static inline void rope_row(float *x, const float *cos, const float *sin, int64_t d) {
-    float y[MAXD];
+/* y = RoPE(x) at the position of the cos/sin rows */
+static inline void rope_row(const float *restrict x, const float *cos, const float *sin, int64_t d, float *restrict y) {
     int64_t half = d / 2;
     for (int64_t c = 0; c < half; c++) y[c] = x[c] * cos[c] + x[c + half] * sin[c];
     for (int64_t c = half; c < d; c++) y[c] = x[c] * cos[c] + x[c - half] * sin[c];
-    memcpy(x, y, sizeof(float) * d);
 }
 
 /* exact K (kv = 0) or V (kv = 1) row of position t, head h */
@@ -331,6 +336,16 @@ static inline __attribute__((always_inline)) void scores_n(const float *q, int64
         if (n > 2) a2 += ld8(q + 2 * qhs + x) * kv;
         if (n > 3) a3 += ld8(q + 3 * qhs + x) * kv;
     }
+#ifdef __AVX__
+    if (n > 1) {  /* the four sums at once: pairwise adds, then the two 128-bit halves */
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps((__m256)a0, (__m256)a1), _mm256_hadd_ps((__m256)a2, (__m256)a3));
+        float r[4];
+        _mm_storeu_ps(r, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)),
+                                    _mm_set1_ps(scale)));
+        for (int j = 0; j < n; j++) sc[j * t_max] = r[j];
+        return;
+    }
+#endif
     sc[0] = hsum8(a0) * scale;
     if (n > 1) sc[t_max] = hsum8(a1) * scale;
     if (n > 2) sc[2 * t_max] = hsum8(a2) * scale;
@@ -399,6 +414,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         float kst[MAXHD], kzr[MAXHD], vst[MAXHD], vzr[MAXHD], row[MAXD];
         float oc[MAXHD], oe[MAXHD];  /* value accumulators: from codes (rotated frame), from exact rows */
         float tile[TILE * MAXD];     /* decoded V rows of one tile */
+        float roped[MAXD];
         int64_t kblk = -1, vblk = -1;
         memset(o, 0, sizeof(float) * hq * d);
         if (len == 0) continue;
@@ -410,15 +426,17 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
                                      : (ex->map != 0 && ex->map[blk] >= 0);
             if (!exact && ks->code == S_KIVI && blk != kblk) { kivi_block(ks, blk, hkv, d, kst, kzr); kblk = blk; }
             for (int64_t h = 0; h < hkv; h++) {
+                const float *key = row;
                 if (exact) exact_row(ex, 0, table, t, bs, h, hkv, d, row);
                 else {
                     decode_row(ks, slot, h, hkv, d, kst, kzr, klay + h, row);
                     if (ks->cos) {
                         int64_t p = t < ks->n_pos ? t : ks->n_pos - 1;
-                        rope_row(row, ks->cos + p * d, ks->sin + p * d, d);
+                        rope_row(row, ks->cos + p * d, ks->sin + p * d, d, roped);
+                        key = roped;
                     }
                 }
-                scores_row(qs + h * g * q_head_stride, q_head_stride, row, g, d, scale, sc + h * g * t_max + t, t_max);
+                scores_row(qs + h * g * q_head_stride, q_head_stride, key, g, d, scale, sc + h * g * t_max + t, t_max);
             }
         }
         /* 2. softmax numerators; norm = 1 / sum */
