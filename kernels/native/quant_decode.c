@@ -15,13 +15,14 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 enum { S_F32 = 0, S_F16 = 1, S_BF16 = 2, S_LUT8 = 3, S_INT8 = 4, S_INT4 = 5, S_KIVI = 6, S_CB = 7 };
 #define MAXD 256
 #define MAXHD 8192
+#define TILE 16  /* V rows decoded together, then accumulated into each query head's output */
 
 typedef struct {
     int64_t code, row_bytes, groups, bits, compact, n_pos, safe_rows;  /* rows < safe_rows: 16 bytes follow */
@@ -44,6 +45,9 @@ typedef struct {
 } exact_t;
 
 static inline float h2f(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);  /* fp16 -> fp32 is exact: the same value as below */
+#endif
     uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, b;
     if (e == 0x1f) b = s | 0x7f800000u | (m << 13);
     else if (e) b = s | ((e + 112u) << 23) | (m << 13);
@@ -66,6 +70,12 @@ static inline float bf2f(uint16_t h) {
 static void load_row(int64_t dtype, const void *base, int64_t idx, int64_t d, float *out) {
     if (dtype == S_F32) { memcpy(out, (const float *)base + idx * d, sizeof(float) * d); return; }
     const uint16_t *r = (const uint16_t *)base + idx * d;
+#ifdef __F16C__
+    if (dtype == S_F16 && d % 8 == 0) {  /* exact conversions, 8 at a time */
+        for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + c))));
+        return;
+    }
+#endif
     if (dtype == S_F16) for (int64_t c = 0; c < d; c++) out[c] = h2f(r[c]);
     else for (int64_t c = 0; c < d; c++) out[c] = bf2f(r[c]);
 }
@@ -76,13 +86,19 @@ static void load_row(int64_t dtype, const void *base, int64_t idx, int64_t d, fl
 typedef struct {
     int32_t idx[MAXD], sh[MAXD], mask[MAXD], ubits;  /* ubits: uniform width or 0 */
     int32_t row_bytes;                                /* > 0: the row fits one 64-byte register (pidx) */
+    int32_t shuf_ok;                                  /* every 8 channels' bytes lie in 16 from base[] */
+    int32_t gs;                                       /* channels per scale group (INT4, CB) */
+    int32_t base[MAXD / 8];                           /* first byte of channels 8k .. 8k + 7 */
     uint8_t pidx[4 * MAXD];                           /* bytes idx[c] .. idx[c] + 3 of channel c, in order */
+    uint8_t shuf[4 * MAXD];                           /* the same bytes, counted from base[c / 8] */
 } layout_t;
 
 static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int64_t d, int64_t row_bytes,
-                        layout_t *l) {
+                        int64_t groups, layout_t *l) {
     l->ubits = of ? 0 : (int32_t)bits;
+    l->gs = (int32_t)(groups > 0 ? d / groups : d);
     l->row_bytes = 0;
+    l->shuf_ok = 1;
     for (int64_t c = 0; c < d; c++) {
         int32_t w = wd ? wd[c] : (int32_t)bits, o = of ? of[c] : (int32_t)(c * bits);
         l->idx[c] = w ? o >> 3 : 0;
@@ -90,11 +106,23 @@ static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int6
         l->mask[c] = (int32_t)((1u << w) - 1u);
         for (int j = 0; j < 4; j++) l->pidx[4 * c + j] = (uint8_t)((l->idx[c] + j) & 63);
     }
+    for (int64_t k = 0; k < d / 8; k++) {  /* 0-bit channels read byte base (masked off) */
+        int32_t lo = -1;
+        for (int64_t c = 8 * k; c < 8 * k + 8; c++)
+            if (l->mask[c] && (lo < 0 || l->idx[c] < lo)) lo = l->idx[c];
+        l->base[k] = lo < 0 ? 0 : lo;
+        for (int64_t c = 8 * k; c < 8 * k + 8; c++) {
+            int32_t rel = l->mask[c] ? l->idx[c] - l->base[k] : 0;
+            if (rel + 3 > 15) l->shuf_ok = 0;
+            for (int j = 0; j < 4; j++) l->shuf[4 * c + j] = (uint8_t)((rel + j) & 15);
+        }
+    }
     if (row_bytes <= 64) l->row_bytes = (int32_t)row_bytes;
 }
 
-/* codes of a row as floats; reads up to 4 bytes from each channel's byte (the row is padded) */
-static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, float *codes) {
+/* codes of a row; reads up to 4 bytes from each channel's byte and 16 from each base (the row is
+ * padded: 16 readable bytes follow it) */
+static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, int32_t *codes) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
     if (l->row_bytes && !(l->ubits && l->ubits <= 4)) {  /* the row in one register: a byte permute per 16 codes */
         __m512i rv = _mm512_maskz_loadu_epi8(l->row_bytes == 64 ? ~0ULL : (1ULL << l->row_bytes) - 1, row);
@@ -102,7 +130,7 @@ static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, floa
             __m512i w = _mm512_permutexvar_epi8(_mm512_loadu_si512((const void *)(l->pidx + 4 * c)), rv);
             w = _mm512_srlv_epi32(w, _mm512_loadu_si512((const void *)(l->sh + c)));
             w = _mm512_and_si512(w, _mm512_loadu_si512((const void *)(l->mask + c)));
-            _mm512_storeu_ps(codes + c, _mm512_cvtepi32_ps(w));
+            _mm512_storeu_si512((void *)(codes + c), w);
         }
         return;
     }
@@ -116,7 +144,17 @@ static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, floa
             uint32_t w;
             memcpy(&w, row + (c / 8) * b, 4);
             __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), m);
-            _mm256_storeu_ps(codes + c, _mm256_cvtepi32_ps(v));
+            _mm256_storeu_si256((__m256i *)(codes + c), v);
+        }
+        return;
+    }
+    if (l->shuf_ok) {  /* 8 codes within 16 bytes: one load, a byte shuffle, shift and mask per lane */
+        for (int64_t c = 0; c < d; c += 8) {
+            __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(row + l->base[c / 8])));
+            __m256i w = _mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *)(l->shuf + 4 * c)));
+            w = _mm256_srlv_epi32(w, _mm256_loadu_si256((const __m256i *)(l->sh + c)));
+            w = _mm256_and_si256(w, _mm256_loadu_si256((const __m256i *)(l->mask + c)));
+            _mm256_storeu_si256((__m256i *)(codes + c), w);
         }
         return;
     }
@@ -125,13 +163,13 @@ static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, floa
         __m256i w = _mm256_i32gather_epi32((const int *)row, ix, 1);
         w = _mm256_srlv_epi32(w, _mm256_loadu_si256((const __m256i *)(l->sh + c)));
         w = _mm256_and_si256(w, _mm256_loadu_si256((const __m256i *)(l->mask + c)));
-        _mm256_storeu_ps(codes + c, _mm256_cvtepi32_ps(w));
+        _mm256_storeu_si256((__m256i *)(codes + c), w);
     }
 #else
     for (int64_t c = 0; c < d; c++) {
         uint32_t w;
         memcpy(&w, row + l->idx[c], 4);
-        codes[c] = (float)((w >> l->sh[c]) & (uint32_t)l->mask[c]);
+        codes[c] = (int32_t)((w >> l->sh[c]) & (uint32_t)l->mask[c]);
     }
 #endif
 }
@@ -162,15 +200,15 @@ static void kivi_block(const side_t *s, int64_t blk, int64_t hkv, int64_t d, flo
 }
 
 /* row (slot, h) of side s as floats; KIVI uses the block's st/zr (kivi_block); lay: head h's layout */
-static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t hkv, int64_t d, const float *st,
+static inline __attribute__((always_inline)) void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t hkv, int64_t d, const float *st,
                               const float *zr, const layout_t *lay, float *out) {
     int64_t r = slot * hkv + h;
     const uint8_t *src = s->data + r * s->row_bytes;
     uint8_t row[MAXD + 16];
-    float codes[MAXD];
+    int32_t codes[MAXD];
     switch (s->code) {
         case S_F32: memcpy(out, src, sizeof(float) * d); return;
-        case S_F16: for (int64_t c = 0; c < d; c++) out[c] = h2f(((const uint16_t *)src)[c]); return;
+        case S_F16: load_row(S_F16, src, 0, d, out); return;
         case S_BF16: for (int64_t c = 0; c < d; c++) out[c] = bf2f(((const uint16_t *)src)[c]); return;
         case S_LUT8: {
             const float *lut = s->lut + h * 256;
@@ -191,22 +229,22 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
     }
     switch (s->code) {
         case S_INT4: {
-            int64_t gs = d / s->groups;
+            int64_t gs = lay->gs;
             unpack(rp, lay, d, codes);
             for (int64_t g = 0; g < s->groups; g++) {
                 float a = h2f(s->scale[r * s->groups + g]), z = h2f(s->zero[r * s->groups + g]);
-                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = codes[c] * a + z;
+                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = (float)codes[c] * a + z;
             }
             return;
         }
         case S_KIVI: {
             unpack(rp, lay, d, codes);
             const float *a = st + h * d, *z = zr + h * d;
-            for (int64_t c = 0; c < d; c++) out[c] = codes[c] * a[c] + z[c];
+            for (int64_t c = 0; c < d; c++) out[c] = (float)codes[c] * a[c] + z[c];
             return;
         }
         case S_CB: {
-            int64_t gs = d / s->groups;
+            int64_t gs = lay->gs;
             unpack(rp, lay, d, codes);
 #ifdef __AVX512F__
             if (s->bits <= 4 && gs % 16 == 0) {  /* <= 16 levels in one register: a lane permute per 16 codes */
@@ -216,7 +254,7 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
                 for (int64_t g = 0; g < s->groups; g++) {
                     __m512 a = _mm512_set1_ps(h2f(s->scale[r * s->groups + g]));
                     for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
-                        __m512i ix = _mm512_cvttps_epi32(_mm512_loadu_ps(codes + c));
+                        __m512i ix = _mm512_loadu_si512((const void *)(codes + c));
                         _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_permutexvar_ps(ix, levels), a));
                     }
                 }
@@ -224,15 +262,19 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
             }
 #endif
 #ifdef __AVX2__
-            if (s->bits <= 3 && gs % 8 == 0) {  /* <= 8 levels in one register: a lane permute per 8 codes */
-                float lv[8] = {0};
+            if (s->bits <= 4 && gs % 8 == 0) {  /* <= 16 levels in two registers: lane permutes and a blend */
+                float lv[16] = {0};
                 memcpy(lv, s->lut, sizeof(float) << s->bits);
-                __m256 levels = _mm256_loadu_ps(lv);
+                __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
                 for (int64_t g = 0; g < s->groups; g++) {
                     __m256 a = _mm256_set1_ps(h2f(s->scale[r * s->groups + g]));
                     for (int64_t c = g * gs; c < (g + 1) * gs; c += 8) {
-                        __m256i ix = _mm256_cvttps_epi32(_mm256_loadu_ps(codes + c));
-                        _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_permutevar8x32_ps(levels, ix), a));
+                        __m256i ix = _mm256_loadu_si256((const __m256i *)(codes + c));
+                        __m256 v = _mm256_permutevar8x32_ps(lo, ix);  /* index bits 0-2; bit 3 picks hi */
+                        if (s->bits == 4)
+                            v = _mm256_blendv_ps(v, _mm256_permutevar8x32_ps(hi, ix),
+                                                 _mm256_castsi256_ps(_mm256_slli_epi32(ix, 28)));
+                        _mm256_storeu_ps(out + c, _mm256_mul_ps(v, a));
                     }
                 }
                 return;
@@ -240,19 +282,18 @@ static inline void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t 
 #endif
             for (int64_t g = 0; g < s->groups; g++) {
                 float a = h2f(s->scale[r * s->groups + g]);
-                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = s->lut[(int)codes[c]] * a;
+                for (int64_t c = g * gs; c < (g + 1) * gs; c++) out[c] = s->lut[codes[c]] * a;
             }
             return;
         }
     }
 }
 
-static inline void rope_row(float *x, const float *cos, const float *sin, int64_t d) {
-    float y[MAXD];
+/* y = RoPE(x) at the position of the cos/sin rows */
+static inline void rope_row(const float *restrict x, const float *cos, const float *sin, int64_t d, float *restrict y) {
     int64_t half = d / 2;
     for (int64_t c = 0; c < half; c++) y[c] = x[c] * cos[c] + x[c + half] * sin[c];
     for (int64_t c = half; c < d; c++) y[c] = x[c] * cos[c] + x[c - half] * sin[c];
-    memcpy(x, y, sizeof(float) * d);
 }
 
 /* exact K (kv = 0) or V (kv = 1) row of position t, head h */
@@ -275,6 +316,82 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     return acc;
 }
 
+/* 8 floats (GCC/Clang vector extension: an AVX2 register, two NEON ones); d is a multiple of 8 */
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 ld8(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
+static inline float hsum8(v8 a) {
+    float s = 0.0f;
+    for (int i = 0; i < 8; i++) s += a[i];
+    return s;
+}
+
+/* sc[j * t_max] = scale * q_j . row for n (a constant after inlining) query heads sharing each load */
+static inline __attribute__((always_inline)) void scores_n(const float *q, int64_t qhs, const float *row, int64_t d,
+                                                           float scale, float *sc, int64_t t_max, const int n) {
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t x = 0; x < d; x += 8) {
+        v8 kv = ld8(row + x);
+        a0 += ld8(q + x) * kv;
+        if (n > 1) a1 += ld8(q + qhs + x) * kv;
+        if (n > 2) a2 += ld8(q + 2 * qhs + x) * kv;
+        if (n > 3) a3 += ld8(q + 3 * qhs + x) * kv;
+    }
+#ifdef __AVX__
+    if (n > 1) {  /* the four sums at once: pairwise adds, then the two 128-bit halves */
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps((__m256)a0, (__m256)a1), _mm256_hadd_ps((__m256)a2, (__m256)a3));
+        float r[4];
+        _mm_storeu_ps(r, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)),
+                                    _mm_set1_ps(scale)));
+        for (int j = 0; j < n; j++) sc[j * t_max] = r[j];
+        return;
+    }
+#endif
+    sc[0] = hsum8(a0) * scale;
+    if (n > 1) sc[t_max] = hsum8(a1) * scale;
+    if (n > 2) sc[2 * t_max] = hsum8(a2) * scale;
+    if (n > 3) sc[3 * t_max] = hsum8(a3) * scale;
+}
+
+/* the g query heads of one KV head against one K row, 4 at a time */
+static inline void scores_row(const float *q, int64_t qhs, const float *row, int64_t g, int64_t d, float scale,
+                              float *sc, int64_t t_max) {
+    for (int64_t j = 0; j < g; j += 4) {
+        const float *qj = q + j * qhs;
+        float *sj = sc + j * t_max;
+        switch (g - j) {
+            case 1: scores_n(qj, qhs, row, d, scale, sj, t_max, 1); break;
+            case 2: scores_n(qj, qhs, row, d, scale, sj, t_max, 2); break;
+            case 3: scores_n(qj, qhs, row, d, scale, sj, t_max, 3); break;
+            default: scores_n(qj, qhs, row, d, scale, sj, t_max, 4);
+        }
+    }
+}
+
+/* a[x] += sum_i w[i] * tile[i][x] over n rows of d, the sum over rows in order, 32 outputs in registers */
+static inline void axpy_tile(const float *tile, int64_t n, int64_t d, const float *w, float *a) {
+    int64_t x = 0;
+    for (; x + 32 <= d; x += 32) {
+        v8 a0 = ld8(a + x), a1 = ld8(a + x + 8), a2 = ld8(a + x + 16), a3 = ld8(a + x + 24);
+        for (int64_t i = 0; i < n; i++) {
+            const float *r = tile + i * d + x;
+            float wi = w[i];
+            a0 += wi * ld8(r);
+            a1 += wi * ld8(r + 8);
+            a2 += wi * ld8(r + 16);
+            a3 += wi * ld8(r + 24);
+        }
+        memcpy(a + x, &a0, 32);
+        memcpy(a + x + 8, &a1, 32);
+        memcpy(a + x + 16, &a2, 32);
+        memcpy(a + x + 24, &a3, 32);
+    }
+    for (; x < d; x += 8) {
+        v8 a0 = ld8(a + x);
+        for (int64_t i = 0; i < n; i++) a0 += w[i] * ld8(tile + i * d + x);
+        memcpy(a + x, &a0, 32);
+    }
+}
+
 void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_stride, const side_t *ks,
                       const side_t *vs, const exact_t *ex, const int64_t *tables, int64_t width,
                       const int64_t *lens, int64_t n_seqs, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
@@ -284,9 +401,9 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
     (void)n_threads;
     for (int64_t h = 0; h < hkv; h++) {
         make_layout(ks->width ? ks->width + h * d : 0, ks->offset ? ks->offset + h * d : 0,
-                    ks->code == S_INT4 ? 4 : ks->bits, d, ks->row_bytes, klay + h);
+                    ks->code == S_INT4 ? 4 : ks->bits, d, ks->row_bytes, ks->groups, klay + h);
         make_layout(vs->width ? vs->width + h * d : 0, vs->offset ? vs->offset + h * d : 0,
-                    vs->code == S_INT4 ? 4 : vs->bits, d, vs->row_bytes, vlay + h);
+                    vs->code == S_INT4 ? 4 : vs->bits, d, vs->row_bytes, vs->groups, vlay + h);
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
     for (int64_t s = 0; s < n_seqs; s++) {
@@ -296,26 +413,30 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         float *o = out + s * hq * d, *sc = scores + s * hq * t_max;
         float kst[MAXHD], kzr[MAXHD], vst[MAXHD], vzr[MAXHD], row[MAXD];
         float oc[MAXHD], oe[MAXHD];  /* value accumulators: from codes (rotated frame), from exact rows */
+        float tile[TILE * MAXD];     /* decoded V rows of one tile */
+        float roped[MAXD];
         int64_t kblk = -1, vblk = -1;
         memset(o, 0, sizeof(float) * hq * d);
         if (len == 0) continue;
         /* 1. scores */
-        for (int64_t t = 0; t < len; t++) {
-            int64_t blk = table[t / bs], slot = blk * bs + t % bs;
+        for (int64_t t = 0, bi = 0; t < len; t++) {
+            if (t == (bi + 1) * bs) bi++;
+            int64_t blk = table[bi], slot = blk * bs + t - bi * bs;
             int exact = ex->windowed ? (t < ex->sink || len - 1 - t < ex->window)
                                      : (ex->map != 0 && ex->map[blk] >= 0);
             if (!exact && ks->code == S_KIVI && blk != kblk) { kivi_block(ks, blk, hkv, d, kst, kzr); kblk = blk; }
             for (int64_t h = 0; h < hkv; h++) {
+                const float *key = row;
                 if (exact) exact_row(ex, 0, table, t, bs, h, hkv, d, row);
                 else {
                     decode_row(ks, slot, h, hkv, d, kst, kzr, klay + h, row);
                     if (ks->cos) {
                         int64_t p = t < ks->n_pos ? t : ks->n_pos - 1;
-                        rope_row(row, ks->cos + p * d, ks->sin + p * d, d);
+                        rope_row(row, ks->cos + p * d, ks->sin + p * d, d, roped);
+                        key = roped;
                     }
                 }
-                for (int64_t j = 0; j < g; j++)
-                    sc[(h * g + j) * t_max + t] = dot(qs + (h * g + j) * q_head_stride, row, d) * scale;
+                scores_row(qs + h * g * q_head_stride, q_head_stride, key, g, d, scale, sc + h * g * t_max + t, t_max);
             }
         }
         /* 2. softmax numerators; norm = 1 / sum */
@@ -330,18 +451,20 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         int vex = ex->windowed && ex->v != 0;
         memset(oc, 0, sizeof(float) * hq * d);
         memset(oe, 0, sizeof(float) * hq * d);
-        for (int64_t t = 0; t < len; t++) {
-            int64_t blk = table[t / bs], slot = blk * bs + t % bs;
-            int exact = vex && (t < ex->sink || len - 1 - t < ex->window);
+        for (int64_t t0 = 0, t1; t0 < len; t0 = t1) {  /* tiles of <= TILE rows: one block, one kind */
+            int64_t bi = t0 / bs, blk = table[bi], lim = (bi + 1) * bs < len ? (bi + 1) * bs : len;
+            int exact = vex && (t0 < ex->sink || len - 1 - t0 < ex->window);
+            if (lim > t0 + TILE) lim = t0 + TILE;
+            for (t1 = t0 + 1; t1 < lim && (vex && (t1 < ex->sink || len - 1 - t1 < ex->window)) == exact; t1++) {}
             if (!exact && vs->code == S_KIVI && blk != vblk) { kivi_block(vs, blk, hkv, d, vst, vzr); vblk = blk; }
             for (int64_t h = 0; h < hkv; h++) {
                 float *acc = exact ? oe : oc;
-                if (exact) exact_row(ex, 1, table, t, bs, h, hkv, d, row);
-                else decode_row(vs, slot, h, hkv, d, vst, vzr, vlay + h, row);
-                for (int64_t j = 0; j < g; j++) {
-                    float w = sc[(h * g + j) * t_max + t], *a = acc + (h * g + j) * d;
-                    for (int64_t c = 0; c < d; c++) a[c] += w * row[c];
+                for (int64_t t = t0; t < t1; t++) {
+                    if (exact) exact_row(ex, 1, table, t, bs, h, hkv, d, tile + (t - t0) * d);
+                    else decode_row(vs, blk * bs + t - bi * bs, h, hkv, d, vst, vzr, vlay + h, tile + (t - t0) * d);
                 }
+                for (int64_t j = 0; j < g; j++)
+                    axpy_tile(tile, t1 - t0, d, sc + (h * g + j) * t_max + t0, acc + (h * g + j) * d);
             }
         }
         /* 4. rotate the code part back (out = oc @ H^T), add the exact part, normalise */
