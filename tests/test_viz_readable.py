@@ -148,6 +148,9 @@ def _builders():
         ("quant.key_outlier_heatmap", lambda: QV.key_outlier_heatmap(ch)),
         ("quant.pareto, the shipped full 05 study", lambda: QV.pareto(_precomputed("study"), 2048)),
         ("quant.layer_heatmap, the shipped sensitivity", lambda: QV.layer_heatmap(_precomputed("sensitivity"), "kld_mean")),
+        ("quant.quality_and_speed, the shipped front and cost run", lambda: QV.quality_and_speed(
+            _precomputed("front").query("protocol == 'lic19' and group != 'other split formats'"),  # as notebook 05
+            _precomputed("llamacpp"), _precomputed("cost"))),
         ("tiers.sharing_figure, the shipped 29 pairs", lambda: TV.sharing_figure(_precomputed("sharing", "08"))),
         ("tiers.sharing_figure, 10 labelled pairs", lambda: TV.sharing_figure(_every_third_pair(_precomputed("sharing", "08")))),
         ("tiers.tier_figure, the shipped run", lambda: TV.tier_figure(_precomputed("tiers", "08"))),

@@ -116,9 +116,11 @@ def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFram
                         hovertemplate="%{text}<br>%{x:.3g} bits/value<br>step x base %{y:.2f}<extra></extra>")
     fig.add_hline(y=1.0, line=dict(dash="dot", width=1), row=1, col=2)
     fig.update_yaxes(type="log", dtick=1, title_text="mean KL divergence (log)", row=1, col=1)
-    fig.update_yaxes(title_text="decode step x base (lower is faster)", row=1, col=2)
+    lo, hi = (float(cost.x_base.min()), float(cost.x_base.max())) if len(cost) else (1.0, 1.0)
+    fig.update_yaxes(title_text="decode time x base (lower is faster)",  # room for the labels above the top one
+                     range=[min(0.8, lo - 0.05), max(1.0, hi) + 0.12], row=1, col=2)
     fig.update_xaxes(title_text="bits per value", row=1, col=1)
-    fig.update_xaxes(title_text="bits per value", type="log", row=1, col=2)
+    fig.update_xaxes(title_text="bits per value", type="log", tickvals=[2, 3, 4, 5, 8, 16, 32], row=1, col=2)
     fig.update_layout(height=520, legend=dict(orientation="h", y=-0.22), margin=dict(b=150))
     return fig
 
