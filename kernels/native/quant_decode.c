@@ -46,8 +46,8 @@ typedef struct {
 
 static inline float h2f(uint16_t h) {
 #ifdef __F16C__
-    return _cvtsh_ss(h);  /* fp16 -> fp32 is exact: the same value as below */
-#endif
+    return _cvtsh_ss(h);  /* fp16 -> fp32 is exact: the same value as the portable path */
+#else
     uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, b;
     if (e == 0x1f) b = s | 0x7f800000u | (m << 13);
     else if (e) b = s | ((e + 112u) << 23) | (m << 13);
@@ -58,6 +58,7 @@ static inline float h2f(uint16_t h) {
     float f;
     memcpy(&f, &b, 4);
     return f;
+#endif
 }
 
 static inline float bf2f(uint16_t h) {
@@ -448,14 +449,15 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
             norm[i] = 1.0f / sum;
         }
         /* 3. values */
-        int vex = ex->windowed && ex->v != 0;
+        int vex = ex->windowed && ex->v != 0;  /* V rows of the sink and window are read exactly */
+#define V_EXACT(t) (vex && ((t) < ex->sink || len - 1 - (t) < ex->window))
         memset(oc, 0, sizeof(float) * hq * d);
         memset(oe, 0, sizeof(float) * hq * d);
         for (int64_t t0 = 0, t1; t0 < len; t0 = t1) {  /* tiles of <= TILE rows: one block, one kind */
             int64_t bi = t0 / bs, blk = table[bi], lim = (bi + 1) * bs < len ? (bi + 1) * bs : len;
-            int exact = vex && (t0 < ex->sink || len - 1 - t0 < ex->window);
+            int exact = V_EXACT(t0);
             if (lim > t0 + TILE) lim = t0 + TILE;
-            for (t1 = t0 + 1; t1 < lim && (vex && (t1 < ex->sink || len - 1 - t1 < ex->window)) == exact; t1++) {}
+            for (t1 = t0 + 1; t1 < lim && V_EXACT(t1) == exact; t1++) {}
             if (!exact && vs->code == S_KIVI && blk != vblk) { kivi_block(vs, blk, hkv, d, vst, vzr); vblk = blk; }
             for (int64_t h = 0; h < hkv; h++) {
                 float *acc = exact ? oe : oc;
@@ -467,6 +469,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
                     axpy_tile(tile, t1 - t0, d, sc + (h * g + j) * t_max + t0, acc + (h * g + j) * d);
             }
         }
+#undef V_EXACT
         /* 4. rotate the code part back (out = oc @ H^T), add the exact part, normalise */
         for (int64_t i = 0; i < hq; i++) {
             float *a = oc + i * d, *b = oe + i * d, *y = o + i * d;
