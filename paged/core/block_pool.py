@@ -236,6 +236,12 @@ class BlockPool:
     def lookup(self, block_hash: Hashable) -> Block | None:
         return self.index.get(block_hash)
 
+    def new_cid(self) -> int:
+        """A content id never given before (for content that arrives from outside this pool, such
+        as a pooled tier's remote copy)."""
+        cid, self._next_cid = self._next_cid, self._next_cid + 1
+        return cid
+
     def restore_hits(self, block: Block, hits: int) -> None:
         """Give used ``block`` the hit count its content had in another tier (a host-tier hit)."""
         if block.ref_cnt < 1:

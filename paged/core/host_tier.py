@@ -38,7 +38,7 @@ class HostBlock:
                  "prev", "next")
     ref_cnt = 0  # never held by a request: a hit on it costs one new GPU block (the manager's count)
 
-    def __init__(self, cpu: int, block: Block) -> None:
+    def __init__(self, cpu: int, block: "Block | HostBlock") -> None:
         self.block_id = cpu
         self.block_hash = block.block_hash
         self.token_ids = block.token_ids
@@ -92,6 +92,26 @@ class HostTier:
         self.recorder.emit(ev.TIER_OUT, None, block.block_id, cpu)
         return True
 
+    def receive(self, source: HostBlock, cid: int, parent_cid: int) -> HostBlock | None:
+        """Keep a copy of another node's entry ``source`` (a pooled tier's remote hit: the network
+        wrote it into host memory, so no copy is planned) under this manager's content ids ``cid``
+        (new) and ``parent_cid`` (the content it follows here), as the most recent entry, evicting
+        the least recent one if no CPU block is free. None, and nothing changed, when nothing fits
+        or the hash is already here."""
+        if source.block_hash in self.entries or (not self.free and not self._evict_one()):
+            return None
+        entry = HostBlock(self.free.pop(), source)
+        entry.cid, entry.parent_cid = cid, parent_cid
+        self.entries[entry.block_hash] = entry
+        self.policy.add(entry)
+        return entry
+
+    def refresh(self, entry: HostBlock) -> None:
+        """``entry`` was just read (by another node): it becomes the most recent for eviction."""
+        entry.hits += 1
+        self.policy.remove(entry)
+        self.policy.add(entry)
+
     def take(self, entry: HostBlock) -> None:
         """Remove a hit entry from the tier (index and policy) before it is brought back."""
         self.policy.remove(entry)
@@ -137,9 +157,9 @@ class HostTier:
                    block_size: int) -> list[Block]:
         """Take a prefix hit over both tiers (``prefix_cache.find_cached_prefix`` over this tier's
         ``entries`` too; the caller checked the pool's room) and return the GPU blocks of the
-        request's new table, in order: the GPU blocks are revived, each host entry gets a new GPU block indexed under its hash and content id and a
-        planned copy back (an allocation here may demote other cached-free blocks, never these).
-        Emits a ``prefix_hit`` per block."""
+        request's new table, in order: the GPU blocks are revived, each host entry gets a new GPU
+        block indexed under its hash and content id and a planned copy back (an allocation here may
+        demote other cached-free blocks, never these). Emits a ``prefix_hit`` per block."""
         entries = [e for e in cached if isinstance(e, HostBlock)]
         for e in cached:
             if isinstance(e, HostBlock):

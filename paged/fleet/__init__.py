@@ -7,7 +7,8 @@
 Modules: ``caches`` (a replica's cache as its KV events rebuild it, and as the router guesses it),
 ``routers`` (the policies and their decisions), ``dispatch`` (what was sent where; the routing
 record), ``live`` (the router in front of engines that publish vLLM's KV events), ``pool`` (per-node DRAM
-caches pooled over a network; ``pool_study``: Mooncake's global vs local).
+caches pooled over a network; ``pool_study``: Mooncake's global vs local), ``host_pool`` (the replicas' own
+host tiers pooled inside a running ``SimFleet``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ _NAMES = {
     "ROUTERS": "routers", "make_router": "routers", "Router": "routers", "ReplicaView": "routers",
     "Decision": "routers",
     "Dispatcher": "dispatch", "ReplicaState": "dispatch",
-    "PooledTier": "pool", "Network": "pool",
+    "PooledTier": "pool", "Network": "pool", "PooledHostTiers": "host_pool",
     "LiveFleet": "live", "EngineReplica": "live", "ServerReplica": "live", "Arrival": "live",
 }
 

@@ -15,6 +15,11 @@ to end, as it would on a real engine) and the request joins the chosen replica's
 are the simulator's synthetic ones (shared ``prefix_id`` = shared tokens), made once, so every
 policy routes exactly the same requests.
 
+With ``pooled=Network(...)`` the replicas' host tiers are one pool (``paged.fleet.host_pool``):
+a routed request first copies what other nodes' host tiers hold of its prefix into its replica's
+host tier and joins the queue when that transfer is done (its TTFT includes it); each request's
+``num_remote_blocks`` and the summary's ``remote_*`` / ``network_*`` say what crossed the network.
+
 A replica can go away mid-run (``run(trace, down_at={2: 30.0})``): it is marked down
 (``ReplicaDownWarning``), the requests it had not finished are aborted there (blocks freed) and
 routed again at that moment, keeping their arrival time (their TTFT includes the loss).
@@ -41,7 +46,9 @@ from paged.sim.simulator import SimulationStuck
 from paged.sim.workload import normalize_trace
 
 from .dispatch import Dispatcher, ReplicaState
+from .host_pool import PooledHostTiers
 from .live import Arrival
+from .pool import Network
 from .routers import make_router
 from .sim_replica import RequestStamps, SimReplica
 
@@ -61,10 +68,11 @@ class SimFleet:
     """See the module docstring. ``configs``: one ``SimConfig`` per replica (or one config and
     ``num_replicas``); ``router``: a name of ``paged.fleet.ROUTERS`` with ``router_options``, or a
     Router; ``precise``: build each replica's precise view from its KV events (off: only the
-    router's approximate guess exists, and the precise policies refuse)."""
+    router's approximate guess exists, and the precise policies refuse); ``pooled``: the network
+    over which the replicas' host tiers are pooled (None: each node's tier is its own)."""
 
     def __init__(self, configs: Any, router: Any = "round_robin", *, num_replicas: int | None = None,
-                 precise: bool = True, seed: int = 0, **router_options: Any) -> None:
+                 precise: bool = True, seed: int = 0, pooled: Network | None = None, **router_options: Any) -> None:
         if not isinstance(configs, (list, tuple)):
             configs = [configs] * (1 if num_replicas is None else num_replicas)
         elif num_replicas is not None and num_replicas != len(configs):
@@ -83,6 +91,7 @@ class SimFleet:
             raise ConfigError(f"replicas serve models with different vocabularies {sorted(vocab)}; a fleet serves "
                               "one model (its replicas may differ in GPU and tensor-parallel degree)")
         self.vocab_size, self.seed = vocab.pop(), seed
+        self.pool = PooledHostTiers(self.replicas, pooled) if pooled is not None else None
         self.dispatcher = Dispatcher(self.router, [ReplicaState(r.index, r.name, r.block_size, r.num_blocks,
                                                                 r.precise) for r in self.replicas])
         self.wall_s = 0.0
@@ -105,6 +114,7 @@ class SimFleet:
         self.stamps: list[RequestStamps | None] = [None] * a.n
         self.rejected: list[tuple[int, str]] = []
         self.inflight: dict[str, Arrival] = {}
+        self.fetching: list[tuple[float, int, int, Request]] = []   # heap: (ready time, row, replica, request)
         reps, d = self.replicas, self.dispatcher
         self.ready: list[tuple[float, int]] = []   # heap of (clock, index): busy replicas that can step
         self.queued: set[int] = set()             # replicas with an entry in ``ready``
@@ -112,7 +122,8 @@ class SimFleet:
         times, n, nxt = a.time, a.n, a.next
         t_arrival = float(times[0]) if n else math.inf
         while True:
-            t_next = min(t_arrival, failures[0][0] if failures else math.inf)
+            t_next = min(t_arrival, failures[0][0] if failures else math.inf,
+                         self.fetching[0][0] if self.fetching else math.inf)
             r = self.earliest()
             if r is not None and r.now <= t_next:
                 heapq.heappop(self.ready)
@@ -137,6 +148,10 @@ class SimFleet:
             stalled.clear()
             if failures and failures[0][0] <= t_next:
                 self.fail(failures.pop(0)[1], t_next)
+                continue
+            if self.fetching and self.fetching[0][0] <= t_next:
+                _, i, k, req = heapq.heappop(self.fetching)
+                self.queue(i, k, req)
                 continue
             i = nxt
             nxt = a.next = i + 1
@@ -171,22 +186,39 @@ class SimFleet:
         k = self.dispatcher.route(arrival, t, [x.kv_usage() for x in self.replicas])
         st = self.stamps[i] = RequestStamps(i, k, arrived)
         st.num_reroutes = reroutes
+        self.inflight[arrival.request_id] = arrival
+        req = Request(arrival.request_id, list(arrival.prompt_token_ids), arrival.max_tokens, arrival_time=t, data=st)
+        if self.pool is not None:
+            f = self.pool.fetch(k, arrival.prompt_token_ids, [x.index for x in self.dispatcher.replicas if x.up])
+            st.num_remote_blocks = f.num_blocks
+            if f.seconds > 0:   # it joins the queue once its remote blocks have crossed the network
+                req.arrival_time = t + f.seconds
+                heapq.heappush(self.fetching, (req.arrival_time, i, k, req))
+                return
+        self.queue(i, k, req)
+
+    def queue(self, i: int, k: int, request: Request) -> None:
+        """Queue trace row ``i``'s ``request`` on replica ``k`` (rejected if it can never fit there)."""
         try:
-            self.replicas[k].add(Request(arrival.request_id, list(arrival.prompt_token_ids), arrival.max_tokens,
-                                         arrival_time=t, data=st))
+            self.replicas[k].add(request)
         except InvalidRequestError as e:
             self.rejected.append((i, str(e)))
-            self.dispatcher.finished(k, arrival.request_id)
+            self.dispatcher.finished(k, request.request_id)
+            self.inflight.pop(request.request_id, None)
             return
-        self.inflight[arrival.request_id] = arrival
         self.enqueue(self.replicas[k])
 
     def fail(self, index: int, t: float) -> None:
         """Replica ``index`` goes away at ``t``: abort what it holds, route it again (ReplicaDownWarning)."""
         r = self.replicas[index]
         lost = self.dispatcher.mark_down(index, f"simulated failure at t={t:.3f} s")
+        moving = {req.request_id for _, _, k, req in self.fetching if k == index}   # not queued there yet
+        if moving:
+            self.fetching = [x for x in self.fetching if x[2] != index]
+            heapq.heapify(self.fetching)
         for rid in lost:
-            r.scheduler.abort(rid)
+            if rid not in moving:
+                r.scheduler.abort(rid)
         r.scheduler.take_finished()
         r.take_finished()
         for rid in lost:
@@ -202,9 +234,10 @@ class SimFleet:
             row = telemetry.request_row(str(i), s.arrival, int(P[i]), int(O[i]), s.first_scheduled, s.first_token,
                                         s.last_token, s.finish, s.num_token_steps, s.num_preemptions,
                                         s.num_cached_tokens)
-            row["replica"], row["num_reroutes"] = s.replica, s.num_reroutes
+            row.update(replica=s.replica, num_reroutes=s.num_reroutes, num_remote_blocks=s.num_remote_blocks)
             rows.append(row)
-        reqs = pd.DataFrame(rows, columns=list(telemetry.REQUEST_COLUMNS) + ["replica", "num_reroutes"])
+        reqs = pd.DataFrame(rows, columns=list(telemetry.REQUEST_COLUMNS) + ["replica", "num_reroutes",
+                                                                             "num_remote_blocks"])
         reqs["rejected"] = False
         reqs.loc[[i for i, _ in rejected], "rejected"] = True
         steps = telemetry.steps_frame([rec for r in self.replicas for rec in r.records])  # no row tuples
@@ -214,6 +247,8 @@ class SimFleet:
         per = pd.DataFrame([self.replica_summary(r, reqs[reqs["replica"] == r.index]) for r in self.replicas])
         summary = fleet_summary(reqs, per, self.router.name, self.wall_s)
         summary["num_blocks_in_use_at_end"] = int(sum(r.kv.num_used_blocks for r in self.replicas))
+        if self.pool is not None:
+            summary.update(self.pool.summary())
         known = routing[routing["precise_blocks"] >= 0]
         diff = (known["approx_blocks"] - known["precise_blocks"]).to_numpy()
         summary["view_agree"] = float((diff == 0).mean()) if len(diff) else float("nan")   # guess == stream

@@ -36,12 +36,13 @@ class RequestStamps:
     """Simulated-clock stamps of one request on its replica (None: not yet)."""
 
     __slots__ = ("index", "replica", "arrival", "first_scheduled", "first_token", "last_token", "finish",
-                 "num_token_steps", "num_preemptions", "num_cached_tokens", "num_reroutes")
+                 "num_token_steps", "num_preemptions", "num_cached_tokens", "num_reroutes", "num_remote_blocks")
 
     def __init__(self, index: int, replica: int, arrival: float) -> None:
         self.index, self.replica, self.arrival = index, replica, arrival
         self.first_scheduled = self.first_token = self.last_token = self.finish = None
         self.num_token_steps = self.num_preemptions = self.num_cached_tokens = self.num_reroutes = 0
+        self.num_remote_blocks = 0   # blocks a pooled host tier copied from other nodes for it
 
 
 class SimReplica:
@@ -54,6 +55,8 @@ class SimReplica:
         self.index, self.name, self.config = index, name, config
         self.model, self.num_blocks, self.block_size = sim.model, sim.num_blocks, config.block_size
         self.max_model_len = sim.max_model_len
+        # one block's host bytes over all the replica's GPUs: what a pooled tier's transfer moves
+        self.host_block_bytes = sim.host_block_bytes * config.tensor_parallel
         self.scheduler, self.kv, self.recorder = sim.scheduler, sim.kv, sim.recorder
         self.clock = SimulatedClock()
         self.loop = StepLoop(sim.scheduler, RooflineExecutor(sim.cost, sim.block_bytes), self.clock, observer=self)

@@ -4,6 +4,7 @@
     compare_policies(num_replicas=8)                          # one row per policy, same requests
     hot_prefix_study(hot_share=0.7)                           # affinity vs the load term on a hot prefix
     mooncake_policies(1000, num_replicas=8)                   # each policy on Mooncake's conversation trace
+    pooled_host_tiers(500, num_replicas=8)                    # host tiers each its own, then pooled
 
 Every run builds its replicas from one ``SimConfig`` (``model``, ``gpu``, ``tensor_parallel``,
 ``block_size``, ``num_blocks``: None = what the GPUs hold) and routes ``shared_prefix_trace``.
@@ -80,3 +81,23 @@ def mooncake_policies(num_requests: int | None = 1000, num_replicas: int = 8,
         df["hit_rate_vs_rr"] = df["hit_rate"] / rr["hit_rate"] if rr["hit_rate"] else float("nan")
         df["ttft_p99_vs_rr"] = df["ttft_p99_s"] / rr["ttft_p99_s"]
     return df
+
+
+def pooled_host_tiers(num_requests: int | None = 500, num_replicas: int = 8,
+                      policies: Sequence[str] = ("round_robin", "cache_aware"), model: str = "llama-3.1-70b",
+                      gpu: str = "a100-80gb", tensor_parallel: int = 8, num_blocks: int | None = 16384,
+                      swap_space_gib: float = 512.0, trace: str = "conversation") -> pd.DataFrame:
+    """Each policy on the first ``num_requests`` of a Mooncake trace with every replica's host
+    tier its own, then pooled (``SimFleet(pooled=Network())``, ``paged.fleet.host_pool``): one
+    row per (policy, pooled). ``num_blocks`` GPU blocks per replica (262k tokens, a small share of what
+    the GPUs hold, so prefixes reach the host tiers within 500 requests; None: all of it) and
+    ``swap_space_gib`` of host memory for its tier."""
+    from paged.sim.trace_files import mooncake_trace
+
+    from .pool import Network
+    tr = mooncake_trace(trace, num_requests)
+    cfg = SimConfig(model=model, gpu=gpu, tensor_parallel=tensor_parallel, block_size=16, num_blocks=num_blocks,
+                    enable_host_tier=True, swap_space_gib=swap_space_gib)
+    rows = [{**SimFleet(cfg, p, num_replicas=num_replicas, pooled=net).run(tr).summary, "pooled": net is not None}
+            for p in policies for net in (None, Network())]
+    return pd.DataFrame(rows)

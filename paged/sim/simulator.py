@@ -119,10 +119,11 @@ class Simulator:
         self.num_blocks = self._num_blocks()
         self.recorder: Recorder = Recorder() if cfg.record_events else NullRecorder()
         self.layout = model.kv_layout(self.kv_format.name, cfg.tensor_parallel, cfg.block_size)  # groups, pages
+        # a block's bytes in host memory (and over a network): fewer with swap compression
+        self.host_block_bytes = self.block_bytes * swap_bytes_ratio(cfg.swap_compression, model.head_dim,
+                                                                    self.kv_format.name, cfg.block_size)
         if cfg.allocator == "paged":
-            host_block = self.block_bytes * swap_bytes_ratio(cfg.swap_compression, model.head_dim,
-                                                             self.kv_format.name, cfg.block_size)  # compressed: smaller
-            num_cpu = cpu_pool_blocks(cfg.cache, cfg.preemption_mode, self.num_blocks, host_block,
+            num_cpu = cpu_pool_blocks(cfg.cache, cfg.preemption_mode, self.num_blocks, self.host_block_bytes,
                                       default_swap_space_gib=DEFAULT_SWAP_SPACE_GIB)
             self.kv: KVCache = build_kv_manager(cfg.cache, self.num_blocks, num_cpu_blocks=num_cpu,
                                                 max_model_len=self.max_model_len, recorder=self.recorder,
