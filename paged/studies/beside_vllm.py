@@ -84,23 +84,20 @@ def scheduler_questions(llm: Any, speaker: Any, ours_source: Any, client: Any, s
     for mode in modes:
         client.reset_prefix_cache()
         llm.kv_manager.reset_prefix_cache()
-        if mode == "sequential":
-            def ours() -> None:
-                for p in prompts:
-                    llm.generate([p], sp)
-                speaker.update_metrics()
+        sequential = mode == "sequential"
 
-            def theirs() -> None:
+        def ours() -> None:
+            for batch in ([[p] for p in prompts] if sequential else [list(prompts)]):
+                llm.generate(batch, sp)
+            speaker.update_metrics()
+
+        def theirs() -> None:
+            if sequential:
                 for p in prompts:
                     client.complete(p, max_tokens=max_tokens)
-        else:
-            def ours() -> None:
-                llm.generate(list(prompts), sp)
-                speaker.update_metrics()
-
-            def theirs() -> None:
-                with ThreadPoolExecutor(len(prompts)) as ex:
-                    list(ex.map(lambda p: client.complete(p, max_tokens=max_tokens, timeout=600), prompts))
+                return
+            with ThreadPoolExecutor(len(prompts)) as ex:
+                list(ex.map(lambda p: client.complete(p, max_tokens=max_tokens, timeout=600), prompts))
         o, v = measure(ours_source, ours), measure(server_source, theirs)
         shared = len(o["hashes"] & v["hashes"])
         for engine, m in (("ours", o), ("vllm", v)):

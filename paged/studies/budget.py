@@ -87,11 +87,6 @@ def tokens_for_waste(waste: float, reserved: int) -> float:
     return reserved * (1.0 - waste)
 
 
-def requests_that_fit(model: str | ModelSpec, tokens: int, memory_bytes: float, kv_format: str = "fp16") -> float:
-    """How many ``tokens``-token requests' KV fit in ``memory_bytes`` (a fraction: the budget's reading)."""
-    return memory_bytes / float(request_kv_bytes(model, tokens, kv_format))
-
-
 def batch_budget(model: str | ModelSpec, context: int, batch: int, kv_format: str = "fp16",
                  gpu: str = "a100-80gb", tensor_parallel: int = 1) -> dict[str, float]:
     """One configuration in numbers, per GPU: KV bytes per token, request and batch, and the GPU's room for it.
@@ -174,4 +169,4 @@ def workload_lengths(workload: str = "sharegpt", num_requests: int = 1000, max_l
 
 
 __all__ = ["GB", "LLAMA_65B", "batch_budget", "layout_formula", "check_claims", "kv_bytes", "model_choices", "model_spec", "paged_waste",
-           "request_kv_bytes", "requests_that_fit", "reservation_waste", "tokens_for_waste", "workload_lengths"]
+           "request_kv_bytes", "reservation_waste", "tokens_for_waste", "workload_lengths"]

@@ -42,13 +42,9 @@ SYSTEM = ("You are a concise assistant for a workshop on memory management in la
 
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     """`n` chat prompts (token ids) that share the system prompt."""
-    out = []
-    for i in range(n):
-        q = QUESTIONS[i % len(QUESTIONS)]
-        text = tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM},
-                                              {"role": "user", "content": q}])
-        out.append(tokenizer.encode(text, add_special_tokens=False))
-    return out
+    chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+             for i in range(n)]
+    return [tokenizer.encode(tokenizer.apply_chat_template(c), add_special_tokens=False) for c in chats]
 
 
 def engine_run(loaded, *, num_requests: int = 12, max_tokens: int = 48, num_blocks: int = 40,
