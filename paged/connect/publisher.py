@@ -11,6 +11,7 @@ batch]``, seq 0, 1, 2, ...; the last ``buffer_steps`` batches stay in memory, an
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -81,10 +82,8 @@ class KVEventPublisher:
             self.seq += 1
             self._buffer.append((seq, payload))
         if self._pub is not None:
-            try:
+            with contextlib.suppress(zmq.Again):  # PUB drops at the high-water mark; the replay buffer has it
                 self._pub.send_multipart(encode_frames(self.topic, seq, payload), flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # PUB drops at the high-water mark; the replay buffer still has it
         self.num_events += len(events)
         return seq
 

@@ -16,6 +16,7 @@ Facts from /work/shared/VLLM_CPU.md: block sizes must be multiples of 32 on CPU;
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -186,13 +187,11 @@ class VLLMServer(Client):
                 tail = self.log_tail()
                 self.cleanup()
                 raise ConnectError(f"the vLLM server exited with code {self.proc.returncode} during start-up:\n{tail}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2.0) as r:  # noqa: S310
-                    if r.status == 200:
-                        self.startup_s = time.monotonic() - self._t_start
-                        return self.startup_s
-            except (urllib.error.URLError, OSError, TimeoutError):
-                pass
+            with contextlib.suppress(urllib.error.URLError, OSError, TimeoutError), \
+                    urllib.request.urlopen(f"{self.base_url}/health", timeout=2.0) as r:  # noqa: S310
+                if r.status == 200:
+                    self.startup_s = time.monotonic() - self._t_start
+                    return self.startup_s
             if time.monotonic() > deadline:
                 tail = self.log_tail()
                 self.cleanup()
@@ -212,23 +211,15 @@ class VLLMServer(Client):
         """SIGTERM the server's process group, SIGKILL what is left after ``timeout`` (idempotent)."""
         p = self.proc
         if p is not None and p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         if p is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)  # workers left in the group
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
         if getattr(self, "_log", None) is not None:
             self._log.close()
             self._log = None

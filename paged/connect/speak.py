@@ -25,6 +25,7 @@ hashes equal a vLLM server's for the same tokens (``paged.connect.vllm_hash``).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
@@ -199,10 +200,8 @@ class EngineSpeaker:
 def _close_quietly(publisher: KVEventPublisher | None, metrics: MetricsExporter | None) -> None:
     for x in (publisher, metrics):
         if x is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing at exit must not raise
                 x.close()
-            except Exception:  # noqa: BLE001 - closing at exit must not raise
-                pass
 
 
 def publish(llm_or_engine: Any, kv_events_endpoint: Any = None, metrics_port: int | None = None,

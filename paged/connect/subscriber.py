@@ -17,6 +17,7 @@ disconnect is a warning, and ZMQ reconnects by itself.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections import Counter, OrderedDict
@@ -148,10 +149,8 @@ class KVEventSubscriber:
             # (a PAIR socket without a peer would block that send, and close() with it)
             while self._mon.poll(0):
                 self._mon.recv_multipart()
-            try:
+            with contextlib.suppress(zmq.ZMQError):
                 self._sub.disable_monitor()
-            except zmq.ZMQError:
-                pass
         for s in (self._mon, self._sub):
             if s is not None:
                 s.close(linger=0)
