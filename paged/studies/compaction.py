@@ -53,15 +53,14 @@ def _times(fns: Sequence[Callable[[], object]], rounds: int) -> tuple[list[float
     for fn in fns:
         for _ in range(3):
             fn()
-    per_round = []
-    for _ in range(rounds):
-        t = []
-        for fn in fns:
-            t0 = time.thread_time()
-            fn()
-            t.append((time.thread_time() - t0) * 1e3)
-        per_round.append(t)
+    per_round = [[_ms(fn) for fn in fns] for _ in range(rounds)]
     return [min(r[i] for r in per_round) for i in range(len(fns))], per_round
+
+
+def _ms(fn: Callable[[], object]) -> float:
+    t0 = time.thread_time()
+    fn()
+    return (time.thread_time() - t0) * 1e3
 
 
 def _ratio(per_round: list[list[float]], i: int, j: int) -> float:

@@ -120,7 +120,6 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-
 def _workload(num_requests: int, num_prefixes: int, prefix_len: int, vocab: int, prefix_zipf: float,
               seed: int) -> list[list[int]]:
     rng = random.Random(seed)

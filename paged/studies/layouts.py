@@ -88,8 +88,8 @@ def hybrid_vs_full(trace: pd.DataFrame, model: str = "gpt-oss-120b", gpu: str = 
     m = get_model(model)
     rows = []
     for variant, spec in (("hybrid pool", m), ("every layer full", every_layer_full(m))):
-        cfg = SimConfig(model=spec, gpu=gpu, tensor_parallel=tensor_parallel, kv_cache_memory_bytes=kv_cache_memory_bytes, **sim_kw)
-        sim = Simulator(cfg)
+        sim = Simulator(SimConfig(model=spec, gpu=gpu, tensor_parallel=tensor_parallel,
+                                  kv_cache_memory_bytes=kv_cache_memory_bytes, **sim_kw))
         res = sim.run(trace)
         s, steps = res.summary, res.steps
         rows.append({"variant": variant, "num_kv_pages": sim.num_blocks, "page_bytes": sim.block_bytes,

@@ -68,13 +68,9 @@ def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_par
     df.insert(1, "kv_fraction", [p["_pressure"] for p in pts])
     ratio = [swap_bytes_ratio(p["swap_compression"], get_model(model).head_dim) for p in pts]
     df["link_gb"] = df["num_swapped_blocks"].to_numpy() * sizing.bytes_per_block * np.array(ratio) / 1e9
-    keys = ["kv_fraction", "rate"]
-    idx = pd.MultiIndex.from_frame(df[keys])
     for ref, col in (("recompute", "vs_recompute"), ("swap sync", "vs_swap_sync")):
-        ref_rows = df[df["variant"] == ref].set_index(keys)
         for m in ("throughput_tok_s", "tbt_p50_s", "tbt_p99_s", "ttft_p50_s"):
-            name = m.removesuffix("_s").removesuffix("_tok") + f"_{col}"
-            df[name] = df[m].to_numpy() / ref_rows[m].reindex(idx).to_numpy()
+            df[m.removesuffix("_s").removesuffix("_tok") + f"_{col}"] = _vs(df, ["kv_fraction", "rate"], ref, m)
     cols = ["variant", "kv_fraction", "rate", "num_kv_blocks", "throughput_tok_s", "throughput_vs_recompute",
             "throughput_vs_swap_sync", "tbt_p50_s", "tbt_p99_s", "tbt_p50_vs_recompute", "tbt_p99_vs_recompute",
             "tbt_p99_vs_swap_sync", "ttft_p50_s", "ttft_p99_s", "ttft_p50_vs_recompute", "num_preemptions",
@@ -82,6 +78,12 @@ def offload_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_par
     out = df[cols].reset_index(drop=True)
     out.attrs["config"] = dict(base, blocks_that_fit=fit, latency_load=latency_load)
     return out
+
+
+def _vs(df: pd.DataFrame, keys: list[str], ref: str, col: str, num: str | None = None) -> np.ndarray:
+    """Each row's ``num`` (default ``col``) over ``col`` of the ``variant == ref`` row with the same ``keys``."""
+    base = df[df["variant"] == ref].set_index(keys)[col]
+    return df[num or col].to_numpy() / base.reindex(pd.MultiIndex.from_frame(df[keys])).to_numpy()
 
 
 def _step(cm: CostModel, batch: int, ctx: int, streamed_tokens: float) -> float:
@@ -134,11 +136,9 @@ def streaming_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_p
                     rows.append(best)
     df = pd.DataFrame(rows)
     key = ["kv_fraction", "context"]
-    ref = df[df["variant"] == "device only"].set_index(key)
-    idx = pd.MultiIndex.from_frame(df[key])
-    df["throughput_vs_device"] = df["throughput_tok_s"].to_numpy() / ref["throughput_tok_s"].reindex(idx).to_numpy()
-    df["tbt_vs_device"] = df["tbt_s"].to_numpy() / ref["tbt_s"].reindex(idx).to_numpy()
-    df["tbt_2x_vs_device"] = df["tbt_2x_s"].to_numpy() / ref["tbt_s"].reindex(idx).to_numpy()
+    df["throughput_vs_device"] = _vs(df, key, "device only", "throughput_tok_s")
+    df["tbt_vs_device"] = _vs(df, key, "device only", "tbt_s")
+    df["tbt_2x_vs_device"] = _vs(df, key, "device only", "tbt_s", "tbt_2x_s")
     df.attrs["config"] = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, kv_tokens=sizing.num_tokens,
                               link_gb_s=CostModel(m, gpu).gpu.pcie_bandwidth / 1e9)
     return df

@@ -48,11 +48,8 @@ def _jsonable(v):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return str(v)
+    plain = v is None or isinstance(v, (str, int)) or (isinstance(v, float) and math.isfinite(v))
+    return v if plain else str(v)  # non-finite floats and other objects as text
 
 
 def save(notebook: str, frames: dict[str, pd.DataFrame], root: Path | None = None) -> list[Path]:

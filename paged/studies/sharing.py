@@ -294,8 +294,7 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
     if engine_budget is not None:
         blocks = [_engine_blocks(lm, s or None, engine_budget) for s in df["share_with"]]
         df["engine_budget"] = engine_budget
-        df["engine_num_blocks"] = [b for b, _ in blocks]
-        df["engine_cache_bytes"] = [n for _, n in blocks]
+        df["engine_num_blocks"], df["engine_cache_bytes"] = zip(*blocks)
     df["share_with"] = df["share_with"].map(lambda s: str(dict(s)) if s else "{}")
     return df
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from paged.errors import ConfigError
 
@@ -23,10 +23,6 @@ class Scenario:
     builder: str                      # name of a workload function in paged.runs
     kwargs: dict[str, Any] = field(default_factory=dict)
     views: tuple[str, ...] = ("grid", "timeline")
-
-    def workload_builder(self) -> Callable:
-        from paged import runs
-        return getattr(runs, self.builder)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -54,8 +50,10 @@ def scenario_run(run, name: str):
     """A fresh `Run` over `run`'s loaded model with scenario `name`'s settings and workload."""
     if name not in SCENARIOS:
         raise ConfigError(f"unknown scenario {name!r}; choose one of {sorted(SCENARIOS)}")
+    from paged import runs
+
     s = SCENARIOS[name]
-    return run.fresh(workload=s.workload_builder()(run.tokenizer, **s.kwargs), **s.settings)
+    return run.fresh(workload=getattr(runs, s.builder)(run.tokenizer, **s.kwargs), **s.settings)
 
 
 def sim_burst(num_requests: int = 1500, workload: str = "sharegpt", rate: float = math.inf, seed: int = 0,

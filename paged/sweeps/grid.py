@@ -70,14 +70,10 @@ def point_id(point: Mapping[str, Any]) -> str:
 
 
 def _dedupe(points: Iterable[Point]) -> list[Point]:
-    seen: set[str] = set()
-    out = []
+    first: dict[str, Point] = {}
     for p in points:
-        pid = point_id(p)
-        if pid not in seen:
-            seen.add(pid)
-            out.append(p)
-    return out
+        first.setdefault(point_id(p), p)
+    return list(first.values())
 
 
 def _check_keys(point: Mapping[str, Any], where: str) -> None:

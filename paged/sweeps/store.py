@@ -128,9 +128,7 @@ class PointStore:
     def load(self, key: str) -> list[dict[str, Any]] | None:
         """A stored point's rows (``cached=True``), or None if it is not stored."""
         path = self.path(key)
-        if not path.is_file():
-            return None
-        return read_rows(path)
+        return read_rows(path) if path.is_file() else None
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
