@@ -228,15 +228,13 @@ def parse_split(name: str) -> KVFormat:
     docstring); a KVFormatError says which part is wrong."""
     text = str(name).strip().lower()
     body, *opts = text.split("@")
-    sink = window = 0
+    opt = {"sink": 0, "win": 0}
     for o in opts:
         m = re.fullmatch(r"(sink|win)(\d+)", o)
         if not m:
             raise KVFormatError(f"unknown kv format {name!r}: option '@{o}' is not @sink<S> or @win<W>; {_SPLIT_HELP}")
-        if m.group(1) == "sink":
-            sink = int(m.group(2))
-        else:
-            window = int(m.group(2))
+        opt[m.group(1)] = int(m.group(2))
+    sink, window = opt["sink"], opt["win"]
     parts = body.split("/")
     if len(parts) != 2:
         raise KVFormatError(f"unknown kv format {name!r}; {_SPLIT_HELP}")
@@ -265,11 +263,6 @@ _DTYPE_FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "flo
                   "float8_e5m2": "fp8_e5m2", "int8": "int8"}
 
 
-def _dtype_name(dtype) -> str:
-    """``torch.float16`` or ``"float16"`` -> ``"float16"``."""
-    return str(dtype).removeprefix("torch.")
-
-
 def lookup(name: str | KVFormat, dtype=None) -> KVFormat:
     """A format by name or alias; ``"auto"`` (or None) means the baseline format of ``dtype``
     (a torch dtype or its name; float16 when None); ``K/V[@...]`` names a split format."""
@@ -281,8 +274,6 @@ def lookup(name: str | KVFormat, dtype=None) -> KVFormat:
     key = ALIASES.get(key, key)
     if key in FORMATS:
         return FORMATS[key]
-    if key in FRONT.values():
-        return parse_split(key)
     if "/" in key or "@" in key:
         return parse_split(key)
     raise KVFormatError(f"unknown kv_format {name!r}; use one of 'auto', {', '.join(map(repr, FORMATS))}, "
@@ -291,7 +282,7 @@ def lookup(name: str | KVFormat, dtype=None) -> KVFormat:
 
 def format_for_dtype(dtype) -> KVFormat:
     """The format whose data tensor has ``dtype`` (uint8 is ambiguous and is refused)."""
-    key = _dtype_name(dtype)
+    key = str(dtype).removeprefix("torch.")  # torch.float16 or "float16" -> "float16"
     if key not in _DTYPE_FORMATS:
         raise KVFormatError(f"cannot infer a KV format from dtype {dtype}; pass kv_format= explicitly "
                             f"(uint8 caches are 'int4')")
