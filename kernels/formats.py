@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from . import format_table as _table
-from .format_table import DEFAULT_INT4_GROUP, FORMATS, KVFormat
+from .format_table import DEFAULT_INT4_GROUP, FORMATS, KVFormat, format_for_dtype
 
 __all__ = ["KVFormat", "FORMATS", "get_format", "format_for_dtype", "bytes_per_token", "DEFAULT_INT4_GROUP"]
 
@@ -42,11 +42,6 @@ __all__ = ["KVFormat", "FORMATS", "get_format", "format_for_dtype", "bytes_per_t
 def get_format(name: str | KVFormat | None, dtype: torch.dtype | None = None) -> KVFormat:
     """Look a format up by name; ``"auto"`` (or None) means the baseline format of ``dtype``."""
     return _table.lookup(name, dtype)
-
-
-def format_for_dtype(dtype: torch.dtype) -> KVFormat:
-    """The format whose data tensor has ``dtype`` (uint8 is ambiguous and is refused)."""
-    return _table.format_for_dtype(dtype)
 
 
 def bytes_per_token(kv_format: str | KVFormat, num_kv_heads: int, head_dim: int, *,
