@@ -81,15 +81,7 @@ _LAZY = {
     "quantize_kv": "quant", "unpack_int4": "quant",
 }
 
-__all__ = [
-    "paged_decode_attention", "paged_prefill_attention", "write_kv", "release_blocks", "release_window",
-    "copy_blocks", "swap_blocks", "default_tables", "SideFormat",
-    "KVCacheLayer", "allocate_kv_cache", "as_layer", "quantize_kv", "dequantize_kv", "fp8_scale",
-    "pack_int4", "unpack_int4", "QuantizedKV", "KVFormat", "FORMATS", "get_format", "bytes_per_token",
-    "BACKENDS", "resolve_backend", "KernelError", "KVFormatError", "ShapeError", "BackendUnavailableError",
-    "StagingExhaustedError",
-    "WORKBENCH",
-]
+__all__ = [*_LAZY, "WORKBENCH"]
 
 
 def __getattr__(name: str):
