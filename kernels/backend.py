@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 
 import torch
 
@@ -50,15 +51,10 @@ def interpreter_enabled() -> bool:
 
     Once our Triton module is imported, its mode is fixed: we report that mode from then on.
     """
-    mod = _loaded_triton_module()
+    mod = sys.modules.get(__package__ + ".triton_impl.common")
     if mod is not None:
         return mod.INTERPRETED
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _loaded_triton_module():
-    import sys
-    return sys.modules.get(__package__ + ".triton_impl.common")
 
 
 def resolve_backend(requested: str | None, device: torch.device) -> str:
