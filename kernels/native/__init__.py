@@ -147,10 +147,6 @@ def unavailable_reason() -> str:
 
 def library() -> ctypes.CDLL:
     """The compiled library (BackendUnavailableError when :func:`available` is False)."""
-    return _lib()
-
-
-def _lib() -> ctypes.CDLL:
     if not available():
         raise BackendUnavailableError(f"the compiled CPU kernels are unavailable: {unavailable_reason()}")
     return _library()
@@ -166,7 +162,7 @@ class DecodePlan:
 
     def __init__(self, tables: torch.Tensor, lens: torch.Tensor, num_blocks: int, block_size: int,
                  scale: float) -> None:
-        _lib()
+        library()
         self.tables = tables.to(device="cpu", dtype=torch.int64).contiguous()
         self.lens = lens.to(device="cpu", dtype=torch.int64).contiguous()
         s, w = self.tables.shape if self.tables.dim() == 2 else (-1, -1)
@@ -206,7 +202,7 @@ class DecodePlan:
         if self._scores.numel() < s * hq * t:  # scratch: per row slot offsets, scores and norms
             self._offsets = torch.empty(s * t, dtype=torch.int64)
             self._scores, self._norms = torch.empty(s * hq * t), torch.empty(s * hq)
-        _lib().paged_decode_f32(
+        library().paged_decode_f32(
             q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
             self.tables.data_ptr(), w, self.lens.data_ptr(), s, hq, hkv, d, self.block_size, self.scale,
             self._scores.data_ptr(), self._norms.data_ptr(), self._offsets.data_ptr(), t, out.data_ptr(),
@@ -228,7 +224,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ShapeError(f"weight must be a contiguous float32 CPU tensor [{x.shape[1]}]; got {weight.dtype} "
                          f"{tuple(weight.shape)}")
     out = torch.empty_like(x)
-    _lib().rms_norm_f32(x.data_ptr(), weight.data_ptr(), float(eps), x.shape[0], x.shape[1], out.data_ptr())
+    library().rms_norm_f32(x.data_ptr(), weight.data_ptr(), float(eps), x.shape[0], x.shape[1], out.data_ptr())
     return out
 
 
@@ -239,7 +235,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         raise ShapeError(f"gate_up needs an even width [gate | up]; got {gate_up.shape[1]}")
     n = gate_up.shape[1] // 2
     out = torch.empty(gate_up.shape[0], n)
-    _lib().silu_mul_f32(gate_up.data_ptr(), gate_up.shape[0], n, out.data_ptr())
+    library().silu_mul_f32(gate_up.data_ptr(), gate_up.shape[0], n, out.data_ptr())
     return out
 
 
@@ -256,6 +252,6 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.
             raise ShapeError(f"{name} must be a contiguous float32 CPU tensor [{t}, {d}]; got {tab.dtype} "
                              f"{tuple(tab.shape)}")
     out = torch.empty(t, h, d)
-    _lib().rope_f32(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin_signed.data_ptr(), t, h, d,
+    library().rope_f32(x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(), sin_signed.data_ptr(), t, h, d,
                     out.data_ptr())
     return out
