@@ -11,6 +11,7 @@ and removals of hashes never stored are counted, not applied.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -94,7 +95,7 @@ class PrefixForest:
         for h, parent, tokens in event.blocks():
             node = self.nodes.get(h)
             if node is None:
-                pnode = self.nodes.get(parent) if parent is not None else None
+                pnode = self.nodes.get(parent)
                 # a parent never seen (joined late) still means at least one block above
                 depth = pnode.depth + 1 if pnode is not None else int(parent is not None)
                 node = Node(len(self._order), h, parent, tokens, depth, t, t, lora_name=event.lora_name)
@@ -144,7 +145,7 @@ class PrefixForest:
         node = self.nodes.get(h)
         while node is not None:
             out.append(node)
-            node = self.nodes.get(node.parent) if node.parent is not None else None
+            node = self.nodes.get(node.parent)
         return out[::-1]
 
     def match(self, token_ids: Sequence[int], t: float | None = None) -> list[Node | None]:
@@ -178,19 +179,15 @@ class PrefixForest:
             n = self.nodes[h]
             if not include_removed and not n.live:
                 continue
-            p = self.nodes.get(n.parent) if n.parent is not None else None
+            p = self.nodes.get(n.parent)
             state = "live" if n.live else ("cleared" if n.how_removed == CLEARED else "evicted")
             text = None
             if tokenizer is not None:
-                try:
+                with contextlib.suppress(Exception):  # a token the tokenizer cannot show stays undecoded
                     text = tokenizer.decode(list(n.token_ids), skip_special_tokens=False)
-                except Exception:  # noqa: BLE001 - a token the tokenizer cannot show stays undecoded
-                    text = None
-            rows.append({"node_id": n.node_id, "parent_id": None if p is None else p.node_id,
-                         "hash": hash_text(h), "depth": n.depth, "state": state, "age_s": now - n.first_stored_s,
-                         "times_stored": n.times_stored, "times_removed": n.times_removed,
-                         "first_stored_s": n.first_stored_s, "stored_s": n.stored_s, "removed_s": n.removed_s,
-                         "num_tokens": len(n.token_ids), "text": text})
+            rows.append((n.node_id, None if p is None else p.node_id, hash_text(h), n.depth, state,
+                         now - n.first_stored_s, n.times_stored, n.times_removed, n.first_stored_s, n.stored_s,
+                         n.removed_s, len(n.token_ids), text))
         cols = ["node_id", "parent_id", "hash", "depth", "state", "age_s", "times_stored", "times_removed",
                 "first_stored_s", "stored_s", "removed_s", "num_tokens", "text"]
         df = pd.DataFrame(rows, columns=cols)

@@ -215,7 +215,7 @@ def explain_server_prompt(forest: "PrefixForest", token_ids: Sequence[int], sent
     ``usage.prompt_tokens_details.cached_tokens``) goes into every row's detail for comparison."""
     import pandas as pd
     bs = forest.block_size
-    rows: list[dict] = []
+    rows: list[tuple] = []  # MISS_COLUMNS in order
     if not bs:
         raise ValueError("the forest has seen no BlockStored yet, so its block size is unknown")
     nodes = forest.match(token_ids, sent_s)
@@ -241,12 +241,10 @@ def explain_server_prompt(forest: "PrefixForest", token_ids: Sequence[int], sent
             status = AFTER_MISS
         elif status != CACHED:
             broken = i
-        rows.append({"request_id": request_id, "admission": 1, "step": None, "block": i, "num_tokens": bs,
-                     "status": status, "detail": detail, "event_step": est, "by_request": None})
+        rows.append((request_id, 1, None, i, bs, status, detail, est, None))
     if len(token_ids) % bs:
-        rows.append({"request_id": request_id, "admission": 1, "step": None, "block": len(nodes),
-                     "num_tokens": len(token_ids) % bs, "status": PARTIAL,
-                     "detail": f"{len(token_ids) % bs} of {bs} tokens", "event_step": None, "by_request": None})
+        rows.append((request_id, 1, None, len(nodes), len(token_ids) % bs, PARTIAL,
+                     f"{len(token_ids) % bs} of {bs} tokens", None, None))
     df = pd.DataFrame(rows, columns=MISS_COLUMNS)
     if cached_tokens is not None:
         df["server_cached_tokens"] = cached_tokens

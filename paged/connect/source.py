@@ -158,15 +158,11 @@ class ServerSource(RecordFrames):
         for e in b.events:
             nodes = self.forest.apply(e, t)
             if isinstance(e, BlockStored):
-                kind = ev.CACHE_BLOCK
+                self.events.extend(ev.Event(step, ev.CACHE_BLOCK, None, n.node_id, len(n.token_ids)) for n in nodes)
             elif isinstance(e, BlockRemoved):
-                kind = ev.EVICT
+                self.events.extend(ev.Event(step, ev.EVICT, None, n.node_id, None) for n in nodes)
             else:
                 self.events.append(ev.Event(step, ev.RESET, None, None, len(nodes)))
-                continue
-            for node in nodes:
-                self.events.append(ev.Event(step, kind, None, node.node_id,
-                                            len(node.token_ids) if kind == ev.CACHE_BLOCK else None))
         self.wire.append({"t": t, "seq": b.seq, "ts": b.ts, "restart": b.after_restart,
                           "events": [event_json(e) for e in b.events]})
 

@@ -81,15 +81,12 @@ class EngineSpeaker:
         return to_int_hash(h) if self.int_hashes else h
 
     def _on_event(self, step: int, kind: str, rid: Any, bid: Any, value: Any) -> None:
-        if kind == ev.CACHE_BLOCK:
-            if self.publisher is not None:
-                self._stored(rid, bid)
-        elif kind == ev.EVICT:
-            if self.publisher is not None:
-                self._removed(bid, MEDIUM_GPU)
-        elif kind == ev.TIER_OUT:
-            if self.publisher is not None:
-                self._tier_out(bid, value)
+        if kind == ev.CACHE_BLOCK and self.publisher is not None:
+            self._stored(rid, bid)
+        elif kind == ev.EVICT and self.publisher is not None:
+            self._removed(bid, MEDIUM_GPU)
+        elif kind == ev.TIER_OUT and self.publisher is not None:
+            self._tier_out(bid, value)
         elif kind in (ev.TIER_IN, ev.HOST_EVICT):
             h = self._host.pop(value, None)
             if h is not None and self.publisher is not None:
@@ -102,7 +99,7 @@ class EngineSpeaker:
                 self._chain_rid = None
                 self._pending.append(AllBlocksCleared())
                 self.flush()
-            self._update_metrics()
+            self.update_metrics()
         elif kind == ev.PREEMPT:
             self._preemptions += 1
         elif kind == ev.STEP:
@@ -163,7 +160,7 @@ class EngineSpeaker:
             for cpu in [c for c in self._host if c not in live]:
                 self._pending.append(BlockRemoved((self._host.pop(cpu),), MEDIUM_CPU))
         self.flush()
-        self._update_metrics()
+        self.update_metrics()
 
     # ---- output ------------------------------------------------------------------------------------------
     def flush(self) -> int | None:
@@ -174,7 +171,8 @@ class EngineSpeaker:
         self.num_batches += 1
         return self.publisher.publish(events, ts=time.time())
 
-    def _update_metrics(self) -> None:
+    def update_metrics(self) -> None:
+        """Bring the metrics up to date now (they also update after every planned step)."""
         m = self.metrics
         if m is None:
             return
@@ -185,10 +183,6 @@ class EngineSpeaker:
         if len(rows) > self._rows_seen:
             m.finished(rows[self._rows_seen:])
             self._rows_seen = len(rows)
-
-    def update_metrics(self) -> None:
-        """Bring the metrics up to date now (they also update after every planned step)."""
-        self._update_metrics()
 
     def close(self) -> None:
         """Stop publishing and serving (idempotent); the engine keeps running without them."""
