@@ -259,8 +259,5 @@ def top_logprobs(answer: dict) -> list[dict[int, float]]:
     """Per generated token, {token id: logprob} of the top candidates (``logprobs=k`` with
     ``return_tokens_as_token_ids``: keys arrive as 'token_id:123')."""
     lp = answer["choices"][0].get("logprobs") or {}
-    out = []
-    for d in lp.get("top_logprobs") or []:
-        out.append({int(k.split(":", 1)[1]) if isinstance(k, str) and k.startswith("token_id:") else k: v
-                    for k, v in (d or {}).items()})
-    return out
+    return [{int(k.split(":", 1)[1]) if isinstance(k, str) and k.startswith("token_id:") else k: v
+             for k, v in (d or {}).items()} for d in lp.get("top_logprobs") or []]

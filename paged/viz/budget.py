@@ -16,7 +16,6 @@ from paged.studies.budget import (GB, batch_budget, check_claims, model_choices,
 
 from .sizing import styled
 
-# Colours shared by every figure of this module
 TOKEN_COLOUR, WASTE_COLOUR, PAGED_COLOUR = "#2a9d8f", "#e76f51", "#264653"
 
 
@@ -169,11 +168,10 @@ def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8
         except ConfigError as exc:  # e.g. 8 KV heads do not split over the chosen GPUs
             text.value = f"<b style='color:{WASTE_COLOUR}'>{exc}</b>"
             return
-        for widget, new in ((growth, kv_growth_figure(**v)),
-                            (formats, kv_format_figure(v["model"], v["context"], v["batch"],
-                                                      tensor_parallel=v["tensor_parallel"]))):
-            with widget.batch_update():
-                widget.figure = new
+        grown, sized = kv_growth_figure(**v), kv_format_figure(v["model"], v["context"], v["batch"],
+                                                               tensor_parallel=v["tensor_parallel"])
+        growth.replace_figure(grown)  # both built first: a failure changes neither
+        formats.replace_figure(sized)
 
     for c in ctl.values():
         c.observe(redraw, names="value")

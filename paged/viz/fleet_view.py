@@ -103,8 +103,8 @@ def fleet_story(decisions: pd.DataFrame, hit_rates: Mapping[str, float]) -> str:
             if (g["overlap_blocks"] >= 0).all() else f"{len(g)} requests routed without looking at any cache"
         out.append(f"**{policy}**: {seen}; the busiest replica took {int(spread.max())} of {len(g)}.")
     if len(hit_rates) >= 2:
-        (a, ra), (b, rb) = sorted(hit_rates.items(), key=lambda kv: kv[1])[:1] + \
-            sorted(hit_rates.items(), key=lambda kv: kv[1])[-1:]
+        ranked = sorted(hit_rates.items(), key=lambda kv: kv[1])
+        (a, ra), (b, rb) = ranked[0], ranked[-1]
         ratio = f"{rb / ra:.1f}x" if ra > 0 else "from zero to"
         out.append(f"Measured by the replicas themselves: {b} reused {rb:.0%} of the prompt tokens, "
                    f"{a} {ra:.0%} ({ratio} {'as many' if ra > 0 else f'{rb:.0%}'}).")
@@ -130,10 +130,8 @@ class FleetView:
 
     def redraw(self) -> None:
         d = self.fleet.dispatcher.frame()
-        with self.pools.batch_update():
-            self.pools.figure = pools_figure(self._snaps(), self.cols)
-        with self.routing.batch_update():
-            self.routing.figure = routing_figure(d)
+        self.pools.replace_figure(pools_figure(self._snaps(), self.cols))
+        self.routing.replace_figure(routing_figure(d))
         if len(d):
             last, res = d.iloc[-1], self.fleet.results[-1]
             self.status.value = (f"<b>{last['policy']}</b> sent request {len(d)} ({int(last['prompt_tokens'])} "

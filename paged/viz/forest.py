@@ -189,9 +189,7 @@ class ServerView:
 
     def _figures(self) -> dict[str, go.Figure]:
         src = self.source
-        engines = {}
-        if self.engine_run is not None:
-            engines[self.engine_label] = self.engine_run.steps_frame()
+        engines = {} if self.engine_run is None else {self.engine_label: self.engine_run.steps_frame()}
         return {"forest": prefix_forest(src.forest_frame(), max_nodes=self.max_nodes),
                 "usage": server_vs_engine(src.server_frame(), engines, label=getattr(src, "label", "vLLM"))}
 
@@ -200,11 +198,9 @@ class ServerView:
         the view into the page's window (Run All lands on the show)."""
         if self.anchor is not None and not self.frames:
             self.anchor.scroll += 1
-        figs = self._figures()
-        self.figures = figs
+        self.figures = figs = self._figures()
         for k, plot in self.plots.items():
-            with plot.batch_update():
-                plot.figure = figs[k]
+            plot.replace_figure(figs[k])
         if self.status is not None:
             self.status.value = status_panel(self.source)
         self.frames += 1
@@ -238,7 +234,5 @@ class ServerView:
             for f in self.figures.values():
                 display(f)
             return
-        display(self.anchor)
-        display(self.status)
-        for p in self.plots.values():
-            display(p)
+        for w in (self.anchor, self.status, *self.plots.values()):
+            display(w)

@@ -50,8 +50,7 @@ class Dashboard:
             from paged.errors import ConfigError
             raise ConfigError(f"unknown view(s) {bad}; choose from {VIEWS}")
         self.run, self.views, self.fps, self.cols, self.max_requests = run, tuple(views), fps, cols, max_requests
-        self.steps_per_second = steps_per_second
-        self.title = title
+        self.steps_per_second, self.title = steps_per_second, title
         self.buffer = RingBuffer(history)
         self.frames = 0
         self.selected: str | None = None
@@ -64,9 +63,7 @@ class Dashboard:
         self._workload = workload
         self.no_widgets = widgets_available()
         self._decoder = CachedDecoder(run.tokenizer) if run.tokenizer is not None else None
-        self.panel = None
-        self.story = None
-        self.anchor = None
+        self.panel = self.story = self.anchor = None
         self.viewing: int | None = None  # a past step shown from its snapshot (None: the live state)
         self._keep_snapshots(run)
         if self.no_widgets is None:
@@ -225,9 +222,7 @@ class Dashboard:
         self.steps_per_second = None if not steps_per_second or steps_per_second >= 1000 else steps_per_second
 
     def _pause_s(self, started: float) -> float:
-        if not self.steps_per_second:
-            return 0.0
-        return max(0.0, 1.0 / self.steps_per_second - (time.perf_counter() - started))
+        return max(0.0, 1.0 / self.steps_per_second - (time.perf_counter() - started)) if self.steps_per_second else 0.0
 
     async def _loop(self) -> None:
         try:
@@ -306,8 +301,7 @@ class Dashboard:
         self._keep_snapshots(self.run)
         self._decoder = CachedDecoder(self.run.tokenizer) if self.run.tokenizer is not None else None
         self.buffer.clear()
-        self.selected = None
-        self.viewing = None
+        self.selected = self.viewing = None
         if self.panel is not None:
             self.panel.clear_tokens()
         if self.story is not None:
@@ -326,14 +320,8 @@ class Dashboard:
             for f in self._static().values():
                 display(f)
             return
-        display(self.anchor)
-        display(self.panel.widget)
         figs = list(self.figures.values())
         # one by one (a FigureWidget inside a Box rendered broken: plotly #4998); the story strip
         # (replay player, summary, key moments) right below the first figure (the pool)
-        for f in figs[:1]:
-            display(f)
-        for w in self.story.widgets:
+        for w in (self.anchor, self.panel.widget, *figs[:1], *self.story.widgets, *figs[1:]):
             display(w)
-        for f in figs[1:]:
-            display(f)

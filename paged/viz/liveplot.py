@@ -165,6 +165,11 @@ class LivePlot(anywidget.AnyWidget):
         if self._depth == 0:
             self._figure_state.figure = pio.to_json(self.figure, validate=False)
 
+    def replace_figure(self, fig: go.Figure) -> None:
+        """Make ``fig`` the figure and send it whole (at the end of an enclosing ``batch_update``)."""
+        self.figure = fig
+        self.send_figure()
+
     def close(self) -> None:
         self._figure_state.close()
         super().close()

@@ -188,7 +188,7 @@ def context_trend(df: pd.DataFrame, metric: str = "kld_mean"):
 
 
 # ---- block tables -----------------------------------------------------------------------
-def copy_on_write(steps: pd.DataFrame, n: int, events: pd.DataFrame | None = None):
+def copy_on_write(steps: pd.DataFrame, n: int):
     """The copy-on-write copies of a run with one n-sample request, against the n − 1 the mechanism predicts."""
     copies = int(np.asarray(steps["num_block_copies"]).sum())
     preempted = int(np.asarray(steps["num_preempted"]).sum())

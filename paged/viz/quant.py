@@ -15,33 +15,34 @@ import plotly.graph_objects as go
 
 from paged.quant.metrics import survival
 
+from .prose import _all_rows
 from .sizing import ROW_PX, count_axis, heatmap_height, label_positions
 
 __all__ = ["pareto", "front_vs_llamacpp", "quality_and_speed", "error_vs_context", "survival_curves", "layer_heatmap",
            "key_outlier_heatmap", "render", "live_side_by_side"]
 
 
-def _all(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df.source == "all"] if "source" in df and (df.source == "all").any() else df
-
-
-def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "kld_mean") -> go.Figure:
-    """KLD (log) vs bits per value per format; the memory/error Pareto front as a line."""
-    d = _all(df)
-    ctx = context_length or int(d.context_length.max())
-    d = d[(d.context_length == ctx) & (d[metric] > 0)].sort_values("bits_per_value")
+def _front(d: pd.DataFrame, metric: str) -> pd.DataFrame | None:
+    """The rows of ``d`` (sorted by bits) whose ``metric`` is below every row's before them: the Pareto front."""
     front, best = [], np.inf
     for _, r in d.iterrows():
         if r[metric] < best:
             front.append(r)
             best = r[metric]
+    return pd.DataFrame(front) if front else None
+
+
+def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "kld_mean") -> go.Figure:
+    """KLD (log) vs bits per value per format; the memory/error Pareto front as a line."""
+    d = _all_rows(df)
+    ctx = context_length or int(d.context_length.max())
+    d = d[(d.context_length == ctx) & (d[metric] > 0)].sort_values("bits_per_value")
     fig = go.Figure(go.Scatter(x=d.bits_per_value, y=d[metric], mode="markers+text", text=d.format,
                                textposition=label_positions(d.bits_per_value, d[metric], d.format, log_y=True), name="formats",
                                customdata=np.stack([d.tokens_per_gib, d.same_top1_pct], -1),
                                hovertemplate="%{text}<br>%{x:.3g} bits/value<br>KLD %{y:.3g}<br>"
                                              "%{customdata[0]:,.0f} tokens/GiB<br>same top-1 %{customdata[1]:.1f}%"))
-    if front:
-        f = pd.DataFrame(front)
+    if (f := _front(d, metric)) is not None:
         fig.add_scatter(x=f.bits_per_value, y=f[metric], mode="lines", name="Pareto front", line=dict(dash="dot"))
     fig.update_layout(title=f"Error vs memory (ctx {ctx}, {metric})", xaxis_title="bits per value (K and V mean)",
                       yaxis_title=metric, yaxis_type="log", height=450)
@@ -67,13 +68,7 @@ def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, 
         fig.add_scatter(x=g.bits_per_value, y=g[metric], mode="markers+text", text=g.format, name=str(name),
                         textposition="top center", error_y=err,
                         hovertemplate="%{text}<br>%{x:.3g} bits/value<br>" + metric + " %{y:.3g}<extra></extra>")
-    front, best = [], np.inf
-    for _, r in d.iterrows():
-        if r[metric] < best:
-            front.append(r)
-            best = r[metric]
-    if front:
-        f = pd.DataFrame(front)
+    if (f := _front(d, metric)) is not None:
         fig.add_scatter(x=f.bits_per_value, y=f[metric], mode="lines", name="our Pareto front",
                         line=dict(dash="dot"), hoverinfo="skip")
     if llama is not None and len(llama):
@@ -127,7 +122,7 @@ def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFram
 
 def error_vs_context(df: pd.DataFrame, metric: str = "kld_mean", formats: Sequence[str] | None = None) -> go.Figure:
     """``metric`` against context length, one line per format (base excluded)."""
-    d = _all(df)
+    d = _all_rows(df)
     d = d[d.role != "base"]
     fig = go.Figure()
     for fmt, g in d.groupby("format", sort=False):
@@ -141,7 +136,7 @@ def error_vs_context(df: pd.DataFrame, metric: str = "kld_mean", formats: Sequen
 
 def survival_curves(df: pd.DataFrame, context_length: int | None = None) -> go.Figure:
     """Fraction of prompts whose greedy continuation still equals the base run's after t tokens."""
-    d = _all(df)
+    d = _all_rows(df)
     ctx = context_length or int(d.context_length.max())
     fig = go.Figure()
     for _, r in d[(d.context_length == ctx) & (d.role != "base")].iterrows():

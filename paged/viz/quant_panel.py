@@ -96,13 +96,12 @@ class StudyPanel:
             self.button.disabled = False
         took = time.perf_counter() - t0
         self.status.value = f"{html.escape(what)}: done in {took:.0f} s"
-        d = self.df[self.df["source"] == "all"] if (self.df["source"] == "all").any() else self.df
+        d = prose._all_rows(self.df)
         self.out.outputs = ()
         for shown in (fit_table(d, [c for c in TABLE_COLUMNS if c in d.columns]), prose.format_errors(self.df),
                       prose.context_trend(self.df)):
             self.out.append_display_data(shown)
-        self.plot.figure = pareto(self.df)
-        self.plot.send_figure()
+        self.plot.replace_figure(pareto(self.df))
         return self.df
 
     def _ipython_display_(self) -> None:

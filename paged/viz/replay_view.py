@@ -50,14 +50,7 @@ class ReplayView:
     def _ipython_display_(self) -> None:
         from IPython.display import display
         figs = list(self.figures.values())
-        if self.story is None:
-            for f in figs:
-                display(f)
-            return
-        display(self.story.player)
-        for f in figs[:1]:
-            display(f)
-        display(self.story.summary)
-        display(self.story.figure)
-        for f in figs[1:]:
+        if self.story is not None:  # the player on top, the summary and key moments below the first figure
+            figs = [self.story.player, *figs[:1], self.story.summary, self.story.figure, *figs[1:]]
+        for f in figs:
             display(f)

@@ -84,8 +84,7 @@ class StoryView:
         n = len(steps)
         self.player.max = max(n, 1)
         self.current = current if current is not None else self.current
-        with self.figure.batch_update():
-            self.figure.figure = story_figure(steps, self.moments, self.current)
+        self.figure.replace_figure(story_figure(steps, self.moments, self.current))
         sentences = story.summary(steps, req, getattr(self.source, "label", "run"))
         items = "".join(f"<li>{html.escape(s)}</li>" for s in sentences)
         head = "What happened" if getattr(self.source, "done", True) else "So far"
@@ -95,8 +94,7 @@ class StoryView:
         """A fresh run: nothing to tell yet."""
         self.current = None
         self.player.playing = False
-        self.player.max = 1
-        self.player.value = 1
+        self.player.max = self.player.value = 1
         self.refresh()
 
     def jump(self, step) -> None:

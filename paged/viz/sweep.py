@@ -177,17 +177,14 @@ class SweepView:
         grid = grid if isinstance(grid, Mapping) else {}
         self._values = {k: (list(v) if isinstance(v, (list, tuple, range)) else [v]) for k, v in grid.items()}
         self.rows: list[dict[str, Any]] = []
-        self.points = 0
-        self.failed = 0
-        self.frames = 0
+        self.points = self.failed = self.frames = 0
         self.no_widgets = widgets_available()
         self.anchor: Any = None
-        if self.no_widgets is None:
-            from .panels import ScrollAnchor
-            self.anchor = ScrollAnchor()  # the first point brings the view into the window (Run All)
         self.figures: dict[str, Any] = self._static()
         if self.no_widgets is None:
             from .liveplot import LivePlot
+            from .panels import ScrollAnchor
+            self.anchor = ScrollAnchor()  # the first point brings the view into the window (Run All)
             self.figures = {k: LivePlot(f) for k, f in self.figures.items()}
 
     def frame(self) -> pd.DataFrame:
@@ -228,9 +225,7 @@ class SweepView:
         with self.pacer.timed():
             if self.no_widgets is None:
                 for k, fig in self._static().items():
-                    live = self.figures[k]
-                    with live.batch_update():
-                        live.figure = fig
+                    self.figures[k].replace_figure(fig)
             else:
                 self.figures = self._static()
         self.frames += 1
