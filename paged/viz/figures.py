@@ -209,8 +209,7 @@ def prefix_cache(steps, events=None) -> go.Figure:
     styled(fig, "prefix cache", 320, legend_y=-0.2, margin=(50, 50, 50, 40))
     fig.update_yaxes(title_text="hit rate %", range=[0, 100], secondary_y=False)
     fig.update_yaxes(title_text="blocks", secondary_y=True, **count_axis())
-    fig.update_xaxes(title_text="step", **count_axis())
-    return fig
+    return fig.update_xaxes(title_text="step", **count_axis())
 
 
 def block_lifetimes(events) -> go.Figure:
@@ -227,5 +226,4 @@ def block_lifetimes(events) -> go.Figure:
         counts = np.histogram(vals, bins=np.arange(-0.5, top + bins["size"] + 0.5, bins["size"]))[0] if len(vals) else [0]
         fig.update_yaxes(title_text="blocks" if col == 1 else None, row=1, col=col, **count_axis(max(counts)))
         fig.update_xaxes(title_text="steps", row=1, col=col, **count_axis(top))
-    fig.update_layout(height=300, showlegend=False, margin=dict(l=60, r=10, t=50, b=50))
-    return fig
+    return fig.update_layout(height=300, showlegend=False, margin=dict(l=60, r=10, t=50, b=50))

@@ -12,8 +12,7 @@ def numa_figure(df: pd.DataFrame) -> go.Figure:
                                               "host-link transfer time (s)"))
     fig.add_bar(x=df["policy"], y=df["remote_share"], name="remote share", row=1, col=1)
     fig.add_bar(x=df["policy"], y=df["transfer_s"], name="transfer s", row=1, col=2)
-    fig.update_layout(showlegend=False, title=f"NUMA placement, layout {df['layout'].iloc[0]} GPUs per socket")
-    return fig
+    return fig.update_layout(showlegend=False, title=f"NUMA placement, layout {df['layout'].iloc[0]} GPUs per socket")
 
 
 def disagg_figure(df: pd.DataFrame) -> go.Figure:
@@ -22,5 +21,4 @@ def disagg_figure(df: pd.DataFrame) -> go.Figure:
     for col, name in (("ttft_attain", "TTFT"), ("tpot_attain", "TPOT"), ("slo_attain", "both")):
         fig.add_bar(x=df["mode"], y=df[col], name=name, row=1, col=1)
     fig.add_bar(x=df["mode"], y=df["goodput_rps"], name="goodput", row=1, col=2, showlegend=False)
-    fig.update_layout(barmode="group", title="prefill/decode apart vs colocated, same GPUs and requests")
-    return fig
+    return fig.update_layout(barmode="group", title="prefill/decode apart vs colocated, same GPUs and requests")

@@ -50,9 +50,8 @@ def pools_figure(snaps: Mapping[str, object], cols: int = 8, title: str = "each 
                                  marker=dict(size=12, color=color, symbol="square")), 1, 1)
     fig.update_yaxes(autorange="reversed", showticklabels=False)
     fig.update_xaxes(showticklabels=False)
-    fig.update_layout(title=title, height=max(260, 160 + 36 * rows), legend=dict(orientation="h", y=-0.1),
-                      margin=dict(t=80, b=60))
-    return fig
+    return fig.update_layout(title=title, height=max(260, 160 + 36 * rows), legend=dict(orientation="h", y=-0.1),
+                             margin=dict(t=80, b=60))
 
 
 def routing_figure(decisions: pd.DataFrame, title: str = "the router's decisions") -> go.Figure:
@@ -71,8 +70,7 @@ def routing_figure(decisions: pd.DataFrame, title: str = "the router's decisions
                       "%{customdata[1]} prompt tokens<extra></extra>"))
     fig.update_yaxes(title="replica", type="category", categoryorder="array", categoryarray=sorted(names))
     fig.update_xaxes(title="request (in the order sent)", dtick=1 if len(d) <= 20 else None)
-    fig.update_layout(title=title, height=300, margin=dict(t=70))
-    return fig
+    return fig.update_layout(title=title, height=300, margin=dict(t=70))
 
 
 def policies_figure(df: pd.DataFrame, title: str = "routing policies on the same requests") -> go.Figure:
@@ -87,9 +85,8 @@ def policies_figure(df: pd.DataFrame, title: str = "routing policies on the same
     fig.update_yaxes(title_text="hit rate", row=1, col=1)
     fig.update_yaxes(title_text="seconds", row=1, col=2)
     # the legend sits below the tick labels, which plotly turns 45 degrees when six names do not fit
-    fig.update_layout(title=title, height=460, barmode="group", legend=dict(orientation="h", y=-0.42),
-                      margin=dict(b=140))
-    return fig
+    return fig.update_layout(title=title, height=460, barmode="group", legend=dict(orientation="h", y=-0.42),
+                             margin=dict(b=140))
 
 
 def fleet_story(decisions: pd.DataFrame, hit_rates: Mapping[str, float]) -> str:

@@ -219,8 +219,7 @@ def block_tables(snap: KVSnapshot, max_requests: int = 16, highlight: str | None
            heatmap_height(len(d["y"]), row_px=26, top=50, bottom=50), x="logical block", margin=(10, 10, 50, 50),
            plot_bgcolor="white")
     fig.update_xaxes(type="category")
-    fig.update_yaxes(autorange="reversed", type="category")
-    return fig
+    return fig.update_yaxes(autorange="reversed", type="category")
 
 
 def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int | None = None,

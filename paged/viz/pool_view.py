@@ -33,6 +33,5 @@ def pool_figure(df: pd.DataFrame) -> go.Figure:
                                  line=dict(color=color, dash=dash)), 1, 2)
     fig.update_xaxes(title_text="cache per node (M tokens)", type="log")
     nodes = int(df["nodes"].iloc[0]) if len(df) else 0
-    fig.update_layout(height=420, title=f"{nodes} nodes: per-node caches vs one pooled tier",
-                      legend=dict(orientation="h", y=-0.3), margin=dict(b=120))
-    return fig
+    return fig.update_layout(height=420, title=f"{nodes} nodes: per-node caches vs one pooled tier",
+                             legend=dict(orientation="h", y=-0.3), margin=dict(b=120))

@@ -25,8 +25,7 @@ def modes_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
     top = max([float(st["step"].max()) for st in frames.values() if len(st)] or [0.0])
     blocks = max([float(st["num_used_blocks"].max()) for st in frames.values() if len(st)] or [0.0])
     fig.update_xaxes(**count_axis(top))
-    fig.update_yaxes(**count_axis(blocks))
-    return fig
+    return fig.update_yaxes(**count_axis(blocks))
 
 
 def cost_figure(costs: pd.DataFrame) -> go.Figure:

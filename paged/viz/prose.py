@@ -232,10 +232,8 @@ def shared_blocks(run):
 def paper_gap(table: pd.DataFrame):
     """Each allocator's share of the pool holding tokens against the vLLM paper's Fig. 2."""
     t = table.reset_index(drop=True)
-    parts = [f"{a}: {s:.1%} (paper {p:.1%}, "
-             f"{'+' if d >= 0 else '−'}{abs(d):.1f} points)"
-             for a, s, p, d in zip(t["allocator"], t["token_share_of_pool"], t["paper_token_share"],
-                                   t["difference_pts"])]
+    parts = [f"{a}: {s:.1%} (paper {p:.1%}, {'+' if d >= 0 else '−'}{abs(d):.1f} points)" for a, s, p, d in
+             zip(t["allocator"], t["token_share_of_pool"], t["paper_token_share"], t["difference_pts"])]
     paged = float(t["token_share_of_pool"].iloc[-1])
     ratios = paged / t["token_share_of_pool"].iloc[:-1].to_numpy()
     fast = ""

@@ -44,9 +44,8 @@ def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "k
                                              "%{customdata[0]:,.0f} tokens/GiB<br>same top-1 %{customdata[1]:.1f}%"))
     if (f := _front(d, metric)) is not None:
         fig.add_scatter(x=f.bits_per_value, y=f[metric], mode="lines", name="Pareto front", line=dict(dash="dot"))
-    fig.update_layout(title=f"Error vs memory (ctx {ctx}, {metric})", xaxis_title="bits per value (K and V mean)",
-                      yaxis_title=metric, yaxis_type="log", height=450)
-    return fig
+    return fig.update_layout(title=f"Error vs memory (ctx {ctx}, {metric})", yaxis_title=metric, yaxis_type="log",
+                             xaxis_title="bits per value (K and V mean)", height=450)
 
 
 def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, metric: str = "kld_mean",
@@ -116,8 +115,7 @@ def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFram
                      range=[min(0.8, lo - 0.05), max(1.0, hi) + 0.12], row=1, col=2)
     fig.update_xaxes(title_text="bits per value", row=1, col=1)
     fig.update_xaxes(title_text="bits per value", type="log", tickvals=[2, 3, 4, 5, 8, 16, 32], row=1, col=2)
-    fig.update_layout(height=520, legend=dict(orientation="h", y=-0.22), margin=dict(b=150))
-    return fig
+    return fig.update_layout(height=520, legend=dict(orientation="h", y=-0.22), margin=dict(b=150))
 
 
 def error_vs_context(df: pd.DataFrame, metric: str = "kld_mean", formats: Sequence[str] | None = None) -> go.Figure:
@@ -129,9 +127,8 @@ def error_vs_context(df: pd.DataFrame, metric: str = "kld_mean", formats: Sequen
         if formats is None or fmt in formats:
             g = g.sort_values("context_length")
             fig.add_scatter(x=g.context_length, y=g[metric], mode="lines+markers", name=fmt)
-    fig.update_layout(title=f"{metric} vs context length", xaxis_title="context length (tokens)",
-                      yaxis_title=metric, yaxis_type="log", xaxis_type="log", height=420)
-    return fig
+    return fig.update_layout(title=f"{metric} vs context length", xaxis_title="context length (tokens)",
+                             yaxis_title=metric, yaxis_type="log", xaxis_type="log", height=420)
 
 
 def survival_curves(df: pd.DataFrame, context_length: int | None = None) -> go.Figure:
@@ -144,9 +141,8 @@ def survival_curves(df: pd.DataFrame, context_length: int | None = None) -> go.F
             [int(x) for x in str(r.first_div).strip("[]").split(",") if x.strip()]  # read back from CSV
         t, alive = survival(np.asarray(first), int(r.divergence_tokens))
         fig.add_scatter(x=t, y=alive, mode="lines", line_shape="hv", name=r.format)
-    fig.update_layout(title=f"Greedy agreement with the fp32 cache (ctx {ctx} prompts)",
-                      xaxis_title="generated tokens", yaxis_title="prompts still identical", height=420)
-    return fig
+    return fig.update_layout(title=f"Greedy agreement with the fp32 cache (ctx {ctx} prompts)",
+                             xaxis_title="generated tokens", yaxis_title="prompts still identical", height=420)
 
 
 def layer_heatmap(errors: pd.DataFrame, metric: str = "out_rel_err_kv") -> go.Figure:
@@ -160,8 +156,7 @@ def layer_heatmap(errors: pd.DataFrame, metric: str = "out_rel_err_kv") -> go.Fi
     fig.update_layout(title=f"{metric} per layer", xaxis_title="layer", margin=dict(l=90, r=20, t=50, b=50),
                       height=heatmap_height(len(z), row_px=max(ROW_PX, 28), top=50, bottom=50, colorbar=True))
     fig.update_xaxes(type="category")
-    fig.update_yaxes(type="category")
-    return fig
+    return fig.update_yaxes(type="category")
 
 
 def key_outlier_heatmap(channels: pd.DataFrame) -> go.Figure:
@@ -172,8 +167,7 @@ def key_outlier_heatmap(channels: pd.DataFrame) -> go.Figure:
                       yaxis_title="layer", margin=dict(l=60, r=20, t=50, b=50),
                       height=heatmap_height(len(z), row_px=16, top=50, bottom=50, colorbar=True))
     fig.update_yaxes(autorange="reversed", **count_axis(float(len(z))))
-    fig.update_xaxes(**count_axis(float(len(z.columns))))
-    return fig
+    return fig.update_xaxes(**count_axis(float(len(z.columns))))
 
 
 def render(formats: Sequence[str], texts: Sequence[str], toks: Sequence[Sequence[int]], tokenizer=None) -> str:

@@ -40,15 +40,14 @@ def story_figure(steps, moments=None, current: int | None = None, title: str | N
             showlegend=bool(len(at))))
     if current is not None and n:
         fig.add_vline(x=current, line=dict(color="#888", dash="dot"))
-    fig.update_layout(
-        title=title or (f"key moments of the run ({n} steps) · click one to see the pool then" if n else
-                        "key moments appear here as the run goes"),
-        height=280, margin=dict(l=60, r=20, t=50, b=40), hovermode="closest",
-        legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
-        xaxis=dict(title="step", range=[0.5, max(n, 1) + 0.5], tickformat="d", dtick=None if n > 10 else 1,
-                   showticklabels=bool(n)),
-        yaxis=dict(title="blocks in use (%)", range=[0, 105]))
-    return fig
+    return fig.update_layout(
+               title=title or (f"key moments of the run ({n} steps) · click one to see the pool then" if n else
+                               "key moments appear here as the run goes"),
+               height=280, margin=dict(l=60, r=20, t=50, b=40), hovermode="closest",
+               legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+               xaxis=dict(title="step", range=[0.5, max(n, 1) + 0.5], tickformat="d", dtick=None if n > 10 else 1,
+                          showticklabels=bool(n)),
+               yaxis=dict(title="blocks in use (%)", range=[0, 105]))
 
 
 class StoryView:

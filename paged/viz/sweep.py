@@ -106,8 +106,7 @@ def parallel_coordinates(df: pd.DataFrame, dims: Sequence[str], color: str, titl
                                  [dict(label=k, values=[]) for k in dims],
                                  line=dict(color=c.tolist(), colorscale="Viridis", showscale=True,
                                            colorbar=dict(title=color))))
-    fig.update_layout(title=title or f"{len(d)} points, coloured by {color}", height=420)
-    return fig
+    return fig.update_layout(title=title or f"{len(d)} points, coloured by {color}", height=420)
 
 
 def _is_count(s: pd.Series) -> bool:

@@ -31,8 +31,7 @@ def tier_figure(df: pd.DataFrame) -> go.Figure:
                       legend=dict(orientation="h", y=-0.45), margin=dict(b=160))
     fig.update_xaxes(tickangle=30)
     fig.update_yaxes(title_text="blocks", row=1, col=1)
-    fig.update_yaxes(title_text="share of prompt tokens", range=[0, 1], row=1, col=2)
-    return fig
+    return fig.update_yaxes(title_text="share of prompt tokens", range=[0, 1], row=1, col=2)
 
 
 def streaming_figure(df: pd.DataFrame) -> go.Figure:
