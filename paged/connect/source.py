@@ -99,9 +99,7 @@ class ServerSource(RecordFrames):
         with ``background=False``."""
         n = 0
         if self._sub is not None:
-            wait = timeout
-            if self.metrics_url is not None:
-                wait = max(0.0, min(timeout, self._next_scrape - time.monotonic()))
+            wait = timeout if self.metrics_url is None else max(0.0, min(timeout, self._next_scrape - time.monotonic()))
             seen = len(self._sub.status.warnings)
             try:
                 batches = self._sub.poll(wait)

@@ -78,7 +78,7 @@ class EngineSpeaker:
 
     # ---- event translation (called synchronously by the tap) ---------------------------------------------
     def _h(self, h: Any) -> Any:
-        return to_int_hash(h) if self.int_hashes else h
+        return to_int_hash(h) if self.int_hashes and h is not None else h
 
     def _on_event(self, step: int, kind: str, rid: Any, bid: Any, value: Any) -> None:
         if kind == ev.CACHE_BLOCK and self.publisher is not None:
@@ -115,8 +115,7 @@ class EngineSpeaker:
     def _stored(self, rid: Any, bid: int) -> None:
         block = self.engine.kv.pool.blocks[bid]
         self._gpu.add(block.block_hash)
-        h, parent = self._h(block.block_hash), self._parent_hash(rid, block)
-        parent = None if parent is None else self._h(parent)
+        h, parent = self._h(block.block_hash), self._h(self._parent_hash(rid, block))
         last = self._pending[-1] if self._pending else None
         if (isinstance(last, BlockStored) and self._chain_rid == rid and last.medium == MEDIUM_GPU
                 and last.block_hashes[-1] == parent):
@@ -138,12 +137,10 @@ class EngineSpeaker:
         if block.block_hash is None:
             return
         self._gpu.discard(block.block_hash)
-        h = self._h(block.block_hash)
-        parent = self._parent_hash(None, block)
+        h, parent = self._h(block.block_hash), self._h(self._parent_hash(None, block))
         self._chain_rid = None
-        self._pending.append(BlockRemoved((h,), MEDIUM_GPU))
-        self._pending.append(BlockStored((h,), None if parent is None else self._h(parent), tuple(block.token_ids),
-                                         len(block.token_ids), MEDIUM_CPU))
+        self._pending += [BlockRemoved((h,), MEDIUM_GPU),
+                          BlockStored((h,), parent, tuple(block.token_ids), len(block.token_ids), MEDIUM_CPU)]
         self._host[cpu] = h
 
     def _end_of_plan(self) -> None:

@@ -15,6 +15,7 @@ seed call ``hash_fn(b"", (), ("seed", *extra_keys))`` maps to ``NONE_HASH``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -38,22 +39,18 @@ def _sha256_cbor(obj: Any) -> bytes:
     return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
 
 
-def none_hash(serialize: Callable[[Any], bytes] = _sha256_pickle, seed: str | None = None) -> bytes:
+def none_hash(serialize: Callable[[Any], bytes] = _sha256_pickle) -> bytes:
     """vLLM's parent of block 0: ``H(seed)``, seed = ``PYTHONHASHSEED`` or ``"vllm-none-hash"``."""
-    if seed is None:
-        seed = os.environ.get("PYTHONHASHSEED", DEFAULT_SEED)
-    return serialize(seed)
+    return serialize(os.environ.get("PYTHONHASHSEED", DEFAULT_SEED))
 
 
 def _make(serialize: Callable[[Any], bytes], name: str):
-    root = {}
+    root = functools.cache(lambda: none_hash(serialize))  # NONE_HASH, computed at the first seed call
 
     def fn(parent: Hashable, token_ids: tuple[int, ...], extra_keys: tuple) -> bytes:
         if not token_ids and extra_keys[:1] == ("seed",):  # our BlockHasher's seed call
             if len(extra_keys) == 1:
-                if "r" not in root:
-                    root["r"] = none_hash(serialize)
-                return root["r"]
+                return root()
             return serialize(("paged-extra-keys", none_hash(serialize), tuple(extra_keys[1:])))
         return serialize((parent, tuple(token_ids), tuple(extra_keys) if extra_keys else None))
     fn.__name__ = fn.__qualname__ = name
