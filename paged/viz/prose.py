@@ -105,13 +105,13 @@ def format_memory(formats: pd.DataFrame, base: str = "fp16"):
                      "4 bits less than 4×.")
 
 
-def _all_rows(df: pd.DataFrame) -> pd.DataFrame:
+def all_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["source"] == "all"] if "source" in df and (df["source"] == "all").any() else df
 
 
 def format_errors(df: pd.DataFrame, context_length: int | None = None, metric: str = "kld_mean"):
     """How the 4-bit formats' error compares with int8's and with plain int4 (a `quant.study` table)."""
-    d = _all_rows(df)
+    d = all_rows(df)
     ctx = context_length or int(d["context_length"].max())
     k = d[d["context_length"] == ctx].set_index("format")[metric]
     if "int8" not in k or "int4" not in k:
@@ -164,7 +164,7 @@ def front_goals(front: pd.DataFrame, llama: pd.DataFrame, goals: Sequence[tuple[
 
 def context_trend(df: pd.DataFrame, metric: str = "kld_mean"):
     """Whether each format's error rises or falls from the shortest to the longest context measured."""
-    d = _all_rows(df)
+    d = all_rows(df)
     d = d[d["role"] != "base"] if "role" in d else d
     ctxs = sorted(d["context_length"].unique())
     if len(ctxs) < 2:

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from paged.quant.metrics import survival
 
-from .prose import _all_rows
+from .prose import all_rows
 from .sizing import ROW_PX, count_axis, heatmap_height, label_positions
 
 __all__ = ["pareto", "front_vs_llamacpp", "quality_and_speed", "error_vs_context", "survival_curves", "layer_heatmap",
@@ -34,7 +34,7 @@ def _front(d: pd.DataFrame, metric: str) -> pd.DataFrame | None:
 
 def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "kld_mean") -> go.Figure:
     """KLD (log) vs bits per value per format; the memory/error Pareto front as a line."""
-    d = _all_rows(df)
+    d = all_rows(df)
     ctx = context_length or int(d.context_length.max())
     d = d[(d.context_length == ctx) & (d[metric] > 0)].sort_values("bits_per_value")
     fig = go.Figure(go.Scatter(x=d.bits_per_value, y=d[metric], mode="markers+text", text=d.format,
@@ -120,7 +120,7 @@ def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFram
 
 def error_vs_context(df: pd.DataFrame, metric: str = "kld_mean", formats: Sequence[str] | None = None) -> go.Figure:
     """``metric`` against context length, one line per format (base excluded)."""
-    d = _all_rows(df)
+    d = all_rows(df)
     d = d[d.role != "base"]
     fig = go.Figure()
     for fmt, g in d.groupby("format", sort=False):
@@ -133,7 +133,7 @@ def error_vs_context(df: pd.DataFrame, metric: str = "kld_mean", formats: Sequen
 
 def survival_curves(df: pd.DataFrame, context_length: int | None = None) -> go.Figure:
     """Fraction of prompts whose greedy continuation still equals the base run's after t tokens."""
-    d = _all_rows(df)
+    d = all_rows(df)
     ctx = context_length or int(d.context_length.max())
     fig = go.Figure()
     for _, r in d[(d.context_length == ctx) & (d.role != "base")].iterrows():

@@ -96,7 +96,7 @@ class StudyPanel:
             self.button.disabled = False
         took = time.perf_counter() - t0
         self.status.value = f"{html.escape(what)}: done in {took:.0f} s"
-        d = prose._all_rows(self.df)
+        d = prose.all_rows(self.df)
         self.out.outputs = ()
         for shown in (fit_table(d, [c for c in TABLE_COLUMNS if c in d.columns]), prose.format_errors(self.df),
                       prose.context_trend(self.df)):
