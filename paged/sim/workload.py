@@ -37,9 +37,7 @@ from paged.errors import ConfigError
 from paged.sim.content_blocks import BLOCK_COLUMN, content_block_size, cut_blocks
 from paged.sim.trace_files import TRACE_COLUMNS, TraceFormatError, load_trace, normalize_trace, save_trace
 
-# ----------------------------------------------------------------------------------------------
-# Length distributions
-# ----------------------------------------------------------------------------------------------
+# ---- Length distributions ----------------------------------------------------------------------
 
 
 @lru_cache(maxsize=256)
@@ -123,9 +121,7 @@ def get_workload(name: str) -> WorkloadSpec:
     return WORKLOADS[key]
 
 
-# ----------------------------------------------------------------------------------------------
-# Arrivals
-# ----------------------------------------------------------------------------------------------
+# ---- Arrivals ----------------------------------------------------------------------------------
 
 
 def arrival_times(n: int, rate: float, process: str = "poisson", cv: float = 2.0,
@@ -157,9 +153,7 @@ def arrival_times(n: int, rate: float, process: str = "poisson", cv: float = 2.0
     return np.cumsum(gaps)
 
 
-# ----------------------------------------------------------------------------------------------
-# Synthetic traces
-# ----------------------------------------------------------------------------------------------
+# ---- Synthetic traces --------------------------------------------------------------------------
 
 
 def synthetic_trace(workload: str | WorkloadSpec = "sharegpt", num_requests: int = 1000, rate: float = math.inf,
