@@ -304,10 +304,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise PagedError(f"--rate must be > 0 requests/s (inf: all at t=0), got {rate}")
     for flag in ("requests_out", "steps_out"):
         path = getattr(args, flag, None)
-        if path:
-            folder = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(folder):
-                raise PagedError(f"--{flag.replace('_', '-')} {path}: folder {folder} does not exist; create it first")
+        if path and not os.path.isdir(folder := os.path.dirname(os.path.abspath(path))):
+            raise PagedError(f"--{flag.replace('_', '-')} {path}: folder {folder} does not exist; create it first")
     if args.command == "demo" and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise PagedError(f"--out {args.out} is a file; give a folder for the report (it is created if missing)")
 

@@ -321,9 +321,7 @@ class Simulator:
             for d in self._stats)
         for col in tr.columns:
             reqs[col] = tr[col].to_numpy()
-        reqs["rejected"] = False
-        for i, _ in rejected:
-            reqs.loc[i, "rejected"] = True
+        reqs["rejected"] = np.isin(np.arange(len(reqs)), [i for i, _ in rejected])  # at admission: trace rows
         st = telemetry.steps_frame(self._rows)
         st["kv_internal_fragmentation"] = np.where(st["kv_cache_usage_perc"] > 0, 1.0 - st["token_usage"], 0.0)
         summary = summarize(self, reqs, st, self._tbt, rejected, self._wall)

@@ -204,10 +204,8 @@ def with_shared_prefix(df: pd.DataFrame, num_prefixes: int, prefix_tokens: int, 
     df = df.copy()
     n = len(df)
     has = rng.random(n) < prefix_fraction
-    if prefix_zipf:
-        ids = rng.choice(num_prefixes, size=n, p=tenant_weights(num_prefixes, prefix_zipf))
-    else:
-        ids = rng.integers(0, num_prefixes, n)
+    ids = (rng.choice(num_prefixes, size=n, p=tenant_weights(num_prefixes, prefix_zipf)) if prefix_zipf
+           else rng.integers(0, num_prefixes, n))
     df["prefix_id"] = np.where(has, ids, -1).astype(np.int64)
     df["prefix_tokens"] = np.where(has, prefix_tokens, 0).astype(np.int64)
     df["prompt_tokens"] = (df["prompt_tokens"].to_numpy() + df["prefix_tokens"].to_numpy()).astype(np.int64)
