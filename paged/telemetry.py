@@ -91,10 +91,7 @@ def events_frame(recorder: "ev.Recorder | Iterable[ev.Event]") -> "pd.DataFrame"
     import pandas as pd
     events = recorder.events if isinstance(recorder, ev.Recorder) else list(recorder)
     df = pd.DataFrame.from_records(events, columns=EVENT_COLUMNS)
-    df["step"] = df["step"].astype("int64")
-    df["block_id"] = df["block_id"].astype("Int64")
-    df["value"] = df["value"].astype("Int64")
-    return df
+    return df.astype({"step": "int64", "block_id": "Int64", "value": "Int64"})
 
 
 def block_lifetimes(events: "pd.DataFrame") -> "pd.DataFrame":

@@ -17,6 +17,7 @@ one whole tensor at a time in torch (the same float32 operations as gguf.quants,
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -170,10 +171,8 @@ def open_gguf(path: str | os.PathLike[str], fast: bool = True) -> Any:
     if not os.path.isfile(path):
         raise ModelLoadError(f"GGUF file {os.fspath(path)!r} does not exist")
     if fast:
-        try:
+        with contextlib.suppress(ValueError):  # gguf's reader handles (or explains) the rest
             return FastGGUFReader(os.fspath(path))
-        except ValueError:
-            pass  # gguf's reader handles (or explains) the rest
     from gguf import GGUFReader
     return GGUFReader(os.fspath(path))
 

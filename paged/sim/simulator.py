@@ -237,8 +237,7 @@ class Simulator:
                 rejected.append((i, f"request {i}: prompt ({p}) + output ({o}) = {p + o} tokens exceeds "
                                     f"max_model_len={max_len}; shorten the row or raise max_model_len"))
                 continue
-            req = Request(str(i), a.prompt_ids(i, toks), o,
-                          arrival_time=float(a.time[i]),
+            req = Request(str(i), a.prompt_ids(i, toks), o, arrival_time=float(a.time[i]),
                           priority=int(a.priority[i]) if a.priority is not None else 0, data=stats[i])
             try:
                 self.loop.add_request(req)

@@ -126,18 +126,15 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> pd.DataFrame:
     if os.path.isdir(path):
         raise TraceFormatError(f"trace {path!r} is a directory; give a trace file (CSV or JSONL)")
     text = _read_text(path, src)
-    if fmt in ("jsonl", "mooncake") or (fmt == "auto" and text.lstrip()[:1] in ("{", "[")):
-        out = _load_jsonl(text, src, fmt)
-    else:
-        out = _load_csv(text, src, fmt)
+    jsonl = fmt in ("jsonl", "mooncake") or (fmt == "auto" and text.lstrip()[:1] in ("{", "["))
+    out = (_load_jsonl if jsonl else _load_csv)(text, src, fmt)
     out.attrs["source"] = path
     return out
 
 
 def _read_text(path: str, src: str) -> str:
     """The file's text, gunzipped when it starts with gzip's magic bytes."""
-    with open(path, "rb") as fh:
-        data = fh.read()
+    data = Path(path).read_bytes()
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
