@@ -161,10 +161,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         res.requests.to_csv(args.requests_out, index=False)
     if args.steps_out:
         res.steps.to_csv(args.steps_out, index=False)
-    if args.json:
-        print(json.dumps(json_safe(res.summary), allow_nan=False))
-    else:
-        print(format_summary(res.summary))
+    print(json.dumps(json_safe(res.summary), allow_nan=False) if args.json else format_summary(res.summary))
     return 0
 
 
@@ -235,10 +232,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     df = sweep("simulate", points, backend=args.backend, jobs=args.jobs, address=args.address, store=store,
                force=args.force, progress=not args.no_progress and sys.stderr.isatty())
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    if out.endswith(".parquet"):
-        df.to_parquet(out, index=False)
-    else:
-        df.to_csv(out, index=False)
+    (df.to_parquet if out.endswith(".parquet") else df.to_csv)(out, index=False)
     cols = keys + [c for c in ("requests_finished", "throughput_req_s", "throughput_tok_s", "ttft_p99_s",
                                "tbt_p99_s", "kv_token_usage_mean", "num_preemptions") if c in df.columns]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
@@ -310,10 +304,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise PagedError(f"--rate must be > 0 requests/s (inf: all at t=0), got {rate}")
     for flag in ("requests_out", "steps_out"):
         path = getattr(args, flag, None)
-        if path:
-            folder = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(folder):
-                raise PagedError(f"--{flag.replace('_', '-')} {path}: folder {folder} does not exist; create it first")
+        if path and not os.path.isdir(folder := os.path.dirname(os.path.abspath(path))):
+            raise PagedError(f"--{flag.replace('_', '-')} {path}: folder {folder} does not exist; create it first")
     if args.command == "demo" and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise PagedError(f"--out {args.out} is a file; give a folder for the report (it is created if missing)")
 

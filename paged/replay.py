@@ -31,6 +31,8 @@ _SNAP_ARRAYS = [f.name for f in dataclasses.fields(KVSnapshot)
 class Recording(RecordFrames):
     """A saved run, read back: the same record attributes as a run, and no executor."""
 
+    noun = "recording"
+
     def __init__(self, rows: list[dict], events: list[Event], requests: list[dict],
                  snapshots: dict[int, KVSnapshot], meta: dict[str, Any]) -> None:
         self.rows, self.events, self._requests, self.snapshots, self.meta = rows, events, requests, snapshots, meta
@@ -46,20 +48,10 @@ class Recording(RecordFrames):
     def snapshot_steps(self) -> list[int]:
         return sorted(self.snapshots)
 
-    def snapshot_at(self, step: int) -> KVSnapshot:
-        """The kept snapshot at or before `step` (what a replay shows at that step)."""
-        return self.snapshot(step)
-
     def snapshot(self, step: int | None = None) -> KVSnapshot:
         """The last kept snapshot at or before `step` (default: the last one); a `step` before the
         first kept snapshot gets the first one (a replay slider starts there)."""
-        if not self.snapshots:
-            raise ConfigError("this recording kept no snapshots; call run.keep_snapshots(stride) before stepping")
-        keys = self.snapshot_steps
-        if step is None:
-            return self.snapshots[keys[-1]]
-        i = int(np.searchsorted(keys, step, side="right")) - 1
-        return self.snapshots[keys[max(i, 0)]]
+        return self.snapshot_at(max(self.snapshots, default=0) if step is None else step)
 
 
 def _json_default(x):
@@ -115,8 +107,7 @@ def load(path: str | Path) -> Recording:
         if meta.get("format") != FORMAT:
             raise ConfigError(f"{path}: not a paged run recording (format {meta.get('format')!r}, want {FORMAT!r})")
         cols = {c: z[f"step/{c}"] for c in STEP_COLUMNS}
-        n = len(cols["step"])
-        rows = [{c: cols[c][i].item() for c in STEP_COLUMNS} for i in range(n)]
+        rows = [{c: cols[c][i].item() for c in STEP_COLUMNS} for i in range(len(cols["step"]))]
         kinds, rids = meta["kinds"], meta["request_ids"]
         st, kd, rq, bl, va, hv = (z[f"event/{k}"] for k in ("step", "kind", "request", "block", "value", "has_value"))
         events = [Event(int(st[i]), kinds[kd[i]], None if rq[i] < 0 else rids[rq[i]], None if bl[i] < 0 else int(bl[i]),

@@ -55,9 +55,19 @@ class RecordFrames:
 
     rows: list[dict]
     events: list[ev.Event]
+    snapshots: dict[int, Any]   # step index (len(rows)) -> KVSnapshot
+    noun = "run"                # what the records are of, in messages
 
     def request_rows(self) -> list[dict]:
         raise NotImplementedError
+
+    def snapshot_at(self, step: int):
+        """The kept snapshot of the last step <= `step` that has one (the first kept one before it)."""
+        if not self.snapshots:
+            raise ConfigError(f"this {self.noun} kept no snapshots; call run.keep_snapshots(stride) before stepping")
+        keys = sorted(self.snapshots)
+        i = int(np.searchsorted(keys, step, side="right")) - 1
+        return self.snapshots[keys[max(i, 0)]]
 
     def steps_frame(self):
         """pandas DataFrame of the step rows so far (STEP_COLUMNS)."""
@@ -99,7 +109,7 @@ class Run(RecordFrames):
         self.done = False
         self.snapshot_stride = 0               # keep_snapshots(k): a snapshot every k steps
         self.max_snapshots: int | None = None  # keep_snapshots(..., max_snapshots): thin beyond this
-        self.snapshots: dict[int, Any] = {}    # step index (len(rows)) -> KVSnapshot
+        self.snapshots: dict[int, Any] = {}
         self._notable: set[int] = set()        # steps whose snapshot thinning keeps (key moments)
         self._peak = 0.0
         from paged.sim.simulator import SimConfig, Simulator
@@ -170,14 +180,6 @@ class Run(RecordFrames):
                 if s != peak:
                     del self.snapshots[s]
                     self._notable.discard(s)
-
-    def snapshot_at(self, step: int):
-        """The kept snapshot of the last step <= `step` that has one (the first kept one before it)."""
-        if not self.snapshots:
-            raise ConfigError("this run kept no snapshots; call run.keep_snapshots(stride) before stepping")
-        keys = sorted(self.snapshots)
-        i = int(np.searchsorted(keys, step, side="right")) - 1
-        return self.snapshots[keys[max(i, 0)]]
 
     def _track(self, events: Sequence[ev.Event], num_blocks: int) -> None:
         if self._last_use is None:

@@ -91,10 +91,7 @@ def events_frame(recorder: "ev.Recorder | Iterable[ev.Event]") -> "pd.DataFrame"
     import pandas as pd
     events = recorder.events if isinstance(recorder, ev.Recorder) else list(recorder)
     df = pd.DataFrame.from_records(events, columns=EVENT_COLUMNS)
-    df["step"] = df["step"].astype("int64")
-    df["block_id"] = df["block_id"].astype("Int64")
-    df["value"] = df["value"].astype("Int64")
-    return df
+    return df.astype({"step": "int64", "block_id": "Int64", "value": "Int64"})
 
 
 def block_lifetimes(events: "pd.DataFrame") -> "pd.DataFrame":
@@ -141,31 +138,21 @@ def allocation_latency_ns(events: "pd.DataFrame") -> "pd.Series":
 
 def metrics(kv: "KVCacheManager", scheduler: "Scheduler | None" = None) -> dict[str, float]:
     """A snapshot of the cache's (and scheduler's) counters."""
-    m = {
-        "kv_cache_usage_perc": kv.kv_cache_usage_perc,
-        "token_usage": kv.token_usage,
-        "num_used_blocks": kv.num_used_blocks,
-        "num_free_blocks": kv.num_free_blocks,
-        "num_cached_free_blocks": kv.num_cached_free_blocks,
-        "prefix_cache_queries": kv.prefix_cache_queries,
-        "prefix_cache_hits": kv.prefix_cache_hits,
-        "prefix_cache_hit_rate": kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
-        "num_cow_copies": kv.num_cow_copies,
-        "num_swapped_out_blocks": kv.num_swapped_out_blocks,
-        "num_swapped_in_blocks": kv.num_swapped_in_blocks,
-    }
+    m = dict(kv_cache_usage_perc=kv.kv_cache_usage_perc, token_usage=kv.token_usage,
+             num_used_blocks=kv.num_used_blocks, num_free_blocks=kv.num_free_blocks,
+             num_cached_free_blocks=kv.num_cached_free_blocks, prefix_cache_queries=kv.prefix_cache_queries,
+             prefix_cache_hits=kv.prefix_cache_hits,
+             prefix_cache_hit_rate=kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
+             num_cow_copies=kv.num_cow_copies, num_swapped_out_blocks=kv.num_swapped_out_blocks,
+             num_swapped_in_blocks=kv.num_swapped_in_blocks)
     host = getattr(kv, "host", None)
     if host is not None:
-        m["host_cache_hits"] = kv.host_cache_hits
-        m["num_host_cached_blocks"] = len(host)
-        m["num_tier_out_blocks"] = host.num_tier_out_blocks
-        m["num_tier_in_blocks"] = host.num_tier_in_blocks
-        m["num_host_evicted_blocks"] = host.num_host_evicted_blocks
+        m.update(host_cache_hits=kv.host_cache_hits, num_host_cached_blocks=len(host),
+                 num_tier_out_blocks=host.num_tier_out_blocks, num_tier_in_blocks=host.num_tier_in_blocks,
+                 num_host_evicted_blocks=host.num_host_evicted_blocks)
     if scheduler is not None:
-        m["num_preemptions"] = sum(scheduler.num_preemptions.values())
-        m["num_preemptions_recompute"] = scheduler.num_preemptions["recompute"]
-        m["num_preemptions_swap"] = scheduler.num_preemptions["swap"]
-        m["num_running"] = len(scheduler.running)
-        m["num_waiting"] = len(scheduler.waiting)
-        m["num_swapped"] = len(scheduler.swapped)
+        preempted = scheduler.num_preemptions
+        m.update(num_preemptions=sum(preempted.values()), num_preemptions_recompute=preempted["recompute"],
+                 num_preemptions_swap=preempted["swap"], num_running=len(scheduler.running),
+                 num_waiting=len(scheduler.waiting), num_swapped=len(scheduler.swapped))
     return m

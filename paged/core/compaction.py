@@ -79,9 +79,7 @@ class CompactionPlan:
 
 def count_runs(ids: Sequence[int]) -> int:
     """Maximal runs of consecutive ascending ids (0 for an empty table, 1 when contiguous)."""
-    if not ids:
-        return 0
-    return 1 + sum(1 for a, b in zip(ids, ids[1:]) if b != a + 1)
+    return 1 + sum(1 for a, b in zip(ids, ids[1:]) if b != a + 1) if ids else 0
 
 
 def own_blocks(tables: Iterable[tuple[str, Sequence[int]]]) -> list[tuple[str, list[int]]]:

@@ -42,10 +42,6 @@ KV_CACHE_DTYPES = ("auto", *_formats.FORMATS, *_formats.ALIASES)
 """Every accepted ``kv_cache_dtype`` spelling: 'auto', the formats, then their aliases ('fp8', 'half', ...)."""
 
 
-def _error(msg: str) -> ConfigError:
-    return ConfigError(msg)
-
-
 def canonical_kv_cache_dtype(name: Any) -> str:
     """``name`` as its canonical format name ('fp8' -> 'fp8_e4m3'), or 'auto' (the model's dtype,
     resolved by the executor); ConfigError for anything else."""
@@ -144,16 +140,16 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
-        put("block_size", need_int("block_size", self.block_size, _error, minimum=1,
+        put("block_size", need_int("block_size", self.block_size, ConfigError, minimum=1,
                                    hint="a power of two such as 16"))
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two (1, 2, 4, ..., 16, ...), got {self.block_size!r}")
-        put("num_blocks", need_int("num_blocks", self.num_blocks, _error, minimum=1, optional=True))
-        put("kv_cache_memory_bytes", need_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, _error, minimum=1,
-                                              optional=True, hint="bytes, e.g. 1 << 30 for 1 GiB"))
+        put("num_blocks", need_int("num_blocks", self.num_blocks, ConfigError, minimum=1, optional=True))
+        put("kv_cache_memory_bytes", need_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, ConfigError,
+                                              minimum=1, optional=True, hint="bytes, e.g. 1 << 30 for 1 GiB"))
         put("kv_cache_dtype", canonical_kv_cache_dtype(self.kv_cache_dtype))
         for name in ("enable_prefix_caching", "enable_host_tier"):
-            need_flag(name, getattr(self, name), _error)
+            need_flag(name, getattr(self, name), ConfigError)
         if not isinstance(self.hash_fn, str) and not callable(self.hash_fn):
             raise ConfigError(f"hash_fn must be a name ('xxh3_128', 'sha256', 'builtin') or a callable, "
                               f"got {self.hash_fn!r}")
@@ -169,9 +165,9 @@ class CacheConfig:
                 make_policy(spec)  # parses the name and its parameters
             except ConfigError as e:
                 raise ConfigError(f"{name}={spec!r}: {e}") from None
-        put("num_cpu_blocks", need_int("num_cpu_blocks", self.num_cpu_blocks, _error, minimum=0, optional=True))
-        put("swap_space_gib", need_real("swap_space_gib", self.swap_space_gib, _error, minimum=0.0, optional=True,
-                                        hint="GiB of host memory for the CPU pool"))
+        put("num_cpu_blocks", need_int("num_cpu_blocks", self.num_cpu_blocks, ConfigError, minimum=0, optional=True))
+        put("swap_space_gib", need_real("swap_space_gib", self.swap_space_gib, ConfigError, minimum=0.0,
+                                        optional=True, hint="GiB of host memory for the CPU pool"))
         if self.num_cpu_blocks is not None and self.swap_space_gib is not None:
             raise ConfigError(f"give the CPU pool as num_cpu_blocks (blocks) or swap_space_gib (GiB), not both; got "
                               f"num_cpu_blocks={self.num_cpu_blocks}, swap_space_gib={self.swap_space_gib}")
@@ -179,7 +175,7 @@ class CacheConfig:
             raise ConfigError(f"swap_mode must be one of {SWAP_MODES}, got {self.swap_mode!r}")
         if self.swap_compression not in SWAP_COMPRESSIONS:
             raise ConfigError(f"swap_compression must be one of {SWAP_COMPRESSIONS}, got {self.swap_compression!r}")
-        put("host_tier_threshold", need_real("host_tier_threshold", self.host_tier_threshold, _error, minimum=0.0,
+        put("host_tier_threshold", need_real("host_tier_threshold", self.host_tier_threshold, ConfigError, minimum=0.0,
                                              maximum=1.0, open_min=True, hint="1.0 demotes only on eviction"))
         if self.host_tier_threshold != 1.0 and not self.enable_host_tier:
             raise ConfigError(f"host_tier_threshold={self.host_tier_threshold} needs enable_host_tier=True")
@@ -227,15 +223,15 @@ class SchedulerConfig:
         for name, minimum, optional in (("max_num_batched_tokens", 1, True), ("max_num_seqs", 1, False),
                                         ("max_model_len", 1, True), ("priority_aging_steps", 1, True),
                                         ("compaction_interval", 1, False), ("compaction_max_copies", 1, True)):
-            put(name, need_int(name, getattr(self, name), _error, minimum=minimum, optional=optional))
+            put(name, need_int(name, getattr(self, name), ConfigError, minimum=minimum, optional=optional))
         for name in ("enable_chunked_prefill", "enable_block_compaction", "compaction_drop_cached"):
-            need_flag(name, getattr(self, name), _error)
+            need_flag(name, getattr(self, name), ConfigError)
         if self.preemption_mode not in ("recompute", "swap"):
             raise ConfigError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.policy not in ("fcfs", "priority"):
             raise ConfigError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        put("watermark", need_real("watermark", self.watermark, _error, minimum=0.0, maximum=1.0, open_max=True))
-        put("compaction_threshold", need_real("compaction_threshold", self.compaction_threshold, _error,
+        put("watermark", need_real("watermark", self.watermark, ConfigError, minimum=0.0, maximum=1.0, open_max=True))
+        put("compaction_threshold", need_real("compaction_threshold", self.compaction_threshold, ConfigError,
                                               minimum=0.0, maximum=1.0, hint="a fragmentation share"))
 
     def resolved(self, max_model_len: int) -> "SchedulerConfig":

@@ -286,8 +286,7 @@ class KVCacheManager(KVCacheParts):
         cpus = self.swap_space.store(request_id, [b.num_filled for b in table])
         mapping: BlockMapping = [(b.block_id, cpu) for b, cpu in zip(table, cpus)]
         del self._tables[request_id]
-        for b in reversed(table):
-            self.pool.free(b, request_id)
+        self.pool.free_blocks(reversed(table), request_id)
         self.prefix.set_offered(request_id)
         self.num_swapped_out_blocks += len(mapping)
         self.recorder.emit(ev.SWAP_OUT, request_id, None, len(mapping))

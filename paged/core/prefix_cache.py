@@ -21,6 +21,7 @@ three take the parent hash, the block's token ids as native int64 bytes, and ext
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from typing import Any, Callable, Hashable, Mapping, Sequence
@@ -36,15 +37,10 @@ except ImportError:  # a dependency (pyproject); an old environment falls back t
 HashFn = Callable[[Hashable, tuple[int, ...], tuple], Hashable]
 
 
-_PACKERS: dict[int, struct.Struct] = {}
-
-
+@functools.cache
 def _packer(n: int) -> struct.Struct:
     """The cached packer of ``n`` token ids as native-order int64 (one per block length)."""
-    p = _PACKERS.get(n)
-    if p is None:
-        p = _PACKERS[n] = struct.Struct(f"={n}q")
-    return p
+    return struct.Struct(f"={n}q")
 
 
 def _token_bytes(token_ids: tuple[int, ...]) -> bytes:

@@ -48,10 +48,9 @@ class PrefixIndex:
         but the request's hashes."""
         hashes = self.hashes.setdefault(request.request_id, [])
         self.hasher.extend(hashes, request.token_ids, request.extra_keys, request.num_tokens)
-        bs = self.block_size
-        max_blocks = (request.num_tokens - 1) // bs
         host = self.host.entries if self.host is not None else None
-        return find_cached_prefix(self.pool, hashes, request.token_ids, bs, max_blocks, host)
+        return find_cached_prefix(self.pool, hashes, request.token_ids, self.block_size,
+                                  (request.num_tokens - 1) // self.block_size, host)  # never all of the prompt
 
     def index_full(self, request: Request, table: Sequence[Block], end: int) -> None:
         """Offer every block of ``table`` full below position ``end`` and not offered yet to the

@@ -133,8 +133,7 @@ def take_snapshot(kv: PagedCache, requests: Mapping | None = None, *, step: int 
     lo, hi = (0, n) if block_range is None else (max(0, block_range[0]), min(n, block_range[1]))
     live = pool.blocks[lo:max(lo, min(hi, pool.num_created))]  # created blocks; the rest were never used
     m = len(live)
-    ref = np.zeros(n, np.int32)
-    filled = np.zeros(n, np.int32)
+    ref, filled = np.zeros(n, np.int32), np.zeros(n, np.int32)
     hashed = np.zeros(n, bool)
     hkey = np.zeros(n, np.uint32)
     used_at = np.full(n, -1, np.int32)
@@ -166,22 +165,18 @@ def take_snapshot(kv: PagedCache, requests: Mapping | None = None, *, step: int 
     indptr = np.zeros(len(ids) + 1, np.int32)
     np.cumsum(lens, out=indptr[1:])
     blocks = np.fromiter((b for r in ids for b in tables.get(r, ())), np.int32, int(indptr[-1]))
-    owner = np.full(n, -1, np.int32)
-    logical = np.full(n, -1, np.int32)
+    owner, logical = np.full(n, -1, np.int32), np.full(n, -1, np.int32)
     if len(blocks):
         rows = np.repeat(np.arange(len(ids), dtype=np.int32), lens)
         pos = np.arange(len(blocks), dtype=np.int32) - indptr[rows]
         first = np.unique(blocks, return_index=True)[1]
         owner[blocks[first]] = rows[first]
         logical[blocks[first]] = pos[first]
-    if step is None:
-        step = kv.recorder.step
+    step = kv.recorder.step if step is None else step
     if last_use is not None:
         used_at = np.maximum(used_at, last_use[:n].astype(np.int32))
     status = np.empty(len(ids), np.int8)
-    computed = np.zeros(len(ids), np.int32)
-    ntok = np.zeros(len(ids), np.int32)
-    nprompt = np.zeros(len(ids), np.int32)
+    computed, ntok, nprompt = (np.zeros(len(ids), np.int32) for _ in range(3))
     for i, r in enumerate(ids):
         q = reqs.get(r)
         if q is None:

@@ -63,14 +63,13 @@ def slot_mapping(table: Sequence[int], start: int, num_tokens: int, block_size: 
 
 def build_batch(batch: Batch, block_size: int) -> BatchMetadata:
     """Metadata for one step on CPU tensors (`.to(device)` moves them)."""
-    bs = block_size
     tables, ids, pos, slots, seq_lens = [], [], [], [], []
     for r, start, n, table in zip(batch.requests, batch.starts, batch.num_tokens, batch.tables):
         table = [b.block_id for b in table]
         tables.append(table)
         ids.append(np.asarray(r.token_ids[start:start + n], dtype=np.int64))
         pos.append(np.arange(start, start + n, dtype=np.int64))
-        slots.append(slot_mapping(table, start, n, bs))
+        slots.append(slot_mapping(table, start, n, block_size))
         seq_lens.append(start + n)
     qlens = batch.num_tokens
     qsl = np.zeros(len(batch) + 1, dtype=np.int32)

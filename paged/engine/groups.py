@@ -273,15 +273,8 @@ class Groups:
 
     def completed(self, plan: SchedulerOutput) -> list[Group]:
         """Groups touched by ``plan`` with no sequence left in flight."""
-        out, seen = [], set()
-        for r in plan.batch.requests:
-            g = r.data.group
-            if id(g) in seen or g.request_id not in self.by_id:
-                continue
-            seen.add(id(g))
-            if not g.live:
-                out.append(g)
-        return out
+        touched = {id(g): g for r in plan.batch.requests if (g := r.data.group).request_id in self.by_id}
+        return [g for g in touched.values() if not g.live]
 
     def finish(self, g: Group) -> RequestOutput:
         """Forget ``g`` and build its output (beam search: the best ``n`` hypotheses)."""

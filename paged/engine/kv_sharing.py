@@ -35,6 +35,5 @@ def owner_layers(share: Mapping[int, int] | None, num_layers: int) -> list[int]:
 def cache_index(share: Mapping[int, int] | None, num_layers: int) -> list[int]:
     """For each model layer, the index of the cache layer it reads among the owners' caches
     (``owner_layers`` order): the identity without sharing."""
-    owners = owner_layers(share, num_layers)
-    pos = {layer: k for k, layer in enumerate(owners)}
+    pos = {layer: k for k, layer in enumerate(owner_layers(share, num_layers))}
     return [pos[(share or {}).get(i, i)] for i in range(num_layers)]

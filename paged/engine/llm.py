@@ -7,6 +7,8 @@ qwen2). Nothing is downloaded.
 """
 from __future__ import annotations
 
+import contextlib
+import itertools
 import numbers
 from typing import Any, Sequence
 
@@ -72,7 +74,7 @@ class LLM:
             dev = _device(device)
             self.loaded = load_model(model, dtype=_dtype(dtype, dev), device=dev)
         self.engine = LLMEngine(self.loaded, engine_config)
-        self._counter = 0
+        self._ids = itertools.count(1)  # generate's request ids: gen-1, gen-2, ...
 
     @property
     def tokenizer(self):
@@ -81,10 +83,6 @@ class LLM:
     @property
     def kv_manager(self):
         return self.engine.kv
-
-    def _next_id(self) -> str:
-        self._counter += 1
-        return f"gen-{self._counter}"
 
     def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -118,7 +116,7 @@ class LLM:
         ids = []
         try:
             for p, sp in zip(plist, params):
-                rid = self._next_id()
+                rid = f"gen-{next(self._ids)}"
                 self.engine.add_request(rid, p, sp)
                 ids.append(rid)
         except Exception:
@@ -129,7 +127,7 @@ class LLM:
         failed: list[StepFailedError] = []  # outputs that could not be built; the others go on
         idle = 0
         try:
-            while any(r not in results and not self._lost(r, failed) for r in ids):
+            while any(r not in results and not any(r in e.request_ids for e in failed) for r in ids):
                 try:
                     out: StepOutput = self.engine.step()
                 except StepFailedError as e:
@@ -153,10 +151,8 @@ class LLM:
         except BaseException:  # an error, or Ctrl-C in a notebook: leave no orphaned requests behind
             for rid in ids:
                 if rid not in results:
-                    try:
+                    with contextlib.suppress(UnknownRequestError):  # on_step aborted it already
                         self.engine.abort(rid)
-                    except UnknownRequestError:
-                        pass  # on_step aborted it already
             raise
         if failed:
             lost = [r for r in ids if r not in results]
@@ -165,7 +161,3 @@ class LLM:
             err.outputs = [results.get(r) for r in ids]  # type: ignore[attr-defined]
             raise err from failed[0]
         return [results[r] for r in ids]
-
-    @staticmethod
-    def _lost(rid: str, failed: list[StepFailedError]) -> bool:
-        return any(rid in e.request_ids for e in failed)

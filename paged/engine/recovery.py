@@ -10,6 +10,7 @@ that was never written. Everything else is untouched and keeps running.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from paged.core.scheduler import SchedulerOutput
@@ -39,20 +40,14 @@ def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
         # host tier: brought-back blocks may be empty, demoted copies may be incomplete
         kv.uncache_blocks(gpu for _, gpu in plan.tier_in)
         kv.drop_host_blocks(cpu for _, cpu in plan.tier_out)
-    groups: list[str] = []
-    for sid in seqs:
-        g = engine.groups.of_seq(sid)
-        if g is not None and g.request_id not in groups:
-            groups.append(g.request_id)
+    groups = list(dict.fromkeys(g.request_id for sid in seqs if (g := engine.groups.of_seq(sid)) is not None))
     for gid in groups:
-        try:
+        with contextlib.suppress(UnknownRequestError):
             engine.abort(gid)
-        except UnknownRequestError:
-            pass
-    try:  # staging of blocks freed before the failure (int4_kivi), if the cache ops did not get to it
+    # staging of blocks freed before the failure (int4_kivi), if the cache ops did not get to it; best effort:
+    # the next plan carries the blocks freed by the aborts
+    with contextlib.suppress(Exception):
         engine.runner.release_blocks(plan.freed_blocks)
-    except Exception:  # noqa: BLE001 - best effort; the next plan carries the blocks freed by the aborts
-        pass
     hint = ""
     if type(exc).__name__ == "StagingExhaustedError":  # int4_kivi sized from bytes: a fixed pool
         hint = ("; int4_kivi keeps one staging slot per unfilled block, max_num_seqs + 16 when the cache is "

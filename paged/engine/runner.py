@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -22,7 +22,6 @@ from .batch import BatchMetadata, build_batch
 from . import torch_attention
 from .swap import SwapExecutor
 from .kv_sharing import cache_index, check_share_map, owner_layers
-from typing import Callable
 
 from paged.core.plan import Batch, SchedulerOutput
 from paged.models.llama import LlamaForCausalLM
@@ -97,13 +96,11 @@ class ModelRunner:
         # ``num_staging_blocks`` (the engine's, when it sized the cache from a memory budget) is
         # a fixed device pool counted in that budget: it does not grow.
         fmt = kernels.get_format(kv_cache_dtype, self.dtype)
-        staged = fmt.staged
-        fixed = num_staging_blocks
         tables = self._split_tables(fmt, block_size) if fmt.split else None
         owners = list(owner_layers(share, cfg.num_layers))
-        staging = lambda n, dev: ({} if not staged else  # noqa: E731
-                                  {"num_staging_blocks": fixed, "grow_staging": False}
-                                  if fixed is not None and dev == self.device else
+        staging = lambda n, dev: ({} if not fmt.staged else  # noqa: E731
+                                  {"num_staging_blocks": num_staging_blocks, "grow_staging": False}
+                                  if num_staging_blocks is not None and dev == self.device else
                                   {"num_staging_blocks": min(n, max_num_seqs + 16), "grow_staging": True})
         mk = lambda n, dev: [kernels.allocate_kv_cache(  # noqa: E731
             n, block_size, cfg.num_kv_heads, cfg.head_dim, kv_cache_dtype, dtype=self.dtype, device=dev,

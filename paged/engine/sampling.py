@@ -78,9 +78,7 @@ def make_generator(seed: int | None, index: int) -> torch.Generator | None:
     ``sample_row`` draws on the host, so the stream is the same on every device."""
     if seed is None:
         return None
-    g = torch.Generator(device="cpu")
-    g.manual_seed((int(seed) * 1_000_003 + index) & 0xFFFF_FFFF_FFFF)
-    return g
+    return torch.Generator(device="cpu").manual_seed((int(seed) * 1_000_003 + index) & 0xFFFF_FFFF_FFFF)
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -92,8 +90,7 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     if top_p < 1.0:
         sorted_x, idx = torch.sort(x, descending=True)
         probs = torch.softmax(sorted_x, -1)
-        cum = probs.cumsum(-1)
-        drop = cum - probs >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = probs.cumsum(-1) - probs >= top_p  # keep the smallest prefix whose mass reaches top_p
         drop[0] = False
         x = x.scatter(0, idx, sorted_x.masked_fill(drop, float("-inf")))
     return x

@@ -50,15 +50,13 @@ from paged.errors import ConfigError
 from .swap_codec import CODECS, Codec, CompressedHostLayer
 from .swap_streams import CudaStreams, NullStreams
 
-MODES, COMPRESSIONS = SWAP_MODES, SWAP_COMPRESSIONS  # one definition: CacheConfig's swap_mode / swap_compression
-
 
 def check_swap_settings(mode: str, compression: str | None) -> None:
-    """ConfigError unless ``mode`` is one of MODES and ``compression`` one of COMPRESSIONS."""
-    if mode not in MODES:
-        raise ConfigError(f"swap_mode must be one of {MODES}, got {mode!r}")
-    if compression not in COMPRESSIONS:
-        raise ConfigError(f"swap_compression must be one of {COMPRESSIONS}, got {compression!r}")
+    """ConfigError unless ``mode`` is one of SWAP_MODES and ``compression`` one of SWAP_COMPRESSIONS."""
+    if mode not in SWAP_MODES:
+        raise ConfigError(f"swap_mode must be one of {SWAP_MODES}, got {mode!r}")
+    if compression not in SWAP_COMPRESSIONS:
+        raise ConfigError(f"swap_compression must be one of {SWAP_COMPRESSIONS}, got {compression!r}")
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -39,11 +39,6 @@ class Codec:
     def decode(self, parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
 
-    def bytes_per_block(self, bs: int, h: int, d: int) -> int:
-        """Host bytes of one block's K (or V) in one layer."""
-        return sum(torch.Size(s).numel() * torch.empty(0, dtype=dt).element_size()
-                   for s, dt in self.part_shapes(bs, h, d))
-
 
 class Fp8BlockCodec(Codec):
     name, num_parts = "fp8", 2

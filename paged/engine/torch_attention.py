@@ -86,17 +86,16 @@ class TorchAttentionPlan:
         self.dec_rows = None if self.all_decode else torch.tensor([qsl[i] for i in dec], dtype=torch.long,
                                                                  device=dev)
         self.gather = self.mask = self.native = None
-        if dec and native_uses(first):
+        if dec:  # the decode rows' block tables and context lengths
             rows = tables if self.all_decode else tables[torch.tensor(dec, device=dev)]
-            self.native = native_kernel.DecodePlan(rows, torch.tensor([lens[i] for i in dec]), first.num_blocks,
-                                                   bs, self.scale)
-        elif dec:
             dl = [lens[i] for i in dec]
+        if dec and native_uses(first):
+            self.native = native_kernel.DecodePlan(rows, torch.tensor(dl), first.num_blocks, bs, self.scale)
+        elif dec:
             t = max(dl)
             pos = torch.arange(t, device=dev)
             dl_t = torch.tensor(dl, device=dev)
             p = torch.where(pos[None, :] < dl_t[:, None], pos[None, :], 0)  # pad with position 0
-            rows = tables if self.all_decode else tables[torch.tensor(dec, device=dev)]
             self.gather = (rows.gather(1, p // bs) * bs + p % bs).reshape(-1)
             self.num_dec, self.t = len(dec), t
             if min(dl) != t:

@@ -16,16 +16,14 @@ class DenseCausalAttention:
     def __init__(self, query_start_loc: list[int]) -> None:
         self.bounds = list(query_start_loc)
 
-    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rep = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
         for s, e in zip(self.bounds[:-1], self.bounds[1:]):
             qs = q[s:e].transpose(0, 1)                         # [H, L, D]
             ks = k[s:e].repeat_interleave(rep, dim=1).transpose(0, 1)
             vs = v[s:e].repeat_interleave(rep, dim=1).transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
-                                               scale=1.0 / math.sqrt(q.shape[-1]))
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=1.0 / math.sqrt(q.shape[-1]))
             out[s:e] = o.transpose(0, 1)
         return out
 

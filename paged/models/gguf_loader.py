@@ -17,6 +17,7 @@ one whole tensor at a time in torch (the same float32 operations as gguf.quants,
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -59,37 +60,34 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, hd // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
+def gguf_field(reader: Any, key: str, default: Any = None) -> Any:
+    """The value of metadata ``key`` of a GGUF reader (``default`` when the file lacks it)."""
     f = reader.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v
+    return default if f is None else f.contents()
 
 
 def gguf_config(reader: Any, name: str = "") -> ModelConfig:
-    arch = _field(reader, "general.architecture")
+    arch = gguf_field(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"GGUF architecture {arch!r} is not supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}")
-    a = arch
 
     def req(key: str) -> Any:
-        v = _field(reader, f"{a}.{key}")
+        v = gguf_field(reader, f"{arch}.{key}")
         if v is None:
-            raise ModelLoadError(f"GGUF file lacks metadata {a}.{key}")
+            raise ModelLoadError(f"GGUF file lacks metadata {arch}.{key}")
         return v
 
     hidden = int(req("embedding_length"))
     n_head = int(req("attention.head_count"))
-    n_kv = int(_field(reader, f"{a}.attention.head_count_kv", n_head))
-    head_dim = int(_field(reader, f"{a}.attention.key_length", hidden // n_head))
+    n_kv = int(gguf_field(reader, f"{arch}.attention.head_count_kv", n_head))
+    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", hidden // n_head))
     emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if emb is None:
         raise ModelLoadError("GGUF file lacks tensor token_embd.weight")
-    vocab = int(_field(reader, f"{a}.vocab_size", int(emb.shape[1])))
+    vocab = int(gguf_field(reader, f"{arch}.vocab_size", int(emb.shape[1])))
     scaling = None
-    st = _field(reader, f"{a}.rope.scaling.type")
+    st = gguf_field(reader, f"{arch}.rope.scaling.type")
     if st == "linear":
         scaling = {"rope_type": "linear", "factor": float(req("rope.scaling.factor"))}
     elif st not in (None, "none"):
@@ -99,22 +97,22 @@ def gguf_config(reader: Any, name: str = "") -> ModelConfig:
     if "rope_freqs.weight" in names:
         t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         freq_factors = tuple(float(x) for x in np.asarray(t.data, dtype=np.float32).reshape(-1))
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
+    bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
         vocab_size=vocab, hidden_size=hidden,
         intermediate_size=int(req("feed_forward_length")),
         num_layers=int(req("block_count")), num_heads=n_head, num_kv_heads=n_kv,
         head_dim=head_dim,
-        rms_norm_eps=float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(_field(reader, f"{a}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling, rope_freq_factors=freq_factors,
         qkv_bias="blk.0.attn_q.bias" in names,
         tie_word_embeddings="output.weight" not in names,
-        max_position_embeddings=int(_field(reader, f"{a}.context_length", 2048)),
+        max_position_embeddings=int(gguf_field(reader, f"{arch}.context_length", 2048)),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
-        architecture=str(arch), name=name or str(_field(reader, "general.name", "")),
+        architecture=str(arch), name=name or str(gguf_field(reader, "general.name", "")),
     )
 
 
@@ -148,29 +146,23 @@ def _dequantize(t: Any) -> torch.Tensor:
 def gguf_weights(reader: Any, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """HF-named float32 tensors with Q/K rows un-permuted."""
     out: dict[str, torch.Tensor] = {}
+    permuted = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}  # tensor -> the heads of its rows
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
             continue
+        n_head = None
         if t.name in _GLOBAL_MAP:
             hf = _GLOBAL_MAP[t.name]
         elif t.name.startswith("blk."):
             _, idx, rest = t.name.split(".", 2)
             if rest not in _LAYER_MAP:
                 raise ModelLoadError(f"GGUF tensor {t.name!r} has no counterpart in the llama model")
-            hf = f"layers.{idx}.{_LAYER_MAP[rest]}"
+            hf, n_head = f"layers.{idx}.{_LAYER_MAP[rest]}", permuted.get(rest.split(".")[0])
         else:
             raise ModelLoadError(f"GGUF tensor {t.name!r} has no counterpart in the llama model")
         w = _dequantize(t)
-        if rest_is(t.name, "attn_q."):
-            w = unpermute_qk(w, cfg.num_heads)
-        elif rest_is(t.name, "attn_k."):
-            w = unpermute_qk(w, cfg.num_kv_heads)
-        out[hf] = w
+        out[hf] = w if n_head is None else unpermute_qk(w, n_head)
     return out
-
-
-def rest_is(name: str, prefix: str) -> bool:
-    return name.startswith("blk.") and name.split(".", 2)[2].startswith(prefix)
 
 
 def open_gguf(path: str | os.PathLike[str], fast: bool = True) -> Any:
@@ -179,10 +171,8 @@ def open_gguf(path: str | os.PathLike[str], fast: bool = True) -> Any:
     if not os.path.isfile(path):
         raise ModelLoadError(f"GGUF file {os.fspath(path)!r} does not exist")
     if fast:
-        try:
+        with contextlib.suppress(ValueError):  # gguf's reader handles (or explains) the rest
             return FastGGUFReader(os.fspath(path))
-        except ValueError:
-            pass  # gguf's reader handles (or explains) the rest
     from gguf import GGUFReader
     return GGUFReader(os.fspath(path))
 

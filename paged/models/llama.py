@@ -25,8 +25,7 @@ class AttentionBackend(Protocol):
     """Computes attention for one layer on packed tokens. q ``[T, num_heads, head_dim]``, k/v
     ``[T, num_kv_heads, head_dim]`` (after RoPE), returns ``[T, num_heads, head_dim]``."""
 
-    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
 class RMSNorm(nn.Module):
@@ -54,8 +53,7 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
-        self.qkv_proj = PackedLinear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=cfg.qkv_bias)
+        self.qkv_proj = PackedLinear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = PackedLinear(self.q_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,

@@ -41,8 +41,7 @@ class LoadedModel:
 def embedded_gguf_path() -> str:
     """Path of the embedded SmolLM2 GGUF, found without importing its package."""
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    locs = list(spec.submodule_search_locations or []) if spec else []
-    for loc in locs:
+    for loc in list(spec.submodule_search_locations or []) if spec else []:
         p = os.path.join(loc, EMBEDDED_FILE)
         if os.path.isfile(p):
             return p

@@ -89,8 +89,7 @@ class RotaryEmbedding(torch.nn.Module):
             t, d = x.shape[0], x.shape[-1]
             return native.rope(x, cos.reshape(t, d), sin.reshape(t, d))  # the same bits, one pass
         xf = x.float()
-        out = xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin
-        return out.to(x.dtype)
+        return (xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin).to(x.dtype)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,10 +29,7 @@ def make_tiny_checkpoint(path: str | os.PathLike[str], arch: str = "llama", *, v
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if head_dim is not None:
         kw["head_dim"] = head_dim
-    rp: dict[str, Any] = {"rope_type": "default", "rope_theta": rope_theta}
-    if rope_scaling:
-        rp = {**rope_scaling, "rope_theta": rope_theta}
-    kw["rope_parameters"] = rp
+    kw["rope_parameters"] = {**(rope_scaling or {"rope_type": "default"}), "rope_theta": rope_theta}
     if arch == "mistral":
         kw["sliding_window"] = None
     cfg = cls[0](**kw)

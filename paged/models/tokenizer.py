@@ -57,8 +57,7 @@ class Tokenizer:
         """Write the tokenizer as ``tokenizer.json`` (the ``tokenizers`` library's format; an HF export)."""
         self._tok.save(path)
 
-    def apply_chat_template(self, messages: list[dict[str, str]],
-                            add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render ``messages`` with the checkpoint's Jinja chat template (needs jinja2)."""
         if not self.chat_template:
             raise ModelLoadError("this tokenizer has no chat template")
@@ -68,26 +67,22 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt)
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def tokenizer_from_gguf(reader: Any) -> Tokenizer:
     """Build the tokenizer stored in a GGUF file (byte-level BPE, ``gpt2`` model)."""
     from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
-    kind = _field(reader, "tokenizer.ggml.model")
+    from .gguf_loader import gguf_field
+
+    kind = gguf_field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         raise ModelLoadError(
             f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
             "pass prompts as token-id lists")
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
-    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
-    merges_raw: list[str] = list(_field(reader, "tokenizer.ggml.merges"))
-    types = _field(reader, "tokenizer.ggml.token_type")
+    pre = gguf_field(reader, "tokenizer.ggml.pre", "default")
+    tokens: list[str] = list(gguf_field(reader, "tokenizer.ggml.tokens"))
+    types = gguf_field(reader, "tokenizer.ggml.token_type")
     vocab = {t: i for i, t in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in merges_raw]
+    merges = [tuple(m.split(" ", 1)) for m in gguf_field(reader, "tokenizer.ggml.merges")]
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre == "smollm":
@@ -113,11 +108,11 @@ def tokenizer_from_gguf(reader: Any) -> Tokenizer:
                                 for i, k in enumerate(kinds) if k == _CONTROL])
         tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
                         for i, k in enumerate(kinds) if k == _USER_DEFINED])
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
+    eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
     return Tokenizer(tok, None if bos is None else int(bos), None if eos is None else int(eos),
-                     add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-                     chat_template=_field(reader, "tokenizer.chat_template"))
+                     add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", False)),
+                     chat_template=gguf_field(reader, "tokenizer.chat_template"))
 
 
 def tokenizer_from_hf_dir(path: str) -> Tokenizer | None:

@@ -12,6 +12,7 @@ this module does not import the cost model, which re-exports these names.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
@@ -85,8 +86,7 @@ def fit(model: "Roofline", shapes: Sequence[StepShape], seconds: Sequence[float]
         raise ConfigError(f"fit needs >= 8 steps with one time each, got {n} shapes and {len(y)} times")
     if np.any(y <= 0):
         raise ConfigError("fit needs positive step times")
-    rng = np.random.default_rng(seed)
-    idx = rng.permutation(n)
+    idx = np.random.default_rng(seed).permutation(n)
     n_hold = max(1, int(round(n * holdout_fraction))) if holdout_fraction > 0 else 0
     hold, train = idx[:n_hold], idx[n_hold:]
     parts = [model.roofline_parts(s) for s in shapes]
@@ -166,8 +166,6 @@ def calibration_frame(steps: Iterable[Any], time_field: str = "step_time_s") -> 
 
 def read_calibration(path: str) -> "pd.DataFrame":
     """The calibration CSV (``calibration_frame(...).to_csv``), or a ConfigError naming the file."""
-    import os
-
     import pandas as pd
 
     if not os.path.isfile(path):

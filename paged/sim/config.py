@@ -87,10 +87,8 @@ have their own ``trace_seed``, see ``paged.sim.workload``)."""
 
 def build_cost_model(cfg: SimConfig, model: ModelSpec, kv_format: KVFormat | str | None = None) -> CostModel:
     """The cost model of ``cfg`` for ``model`` (``kv_format``: the resolved format, default the config's)."""
-    kw: dict[str, Any] = {}
-    for k in ("mfu", "mbu", "step_overhead_s"):
-        if getattr(cfg, k) is not None:
-            kw[k] = getattr(cfg, k)
+    kw: dict[str, Any] = {k: getattr(cfg, k) for k in ("mfu", "mbu", "step_overhead_s")
+                          if getattr(cfg, k) is not None}
     bs = cfg.block_size if (cfg.allocator == "paged" and cfg.paged_kernel_penalty) else None
     return CostModel(model, get_gpu(cfg.gpu), tensor_parallel=cfg.tensor_parallel,
                      kv_format=kv_format if kv_format is not None else cfg.kv_cache_dtype, kv_block_size=bs,

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["BLOCK_COLUMN", "BLOCK_SIZE_ATTR", "SMALL_TOKEN_HI", "block_tokens", "check_block_column", "has_blocks",
+__all__ = ["BLOCK_COLUMN", "BLOCK_SIZE_ATTR", "SMALL_TOKEN_HI", "block_tokens", "check_block_column",
            "content_block_size", "cut_blocks"]
 
 BLOCK_COLUMN = "block_hashes"
@@ -60,11 +60,6 @@ def block_tokens(ids: Sequence[int] | np.ndarray, num_tokens: int, block_size: i
     off = np.arange(block_size, dtype=np.uint64) * _OFFSET_MUL + _GOLDEN
     x = _mix(key[:, None] ^ off[None, :]).reshape(-1)[:num_tokens]
     return (np.uint64(lo) + x % np.uint64(hi - lo)).astype(np.int64)
-
-
-def has_blocks(trace: Any) -> bool:
-    """Whether a trace DataFrame carries content blocks."""
-    return BLOCK_COLUMN in trace.columns
 
 
 def content_block_size(trace: Any) -> int:

@@ -184,7 +184,6 @@ def fit_kernel_costs(df: pd.DataFrame, gpu: str, start: KernelCosts | None = Non
     return c.with_(source=source or c.source), best
 
 
-
 # -- tensor-parallel all-reduce --------------------------------------------------------------------
 
 VIDUR_NETWORKS = {"a100_dgx": "a100-80gb", "h100_dgx": "h100-sxm"}  # vidur's network folder -> our preset

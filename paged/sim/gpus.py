@@ -6,15 +6,15 @@ from typing import Any
 
 from paged.errors import ConfigError
 
-__all__ = ["GPUSpec", "GPU_PRESETS", "get_gpu"]
+__all__ = ["GiB", "MiB", "GPUSpec", "GPU_PRESETS", "get_gpu", "preset_key"]
 
 GiB = 1024**3
 MiB = 1024**2
 
 
-def _norm(name: str) -> str:
+def preset_key(name: str) -> str:
+    """A preset name as the preset tables spell it (lower case, dashes): GPUs here, models in specs."""
     return name.lower().replace("_", "-").replace(" ", "-")
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     40 or 80 GB) is refused, naming them: a silent pick would size a different pool."""
     if isinstance(name, GPUSpec):
         return name
-    key = _norm(name) if isinstance(name, str) else name
+    key = preset_key(name) if isinstance(name, str) else name
     if key in GPU_PRESETS:
         return GPU_PRESETS[key]
     fits = [g for g in GPU_PRESETS if isinstance(key, str) and key and g.startswith(key)]

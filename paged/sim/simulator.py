@@ -237,8 +237,7 @@ class Simulator:
                 rejected.append((i, f"request {i}: prompt ({p}) + output ({o}) = {p + o} tokens exceeds "
                                     f"max_model_len={max_len}; shorten the row or raise max_model_len"))
                 continue
-            req = Request(str(i), a.prompt_ids(i, toks), o,
-                          arrival_time=float(a.time[i]),
+            req = Request(str(i), a.prompt_ids(i, toks), o, arrival_time=float(a.time[i]),
                           priority=int(a.priority[i]) if a.priority is not None else 0, data=stats[i])
             try:
                 self.loop.add_request(req)
@@ -321,9 +320,7 @@ class Simulator:
             for d in self._stats)
         for col in tr.columns:
             reqs[col] = tr[col].to_numpy()
-        reqs["rejected"] = False
-        for i, _ in rejected:
-            reqs.loc[i, "rejected"] = True
+        reqs["rejected"] = np.isin(np.arange(len(reqs)), [i for i, _ in rejected])  # at admission: trace rows
         st = telemetry.steps_frame(self._rows)
         st["kv_internal_fragmentation"] = np.where(st["kv_cache_usage_perc"] > 0, 1.0 - st["token_usage"], 0.0)
         summary = summarize(self, reqs, st, self._tbt, rejected, self._wall)

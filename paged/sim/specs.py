@@ -19,7 +19,6 @@ scales, as in vLLM.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -32,19 +31,14 @@ from kernels.format_table import KVFormat
 from paged.core.kv_groups import KVLayout
 from paged.sim import layouts as _layouts
 from paged.sim.presets_modern import MODERN_CONFIGS
-from paged.sim.gpus import GPU_PRESETS, GPUSpec, get_gpu  # noqa: F401 - re-exported: the presets' one import path
-
-GiB = 1024**3
-MiB = 1024**2
+from paged.sim.gpus import GiB, GPU_PRESETS, GPUSpec, MiB, get_gpu, preset_key  # noqa: F401 - re-exported
 
 
 class SizingError(ConfigError):
     """The model does not fit in GPU memory with the requested settings."""
 
 
-# ----------------------------------------------------------------------------------------------
-# KV formats
-# ----------------------------------------------------------------------------------------------
+# ---- KV formats --------------------------------------------------------------------------------
 
 
 # The format table is kernels.format_table (shared with the engine); "fp8" is the CLI's name for e4m3.
@@ -62,9 +56,7 @@ def get_kv_format(name: str | KVFormat, dtype_bytes: int = 2) -> KVFormat:
         raise ConfigError(f"unknown kv format {name!r}; choose one of {sorted(KV_FORMATS)}") from None
 
 
-# ----------------------------------------------------------------------------------------------
-# Models
-# ----------------------------------------------------------------------------------------------
+# ---- Models ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +118,8 @@ class ModelSpec:
         return q + kv + o + bias + mlp + 2 * h
 
     @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
     def lm_head_params(self) -> int:
+        """Parameters of the LM head, as many as of the token embedding."""
         return self.vocab_size * self.hidden_size
 
     @property
@@ -138,7 +127,7 @@ class ModelSpec:
         """Total parameters (tied embeddings counted once); ``total_params`` when the preset gives it."""
         if self.total_params:
             return self.total_params
-        n = self.num_layers * self.params_per_layer + self.embedding_params + self.hidden_size
+        n = self.num_layers * self.params_per_layer + self.vocab_size * self.hidden_size + self.hidden_size
         return n if self.tie_word_embeddings else n + self.lm_head_params
 
     @property
@@ -220,7 +209,6 @@ class ModelSpec:
         if missing:
             raise ConfigError(f"HF config lacks {missing}; only LLaMA-family decoders are supported")
         dtype = str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16")))
-        dtype_bytes = 4 if "32" in dtype else 2
         return cls(
             name=name or str(cfg.get("_name_or_path") or cfg.get("model_type", "hf-model")),
             num_layers=int(cfg["num_hidden_layers"]),
@@ -231,7 +219,7 @@ class ModelSpec:
             vocab_size=int(cfg["vocab_size"]),
             head_dim=int(cfg.get("head_dim") or 0),
             max_model_len=int(cfg.get("max_position_embeddings", 4096)),
-            dtype_bytes=dtype_bytes,
+            dtype_bytes=4 if "32" in dtype else 2,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
         )
@@ -258,15 +246,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 }
 
 
-def _norm(name: str) -> str:
-    return name.lower().replace("_", "-").replace(" ", "-")
-
-
 def get_model(name: str | ModelSpec) -> ModelSpec:
     """A preset by name (case-insensitive), or a ModelSpec from a HF ``config.json`` path."""
     if isinstance(name, ModelSpec):
         return name
-    key = _norm(name)
+    key = preset_key(name)
     if key in MODEL_PRESETS:
         return MODEL_PRESETS[key]
     if os.path.exists(name):
@@ -274,9 +258,7 @@ def get_model(name: str | ModelSpec) -> ModelSpec:
     raise ConfigError(f"unknown model {name!r}; choose one of {sorted(MODEL_PRESETS)} or pass a config.json path")
 
 
-# ----------------------------------------------------------------------------------------------
-# Sizing
-# ----------------------------------------------------------------------------------------------
+# ---- Sizing ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,12 +323,7 @@ def num_kv_blocks(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int = 
     return kv_cache_sizing(model, gpu, block_size, **kw).num_blocks
 
 
-def max_blocks_per_seq(max_model_len: int, block_size: int) -> int:
-    return math.ceil(max_model_len / block_size)
-
-
 __all__ = [
     "GiB", "MiB", "SizingError", "KVFormat", "KV_FORMATS", "get_kv_format", "ModelSpec", "MODEL_PRESETS", "get_model",
-    "GPUSpec", "GPU_PRESETS", "get_gpu", "KVSizing", "activation_reserve_bytes", "kv_cache_sizing",
-    "num_kv_blocks", "max_blocks_per_seq",
+    "GPUSpec", "GPU_PRESETS", "get_gpu", "KVSizing", "activation_reserve_bytes", "kv_cache_sizing", "num_kv_blocks",
 ]

@@ -37,11 +37,13 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
         x = x[~np.isnan(x)]
         return float(np.quantile(x, p)) if len(x) else float("nan")
 
-    def wmean(col: str) -> float:
+    def wmean(x: np.ndarray) -> float:
+        """Time-weighted mean of ``x`` over the steps with blocks in use."""
         m = busy.to_numpy()
-        return float(np.average(st[col].to_numpy()[m], weights=w[m])) if m.any() and w[m].sum() > 0 else 0.0
+        return float(np.average(x[m], weights=w[m])) if m.any() and w[m].sum() > 0 else 0.0
 
-    tok_use, blk_use = wmean("token_usage"), wmean("kv_cache_usage_perc")
+    token_usage, block_usage = st["token_usage"].to_numpy(), st["kv_cache_usage_perc"].to_numpy()
+    tok_use, blk_use = wmean(token_usage), wmean(block_usage)
     summary: dict[str, Any] = {
         "model": sim.model.name, "gpu": cfg.gpu, "tensor_parallel": cfg.tensor_parallel,
         "allocator": cfg.allocator, "block_size": cfg.block_size, "kv_cache_dtype": sim.kv_format.name,
@@ -59,7 +61,7 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
         "queueing_p50_s": q(fin["queueing_s"], 0.5), "queueing_p99_s": q(fin["queueing_s"], 0.99),
         "kv_token_usage_mean": tok_use, "kv_block_usage_mean": blk_use,
         "kv_internal_fragmentation_mean": 1.0 - tok_use if blk_use else 0.0,
-        "kv_tokens_per_capacity_mean": wmean_product(st, busy.to_numpy(), w),
+        "kv_tokens_per_capacity_mean": wmean(token_usage * block_usage),  # slots holding tokens / all slots
         "mean_batch_size": float(np.average(st["num_seqs"], weights=w)) if len(st) else 0.0,
         "num_preemptions": int(sum(sim.scheduler.num_preemptions.values())),
         "num_preemptions_swap": int(sim.scheduler.num_preemptions.get("swap", 0)),
@@ -79,11 +81,3 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
     if rejected:
         summary["first_rejection"] = rejected[0][1]
     return summary
-
-
-def wmean_product(st: pd.DataFrame, mask: np.ndarray, w: np.ndarray) -> float:
-    """Time-weighted mean of slots holding tokens / all slots of the pool."""
-    if not mask.any() or w[mask].sum() <= 0:
-        return 0.0
-    x = st["token_usage"].to_numpy()[mask] * st["kv_cache_usage_perc"].to_numpy()[mask]
-    return float(np.average(x, weights=w[mask]))

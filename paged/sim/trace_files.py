@@ -76,14 +76,9 @@ def normalize_trace(df: pd.DataFrame, src: str = "trace", row_offset: int | np.n
         "prompt_tokens": _numeric(df, "prompt_tokens", src, row_offset, True, 1, names).astype(np.int64),
         "output_tokens": _numeric(df, "output_tokens", src, row_offset, True, 1, names).astype(np.int64),
     })
-    if "prefix_id" in df.columns:
-        out["prefix_id"] = _numeric(df, "prefix_id", src, row_offset, True, -1).astype(np.int64)
-    else:
-        out["prefix_id"] = np.int64(-1)
-    if "prefix_tokens" in df.columns:
-        out["prefix_tokens"] = _numeric(df, "prefix_tokens", src, row_offset, True, 0).astype(np.int64)
-    else:
-        out["prefix_tokens"] = np.int64(0)
+    for col, absent in (("prefix_id", -1), ("prefix_tokens", 0)):  # optional; absent: every row at the minimum
+        out[col] = (_numeric(df, col, src, row_offset, True, absent).astype(np.int64) if col in df.columns
+                    else np.int64(absent))
     if "priority" in df.columns:  # optional, for policy="priority" (lower = served first)
         out["priority"] = _numeric(df, "priority", src, row_offset, True, -(2**62)).astype(np.int64)
     bad = (out["prefix_tokens"] >= out["prompt_tokens"]) | ((out["prefix_id"] >= 0) != (out["prefix_tokens"] > 0))
@@ -131,18 +126,15 @@ def load_trace(path: str | os.PathLike, fmt: str = "auto") -> pd.DataFrame:
     if os.path.isdir(path):
         raise TraceFormatError(f"trace {path!r} is a directory; give a trace file (CSV or JSONL)")
     text = _read_text(path, src)
-    if fmt in ("jsonl", "mooncake") or (fmt == "auto" and text.lstrip()[:1] in ("{", "[")):
-        out = _load_jsonl(text, src, fmt)
-    else:
-        out = _load_csv(text, src, fmt)
+    jsonl = fmt in ("jsonl", "mooncake") or (fmt == "auto" and text.lstrip()[:1] in ("{", "["))
+    out = (_load_jsonl if jsonl else _load_csv)(text, src, fmt)
     out.attrs["source"] = path
     return out
 
 
 def _read_text(path: str, src: str) -> str:
     """The file's text, gunzipped when it starts with gzip's magic bytes."""
-    with open(path, "rb") as fh:
-        data = fh.read()
+    data = Path(path).read_bytes()
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
@@ -219,8 +211,7 @@ def _csv_blocks(df: pd.DataFrame, src: str, lines: np.ndarray | int) -> pd.DataF
 def _csv_line_numbers(text: str, num_rows: int) -> np.ndarray | int:
     """File line number of each data row. pandas skips blank lines, so position + 2 would name the
     wrong line after one; falls back to that offset if the count disagrees (quoted newlines)."""
-    nums = [k for k, line in enumerate(text.splitlines(), 1) if line.strip()]
-    nums = nums[1:]  # the header
+    nums = [k for k, line in enumerate(text.splitlines(), 1) if line.strip()][1:]  # [1:]: the header
     return np.asarray(nums, dtype=np.int64) if len(nums) == num_rows else 2
 
 

@@ -37,9 +37,7 @@ from paged.errors import ConfigError
 from paged.sim.content_blocks import BLOCK_COLUMN, content_block_size, cut_blocks
 from paged.sim.trace_files import TRACE_COLUMNS, TraceFormatError, load_trace, normalize_trace, save_trace
 
-# ----------------------------------------------------------------------------------------------
-# Length distributions
-# ----------------------------------------------------------------------------------------------
+# ---- Length distributions ----------------------------------------------------------------------
 
 
 @lru_cache(maxsize=256)
@@ -123,9 +121,7 @@ def get_workload(name: str) -> WorkloadSpec:
     return WORKLOADS[key]
 
 
-# ----------------------------------------------------------------------------------------------
-# Arrivals
-# ----------------------------------------------------------------------------------------------
+# ---- Arrivals ----------------------------------------------------------------------------------
 
 
 def arrival_times(n: int, rate: float, process: str = "poisson", cv: float = 2.0,
@@ -157,9 +153,7 @@ def arrival_times(n: int, rate: float, process: str = "poisson", cv: float = 2.0
     return np.cumsum(gaps)
 
 
-# ----------------------------------------------------------------------------------------------
-# Synthetic traces
-# ----------------------------------------------------------------------------------------------
+# ---- Synthetic traces --------------------------------------------------------------------------
 
 
 def synthetic_trace(workload: str | WorkloadSpec = "sharegpt", num_requests: int = 1000, rate: float = math.inf,
@@ -210,10 +204,8 @@ def with_shared_prefix(df: pd.DataFrame, num_prefixes: int, prefix_tokens: int, 
     df = df.copy()
     n = len(df)
     has = rng.random(n) < prefix_fraction
-    if prefix_zipf:
-        ids = rng.choice(num_prefixes, size=n, p=tenant_weights(num_prefixes, prefix_zipf))
-    else:
-        ids = rng.integers(0, num_prefixes, n)
+    ids = (rng.choice(num_prefixes, size=n, p=tenant_weights(num_prefixes, prefix_zipf)) if prefix_zipf
+           else rng.integers(0, num_prefixes, n))
     df["prefix_id"] = np.where(has, ids, -1).astype(np.int64)
     df["prefix_tokens"] = np.where(has, prefix_tokens, 0).astype(np.int64)
     df["prompt_tokens"] = (df["prompt_tokens"].to_numpy() + df["prefix_tokens"].to_numpy()).astype(np.int64)
