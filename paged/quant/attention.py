@@ -79,9 +79,7 @@ class QuantKVAttention:
     def _store(self, layer: int, x: torch.Tensor, side: Side, which: int) -> torch.Tensor:
         if side.per_channel:
             return self.kivi[layer].append(x)
-        scale = None
-        if side.calibrated and layer in self.fp8_scales:
-            scale = self.fp8_scales[layer][which]
+        scale = self.fp8_scales[layer][which] if side.calibrated and layer in self.fp8_scales else None
         new = roundtrip(x, side, scale)
         old = (self.k if which == 0 else self.v)[layer]
         return new if old is None else torch.cat([old, new])

@@ -31,8 +31,7 @@ def roundtrip(x: torch.Tensor, side: Side, scale: torch.Tensor | None = None) ->
         return x.to(_TORCH[side.kind]).float()
     if side.kind in ("fp8_e4m3", "fp8_e5m2"):
         s = torch.ones(x.shape[-2]) if scale is None else scale
-        qz = quantize_kv(x, side.kind, scale=s)
-        return dequantize_kv(qz, side.kind)
+        return dequantize_kv(quantize_kv(x, side.kind, scale=s), side.kind)
     if side.kind == "int8":
         return dequantize_kv(quantize_kv(x, "int8"), "int8")
     if side.kind == "int4":

@@ -121,10 +121,9 @@ class SplitCache:
         """Keys read from codes (exact sides: their stored values), and which positions are staged."""
         raw = self.raw[layer]
         n = 0 if self.kq[layer] is None else self.kq[layer].shape[0]
-        staged = torch.arange(raw.shape[0]) >= n
         if side.code != CODE_KIVI:
-            staged = torch.zeros_like(staged)
-        return raw, staged
+            return raw, torch.zeros(raw.shape[0], dtype=torch.bool)
+        return raw, torch.arange(raw.shape[0]) >= n
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         dtype = q.dtype
