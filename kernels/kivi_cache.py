@@ -105,7 +105,7 @@ def write_plan(slot_mapping: torch.Tensor, bs: int) -> _WritePlan | None:
     return _WritePlan(rows, slots, offs, blocks, inv, torch.empty(0), has0, seal)
 
 
-def _ix(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+def host_indices(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host bool mask -> int64 indices on ``device`` (a boolean index on a GPU would sync)."""
     return torch.nonzero(mask).squeeze(1).to(device)
 
@@ -141,12 +141,12 @@ def _seal(layer: KVCacheLayer, p: _WritePlan, kd: torch.Tensor) -> None:
     from_stage = (p.staged & ~p.has0)[p.seal]
     from_codes = (~p.staged & ~p.has0)[p.seal]
     if bool(from_stage.any()):
-        buf[_ix(from_stage, dev)] = pool.k[p.old[p.seal][from_stage].to(dev)]
+        buf[host_indices(from_stage, dev)] = pool.k[p.old[p.seal][from_stage].to(dev)]
     if bool(from_codes.any()):
-        buf[_ix(from_codes, dev)] = _seed(layer, sb[from_codes].to(dev))
+        buf[host_indices(from_codes, dev)] = _seed(layer, sb[from_codes].to(dev))
     tok = p.seal[p.inv]
     pos = torch.cumsum(p.seal.long(), 0) - 1  # a block's index among the sealed ones
-    buf.view(-1, *kd.shape[1:])[(pos[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[_ix(tok, dev)]
+    buf.view(-1, *kd.shape[1:])[(pos[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[host_indices(tok, dev)]
     codes, s, z = quantize_k_blocks(buf.float())
     sbd = sb.to(dev)
     layer.k[sbd], layer.k_scale[sbd], layer.k_zero[sbd] = codes, s, z
@@ -167,7 +167,7 @@ def _stage(layer: KVCacheLayer, p: _WritePlan, kd: torch.Tensor) -> None:
     if bool(seed.any()):
         pool.k[slot[seed].to(dev)] = _seed(layer, p.blocks[seed].to(dev))
     tok = opn[p.inv]
-    pool.k.view(-1, *kd.shape[1:])[(slot[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[_ix(tok, dev)]
+    pool.k.view(-1, *kd.shape[1:])[(slot[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[host_indices(tok, dev)]
 
 
 def gather_k(layer: KVCacheLayer, blocks: torch.Tensor) -> torch.Tensor:
