@@ -277,16 +277,14 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
     pair_rows = [r for r in first if r["kind"] == "pair"]
     rank = {"cost": [r["pair"] for r in sorted(pair_rows, key=lambda r: r["kld_mean"])],
             "similarity": [r["pair"] for r in sorted(pair_rows, key=lambda r: r["js_head"])]}
-    second = []
-    if ks and orders:
-        cfgs = []
-        for o in orders:
-            for k in ks:
-                try:
-                    cfgs.append(config("k_pairs", disjoint_pairs(rank[o], k), order=o))
-                except ConfigError:
-                    continue  # fewer disjoint pairs than k among the measured ones
-        second = run(cfgs) if cfgs else []
+    cfgs = []
+    for o in orders:
+        for k in ks:
+            try:
+                cfgs.append(config("k_pairs", disjoint_pairs(rank[o], k), order=o))
+            except ConfigError:
+                continue  # fewer disjoint pairs than k among the measured ones
+    second = run(cfgs) if cfgs else []
     if bar is not None:
         bar.close()
     df = pd.DataFrame(first + second)
@@ -320,8 +318,7 @@ def sharing_claim(df: pd.DataFrame, target_pct: float = 30.0) -> pd.DataFrame:
     rows = [g.sort_values("memory_saved_pct").iloc[:1] for _, g in k.groupby("order")]
     pairs = df[df["kind"] == "pair"]
     if len(pairs):
-        best = pairs.sort_values("kld_mean").iloc[:1].assign(order="best single pair")
-        rows.append(best)
+        rows.append(pairs.sort_values("kld_mean").iloc[:1].assign(order="best single pair"))
     return pd.concat(rows, ignore_index=True)[_CLAIM_COLUMNS] if rows else pd.DataFrame(columns=_CLAIM_COLUMNS)
 
 
