@@ -46,10 +46,8 @@ def served_bits(fmt, block_size: int, num_kv_heads: int, head_dim: int, context:
     f = get_format(fmt)
     check_split(f, head_dim, block_size)
     n = num_kv_heads * head_dim
-    out = []
-    for side in (f.k_side, f.v_side):
-        tok, blk = side_bytes(side, num_kv_heads, head_dim, block_size)
-        out.append((tok + blk / block_size) * 8 / n)
+    out = [(tok + blk / block_size) * 8 / n
+           for tok, blk in (side_bytes(s, num_kv_heads, head_dim, block_size) for s in (f.k_side, f.v_side))]
     rows = staging_tokens_per_seq(f, block_size)
     kb = out[0] + 16.0 * rows / context
     vb = out[1] + (16.0 * rows / context if (f.sink or f.window) else 0.0)
