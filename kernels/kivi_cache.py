@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 __all__ = ["write_kivi", "write_plan", "gather_k", "plan_copy", "plan_swap", "release"]
 
 
-def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def take_blocks(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``t[idx]`` via index_select (several times faster than advanced indexing on CPU)."""
     return t.index_select(0, idx.reshape(-1)).view(*idx.shape, *t.shape[1:])
 
 
@@ -173,12 +174,13 @@ def _stage(layer: KVCacheLayer, p: _WritePlan, kd: torch.Tensor) -> None:
 def gather_k(layer: KVCacheLayer, blocks: torch.Tensor) -> torch.Tensor:
     """Float32 K ``[*blocks.shape, BS, H, D]`` of block ids ``blocks`` (long, on the cache's device):
     staged blocks from staging, sealed ones dequantized (chosen per block with ``torch.where``)."""
-    q = dequantize_k_blocks(_take(layer.k, blocks), _take(layer.k_scale, blocks), _take(layer.k_zero, blocks))
+    q = dequantize_k_blocks(take_blocks(layer.k, blocks), take_blocks(layer.k_scale, blocks),
+                            take_blocks(layer.k_zero, blocks))
     pool = layer.staging
     if pool.num_slots == 0:
         return q
-    st = _take(pool.block_map, blocks).long()
-    stg = _take(pool.k, st.clamp(min=0)).float()
+    st = take_blocks(pool.block_map, blocks).long()
+    stg = take_blocks(pool.k, st.clamp(min=0)).float()
     return torch.where((st >= 0).view(*st.shape, 1, 1, 1), stg, q)
 
 
