@@ -185,8 +185,7 @@ class SideCodec:
             cov = torch.einsum("nhd,nhe->hde", x.double(), x.double()) / x.shape[0]
             _, vec = torch.linalg.eigh(cov)                            # ascending
             self.u = vec.flip(-1).float()                              # [H, D, D], largest first
-        self.levels = None
-        self.bits = None
+        self.levels = self.bits = None
         if not spec.exact and spec.alloc:
             z = self.transform(getattr(calib, frame)[layer])
             if spec.axis == "channel":
