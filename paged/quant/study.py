@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
 from paged.errors import ConfigError
 from .attention import QuantKVAttention
-from .metrics import TokenStats, summarize, token_stats
+from .metrics import TokenStats, divergence_columns, summarize, token_stats
 from .runs import calibrate_fp8, chunk_logits, fp8_scales, greedy_many, load
 from .schemes import BASE, DEFAULT_SCHEMES, NOISE_FLOOR, Scheme, parse_scheme
 from .text import load_texts, make_chunks, scored_slice
@@ -181,14 +180,10 @@ def study(model=None, formats: str | Sequence[str] | None = None, texts: Mapping
             for s in schemes:
                 if (src, s) not in stats:
                     continue
-                d = np.asarray(div.get((src, s), []), dtype=float)
+                d = div.get((src, s), [])
                 row = {"context_length": ctx, "source": src, "format": s.name, **info.loc[s.name].to_dict(),
                        "n_chunks": sum(1 for ch in chunks if src in ("all", ch.source)),
-                       **summarize(stats[(src, s)]),
-                       "divergence_tokens": divergence_tokens,
-                       "first_div_median": float(np.median(d)) if len(d) else float("nan"),
-                       "first_div_mean": float(d.mean()) if len(d) else float("nan"),
-                       "first_div": d.astype(int).tolist()}
+                       **summarize(stats[(src, s)]), **divergence_columns(d, divergence_tokens)}
                 rows.append(row)
     if bar is not None:
         bar.close()

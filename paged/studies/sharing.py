@@ -31,7 +31,7 @@ import torch
 from paged.errors import ConfigError
 from paged.memory import memory_facts
 from paged.quant.attention import attend
-from paged.quant.metrics import TokenStats, summarize, token_stats
+from paged.quant.metrics import TokenStats, divergence_columns, summarize, token_stats
 from paged.quant.runs import greedy_many, load
 from paged.quant.text import load_texts, make_chunks, scored_slice
 
@@ -258,11 +258,7 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
                     d.append(next((t for t, (a, b) in enumerate(zip(ref, gen)) if a != b), divergence_tokens))
         out = []
         for c, s, d in zip(configs, stats, div):
-            dd = np.asarray(d, dtype=float)
-            row = {**c, **summarize(s), "divergence_tokens": divergence_tokens,
-                   "first_div_median": float(np.median(dd)) if len(dd) else float("nan"),
-                   "first_div_mean": float(dd.mean()) if len(dd) else float("nan"),
-                   "first_div": dd.astype(int).tolist()}
+            row = {**c, **summarize(s), **divergence_columns(d, divergence_tokens)}
             if c["kind"] == "pair":
                 vals = js[c["pair"]]
                 row.update({name: float(np.mean([v[name] for v in vals])) for name in vals[0]})
