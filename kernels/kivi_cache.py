@@ -184,11 +184,6 @@ def gather_k(layer: KVCacheLayer, blocks: torch.Tensor) -> torch.Tensor:
     return torch.where((st >= 0).view(*st.shape, 1, 1, 1), stg, q)
 
 
-def _distinct_dst(m: torch.Tensor, what: str) -> None:
-    if m.shape[0] != len(set(m[:, 1].tolist())):
-        raise ShapeError(f"{what}: int4_kivi layers need distinct destination blocks in the mapping")
-
-
 def plan_copy(layer: KVCacheLayer, m: torch.Tensor) -> Callable[[], None]:
     """Check a copy-on-write mapping (host int64 ``[n, 2]``) against ``layer``'s staging; return
     the commit that gives each destination its source's staging state (invariant 5)."""
@@ -198,7 +193,8 @@ def plan_copy(layer: KVCacheLayer, m: torch.Tensor) -> Callable[[], None]:
 def plan_swap(src: KVCacheLayer, dst: KVCacheLayer, m: torch.Tensor, what: str = "swap_blocks") -> Callable[[], None]:
     """Like :func:`plan_copy` from ``src``'s pools into ``dst``'s (e.g. GPU -> CPU layer): the staging
     pool and, for split formats with a sink, the sink pool; both are checked before either commits."""
-    _distinct_dst(m, what)
+    if m.shape[0] != len(set(m[:, 1].tolist())):
+        raise ShapeError(f"{what}: int4_kivi layers need distinct destination blocks in the mapping")
     commits = [plan_pool(getattr(src, name), getattr(dst, name), m, what) for name in ("staging", "sink")
                if getattr(src, name, None) is not None]
 
