@@ -32,10 +32,8 @@ def roundtrip(x: torch.Tensor, side: Side, scale: torch.Tensor | None = None) ->
     if side.kind in ("fp8_e4m3", "fp8_e5m2"):
         s = torch.ones(x.shape[-2]) if scale is None else scale
         return dequantize_kv(quantize_kv(x, side.kind, scale=s), side.kind)
-    if side.kind == "int8":
-        return dequantize_kv(quantize_kv(x, "int8"), "int8")
-    if side.kind == "int4":
-        return dequantize_kv(quantize_kv(x, "int4", group_size=side.group), "int4")
+    if side.kind in ("int8", "int4"):  # int8 has no groups (one scale per token-head)
+        return dequantize_kv(quantize_kv(x, side.kind, group_size=side.group), side.kind)
     if side.kind == "int4sym":
         return int4sym_roundtrip(x, side.group)
     raise ValueError(f"roundtrip does not take {side.kind!r}; kivi keys go through KiviKeyStore")

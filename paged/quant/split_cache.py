@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from kernels import get_format
+from kernels import default_tables, get_format
 from kernels.format_table import CODE_KIVI, FRONT  # FRONT: alias -> split format, the served front
 from kernels.split import attend_split, cb_dequantize, cb_quantize, kivi_dequantize, kivi_quantize, rope, unrope
 
@@ -62,12 +62,8 @@ def tables_for(fmt, model, artefact, block_size: int) -> list:
     model.rope.ensure(torch.tensor([cfg.max_position_embeddings - 1]))
     rope_rows = (model.rope.cos, model.rope.sin_signed)
     return [artefact.tables(f, i, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, "cpu", rope_rows)
-            if f.calibrated else _default(f, cfg, rope_rows) for i in range(cfg.num_layers)]
-
-
-def _default(f, cfg, rope_rows):
-    from kernels import default_tables
-    return default_tables(f, cfg.num_kv_heads, cfg.head_dim, "cpu", rope=rope_rows)
+            if f.calibrated else default_tables(f, cfg.num_kv_heads, cfg.head_dim, "cpu", rope=rope_rows)
+            for i in range(cfg.num_layers)]
 
 
 class SplitCache:
