@@ -66,10 +66,8 @@ class QuantKVAttention:
         for layer in range(self.num_layers):
             if self.k[layer] is None:
                 continue
-            if self.scheme.k.per_channel and layer in self.quant_layers:
-                self.k[layer] = self.kivi[layer].truncate(n)
-            else:
-                self.k[layer] = self.k[layer][:n]
+            kivi = self.scheme.k.per_channel and layer in self.quant_layers
+            self.k[layer] = self.kivi[layer].truncate(n) if kivi else self.k[layer][:n]
             self.v[layer] = self.v[layer][:n]
 
     @property

@@ -143,14 +143,10 @@ class LabSpec:
     def name(self) -> str:
         if self.label:
             return self.label
-        s = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
-        if self.sink:
-            s += f"@sink{self.sink}"
-        if self.window:
-            s += f"@win{self.window}"
-        if self.layers:
-            s += f"@{len(self.layers)}layers"
-        return s
+        base = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
+        flags = ((self.sink, f"@sink{self.sink}"), (self.window, f"@win{self.window}"),
+                 (self.layers, f"@{len(self.layers)}layers"))
+        return base + "".join(tag for flag, tag in flags if flag)
 
     def sides(self, layer: int) -> tuple[SideSpec, SideSpec]:
         for i, k, v in self.layers:
