@@ -68,9 +68,7 @@ class KVCacheLayer:
 
     @property
     def head_dim(self) -> int:
-        if self.split_head_dim:
-            return self.split_head_dim
-        return self.k.shape[3] * (2 if self.kv_format.packed else 1)
+        return self.split_head_dim or self.k.shape[3] * (2 if self.kv_format.packed else 1)
 
     @property
     def group_size(self) -> int:
