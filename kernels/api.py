@@ -121,7 +121,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLayer
             return native_quant.decode(q, layer, bt, sl, _softmax_scale(q, scale))
         be = "torch"  # what the compiled kernels do not take: the references
     if layer.kv_format.split:
-        return _split_decode(q, layer, bt, sl, scale, be, num_splits)
+        sc = _softmax_scale(q, scale)
+        if be == "torch":
+            from .split import split_decode_ref
+            return split_decode_ref(q, layer, bt, sl, sc)[0]
+        from .triton_impl.split_launch import split_decode_triton
+        return split_decode_triton(q, layer, bt, sl, sc, num_splits)
     if be == "torch":
         out, lse = decode_attention_ref(q, layer, bt, sl, scale, need_lse=return_lse)
     else:
@@ -163,7 +168,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor | KVCacheLaye
                              "write their K/V with write_kv first")
     be = _host(resolve_backend(backend, q.device))
     if layer.kv_format.split:
-        return _split_prefill(q, layer, bt, sl, qsl, scale, be)
+        sc = _softmax_scale(q, scale)
+        if be == "torch":
+            from .split import split_prefill_ref
+            return split_prefill_ref(q, layer, bt, sl, qsl, sc)
+        from .triton_impl.split_launch import split_prefill_triton
+        return split_prefill_triton(q, layer, bt, sl, qsl, sc)
     if be == "torch":
         return prefill_attention_ref(q, layer, bt, sl, qsl, scale)
     from .triton_impl.launch import prefill_triton
@@ -177,24 +187,6 @@ def _host(be: str) -> str:
 
 def _softmax_scale(q: torch.Tensor, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-
-
-def _split_decode(q, layer, bt, sl, scale, be, num_splits):
-    sc = _softmax_scale(q, scale)
-    if be == "torch":
-        from .split import split_decode_ref
-        return split_decode_ref(q, layer, bt, sl, sc)[0]
-    from .triton_impl.split_launch import split_decode_triton
-    return split_decode_triton(q, layer, bt, sl, sc, num_splits)
-
-
-def _split_prefill(q, layer, bt, sl, qsl, scale, be):
-    sc = _softmax_scale(q, scale)
-    if be == "torch":
-        from .split import split_prefill_ref
-        return split_prefill_ref(q, layer, bt, sl, qsl, sc)
-    from .triton_impl.split_launch import split_prefill_triton
-    return split_prefill_triton(q, layer, bt, sl, qsl, sc)
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, layer: KVCacheLayer, slot_mapping: torch.Tensor, *,

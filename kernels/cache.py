@@ -68,9 +68,7 @@ class KVCacheLayer:
 
     @property
     def head_dim(self) -> int:
-        if self.split_head_dim:
-            return self.split_head_dim
-        return self.k.shape[3] * (2 if self.kv_format.packed else 1)
+        return self.split_head_dim or self.k.shape[3] * (2 if self.kv_format.packed else 1)
 
     @property
     def group_size(self) -> int:
@@ -119,14 +117,14 @@ def allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_
     staging holds fp16 rows and is sized like ``int4_kivi``'s.
     """
     fmt = get_format(kv_format, dtype)
-    if fmt.split:
-        return _allocate_split(fmt, num_blocks, block_size, num_kv_heads, head_dim, dtype, torch.device(device),
-                               num_staging_blocks, grow_staging, tables)
-    group_size = int4_group(int(head_dim), group_size)
     for name, val in (("num_blocks", num_blocks), ("block_size", block_size),
                       ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if int(val) < 1:
             raise ShapeError(f"{name} must be >= 1, got {val}")
+    if fmt.split:
+        return _allocate_split(fmt, num_blocks, block_size, num_kv_heads, head_dim, dtype, torch.device(device),
+                               num_staging_blocks, grow_staging, tables)
+    group_size = int4_group(int(head_dim), group_size)
     if fmt.packed and (head_dim % group_size or group_size % 2):
         raise ShapeError(f"int4 group_size {group_size} must be even and divide head_dim {head_dim}")
     device = torch.device(device)
@@ -282,9 +280,6 @@ def _allocate_split(fmt: KVFormat, nb: int, bs: int, h: int, d: int, dtype: torc
                     num_staging_blocks: int | None, grow_staging: bool, tables) -> KVCacheLayer:
     from .format_table import check_split
     from .split_codec import STAGING_DTYPE
-    for name, val in (("num_blocks", nb), ("block_size", bs), ("num_kv_heads", h), ("head_dim", d)):
-        if int(val) < 1:
-            raise ShapeError(f"{name} must be >= 1, got {val}")
     check_split(fmt, d, bs)
     t = default_tables(fmt, h, d, device) if tables is None else tables.to(device)
     ks, vs = fmt.k_side, fmt.v_side

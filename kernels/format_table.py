@@ -360,11 +360,8 @@ def split_bytes_per_token(fmt: KVFormat, num_kv_heads: int, head_dim: int, block
     """Steady-state bytes per token of a split format: per-token bytes plus per-block bytes spread
     over the block (rounded up to whole bytes per token); the staging pool is not counted."""
     check_split(fmt, head_dim, block_size)
-    tok = blk = 0
-    for side in (fmt.k_side, fmt.v_side):
-        t, b = side_bytes(side, num_kv_heads, head_dim, block_size)
-        tok, blk = tok + t, blk + b
-    return tok + -(-blk // block_size)
+    (tk, bk), (tv, bv) = (side_bytes(s, num_kv_heads, head_dim, block_size) for s in (fmt.k_side, fmt.v_side))
+    return tk + tv + -(-(bk + bv) // block_size)
 
 
 def staging_tokens_per_seq(fmt: str | KVFormat, block_size: int) -> int:

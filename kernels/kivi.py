@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .errors import ShapeError
-from .quant import pack_int4, unpack_int4
+from .quant import pack_int4, safe_divisor, unpack_int4
 
 __all__ = ["KiviKeys", "quantize_keys_per_channel", "dequantize_keys_per_channel", "quantize_k_blocks",
            "dequantize_k_blocks"]
@@ -50,9 +50,7 @@ def quantize_keys_per_channel(k: torch.Tensor, group_size: int = 32) -> KiviKeys
     mn, mx = x.amin(dim=1), x.amax(dim=1)
     s = ((mx - mn) / 15.0).to(torch.float16)
     z = mn.to(torch.float16)
-    s32 = s.float()
-    safe = torch.where(s32 == 0, torch.ones_like(s32), s32)
-    q = torch.round((x - z.float()[:, None]) / safe[:, None]).clamp(0, 15).to(torch.uint8)
+    q = torch.round((x - z.float()[:, None]) / safe_divisor(s.float())[:, None]).clamp(0, 15).to(torch.uint8)
     return KiviKeys(pack_int4(q.reshape(tq, h, d)), s, z, k[tq:].clone())
 
 

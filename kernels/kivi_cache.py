@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 __all__ = ["write_kivi", "write_plan", "gather_k", "plan_copy", "plan_swap", "release"]
 
 
-def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def take_blocks(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``t[idx]`` via index_select (several times faster than advanced indexing on CPU)."""
     return t.index_select(0, idx.reshape(-1)).view(*idx.shape, *t.shape[1:])
 
 
@@ -105,7 +106,7 @@ def write_plan(slot_mapping: torch.Tensor, bs: int) -> _WritePlan | None:
     return _WritePlan(rows, slots, offs, blocks, inv, torch.empty(0), has0, seal)
 
 
-def _ix(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+def host_indices(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host bool mask -> int64 indices on ``device`` (a boolean index on a GPU would sync)."""
     return torch.nonzero(mask).squeeze(1).to(device)
 
@@ -141,12 +142,12 @@ def _seal(layer: KVCacheLayer, p: _WritePlan, kd: torch.Tensor) -> None:
     from_stage = (p.staged & ~p.has0)[p.seal]
     from_codes = (~p.staged & ~p.has0)[p.seal]
     if bool(from_stage.any()):
-        buf[_ix(from_stage, dev)] = pool.k[p.old[p.seal][from_stage].to(dev)]
+        buf[host_indices(from_stage, dev)] = pool.k[p.old[p.seal][from_stage].to(dev)]
     if bool(from_codes.any()):
-        buf[_ix(from_codes, dev)] = _seed(layer, sb[from_codes].to(dev))
+        buf[host_indices(from_codes, dev)] = _seed(layer, sb[from_codes].to(dev))
     tok = p.seal[p.inv]
     pos = torch.cumsum(p.seal.long(), 0) - 1  # a block's index among the sealed ones
-    buf.view(-1, *kd.shape[1:])[(pos[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[_ix(tok, dev)]
+    buf.view(-1, *kd.shape[1:])[(pos[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[host_indices(tok, dev)]
     codes, s, z = quantize_k_blocks(buf.float())
     sbd = sb.to(dev)
     layer.k[sbd], layer.k_scale[sbd], layer.k_zero[sbd] = codes, s, z
@@ -167,24 +168,20 @@ def _stage(layer: KVCacheLayer, p: _WritePlan, kd: torch.Tensor) -> None:
     if bool(seed.any()):
         pool.k[slot[seed].to(dev)] = _seed(layer, p.blocks[seed].to(dev))
     tok = opn[p.inv]
-    pool.k.view(-1, *kd.shape[1:])[(slot[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[_ix(tok, dev)]
+    pool.k.view(-1, *kd.shape[1:])[(slot[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[host_indices(tok, dev)]
 
 
 def gather_k(layer: KVCacheLayer, blocks: torch.Tensor) -> torch.Tensor:
     """Float32 K ``[*blocks.shape, BS, H, D]`` of block ids ``blocks`` (long, on the cache's device):
     staged blocks from staging, sealed ones dequantized (chosen per block with ``torch.where``)."""
-    q = dequantize_k_blocks(_take(layer.k, blocks), _take(layer.k_scale, blocks), _take(layer.k_zero, blocks))
+    q = dequantize_k_blocks(take_blocks(layer.k, blocks), take_blocks(layer.k_scale, blocks),
+                            take_blocks(layer.k_zero, blocks))
     pool = layer.staging
     if pool.num_slots == 0:
         return q
-    st = _take(pool.block_map, blocks).long()
-    stg = _take(pool.k, st.clamp(min=0)).float()
+    st = take_blocks(pool.block_map, blocks).long()
+    stg = take_blocks(pool.k, st.clamp(min=0)).float()
     return torch.where((st >= 0).view(*st.shape, 1, 1, 1), stg, q)
-
-
-def _distinct_dst(m: torch.Tensor, what: str) -> None:
-    if m.shape[0] != len(set(m[:, 1].tolist())):
-        raise ShapeError(f"{what}: int4_kivi layers need distinct destination blocks in the mapping")
 
 
 def plan_copy(layer: KVCacheLayer, m: torch.Tensor) -> Callable[[], None]:
@@ -196,7 +193,8 @@ def plan_copy(layer: KVCacheLayer, m: torch.Tensor) -> Callable[[], None]:
 def plan_swap(src: KVCacheLayer, dst: KVCacheLayer, m: torch.Tensor, what: str = "swap_blocks") -> Callable[[], None]:
     """Like :func:`plan_copy` from ``src``'s pools into ``dst``'s (e.g. GPU -> CPU layer): the staging
     pool and, for split formats with a sink, the sink pool; both are checked before either commits."""
-    _distinct_dst(m, what)
+    if m.shape[0] != len(set(m[:, 1].tolist())):
+        raise ShapeError(f"{what}: int4_kivi layers need distinct destination blocks in the mapping")
     commits = [plan_pool(getattr(src, name), getattr(dst, name), m, what) for name in ("staging", "sink")
                if getattr(src, name, None) is not None]
 

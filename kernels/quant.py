@@ -79,7 +79,8 @@ def _no_kivi(fmt: KVFormat) -> None:
                             "quantized per channel over a block (kernels.kivi.quantize_k_blocks)")
 
 
-def _safe(s32: torch.Tensor) -> torch.Tensor:
+def safe_divisor(s32: torch.Tensor) -> torch.Tensor:
+    """``s32`` with its zeros replaced by 1: a scale that is safe to divide by (a zero scale's codes are 0)."""
     return torch.where(s32 == 0, torch.ones_like(s32), s32)
 
 
@@ -103,7 +104,7 @@ def quantize_kv(x: torch.Tensor, kv_format: str | KVFormat, *, scale: torch.Tens
         return QuantizedKV(y.to(fmt.storage_dtype), s)
     if fmt.code == CODE_INT8:
         s = (xf.abs().amax(dim=-1, keepdim=True) / 127.0).to(torch.float16)
-        q = torch.round(xf / _safe(s.float())).clamp(-127, 127)
+        q = torch.round(xf / safe_divisor(s.float())).clamp(-127, 127)
         return QuantizedKV(q.to(torch.int8), s)
     d = x.shape[-1]
     if group_size <= 0 or d % group_size or group_size % 2:
@@ -112,7 +113,7 @@ def quantize_kv(x: torch.Tensor, kv_format: str | KVFormat, *, scale: torch.Tens
     mn, mx = xg.amin(dim=-1), xg.amax(dim=-1)
     s = ((mx - mn) / 15.0).to(torch.float16)
     z = mn.to(torch.float16)
-    q = torch.round((xg - z.float()[..., None]) / _safe(s.float())[..., None]).clamp(0, 15)
+    q = torch.round((xg - z.float()[..., None]) / safe_divisor(s.float())[..., None]).clamp(0, 15)
     return QuantizedKV(pack_int4(q.reshape(x.shape).to(torch.uint8)), s, z)
 
 

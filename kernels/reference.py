@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .cache import KVCacheLayer
 from .formats import get_format
-from .kivi_cache import gather_k, write_kivi
+from .kivi_cache import gather_k, take_blocks, write_kivi
 from .quant import dequantize_kv, quantize_kv
 
 __all__ = ["write_kv_ref", "gather_kv", "decode_attention_ref", "prefill_attention_ref", "causal_attention"]
@@ -49,11 +49,6 @@ def write_kv_ref(layer: KVCacheLayer, key: torch.Tensor, value: torch.Tensor, sl
             _rows(zero)[slots] = qz.zero
 
 
-def _take(t: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """``t[blocks]`` via index_select (several times faster than advanced indexing on CPU)."""
-    return t.index_select(0, blocks.reshape(-1)).view(*blocks.shape, *t.shape[1:])
-
-
 def gather_kv(layer: KVCacheLayer, which: str, blocks: torch.Tensor) -> torch.Tensor:
     """Dequantized float32 ``[*blocks.shape, block_size, H, D]`` for block ids ``blocks`` (long)."""
     data = getattr(layer, which)
@@ -62,12 +57,13 @@ def gather_kv(layer: KVCacheLayer, which: str, blocks: torch.Tensor) -> torch.Te
         if which == "k":
             return gather_k(layer, blocks)
         fmt = get_format("int4")  # int4_kivi's V is int4
-    raw = _take(data.view(torch.uint8), blocks).view(data.dtype) if fmt.is_fp8 else _take(data, blocks)
+    raw = (take_blocks(data.view(torch.uint8), blocks).view(data.dtype) if fmt.is_fp8
+           else take_blocks(data, blocks))
     scale = getattr(layer, which + "_scale")
     if fmt.scale == "token":
-        scale = _take(scale, blocks)
+        scale = take_blocks(scale, blocks)
     zero = getattr(layer, which + "_zero")
-    zero = _take(zero, blocks) if zero is not None else None
+    zero = take_blocks(zero, blocks) if zero is not None else None
     return dequantize_kv(raw, fmt, scale, zero, dtype=torch.float32)
 
 

@@ -38,6 +38,7 @@ import torch
 
 from .errors import ShapeError
 from .format_table import CODE_KIVI, KVFormat
+from .kivi_cache import host_indices, write_plan
 from .split_codec import (STAGING_DTYPE, SplitTables, bit_layout, cb_dequantize, cb_quantize, hadamard, kivi_dequantize,
                           kivi_quantize, kivi_step_zero, lloyd_levels, normal_levels, pack_bits, rope, rope_tables,
                           unpack_bits, uniform_widths, unrope)
@@ -79,7 +80,6 @@ def write_split(layer: "KVCacheLayer", key: torch.Tensor, value: torch.Tensor, s
     """Store ``key``/``value`` ``[T, H, D]`` at ``slot_mapping`` (< 0 skipped): V codes now, K codes
     when a block is sealed, exact fp16 rows in staging (see the module docstring). Raises
     StagingExhaustedError before changing anything when the pool is too small."""
-    from .kivi_cache import write_plan
     fmt = layer.kv_format
     ks, vs = fmt.k_side, fmt.v_side
     pos_host = check_positions(layer, positions, key.shape[0])
@@ -186,12 +186,12 @@ def _seal(layer: "KVCacheLayer", p, kd: torch.Tensor, old: torch.Tensor, start: 
     from_codes = ~staged & ~p.has0[p.seal]
     st = start[p.seal] if start is not None else torch.zeros_like(sb)
     if bool(from_stage.any()):
-        buf[_ix(from_stage, dev)] = pool.k[old[p.seal][from_stage].to(dev)]
+        buf[host_indices(from_stage, dev)] = pool.k[old[p.seal][from_stage].to(dev)]
     if bool(from_codes.any()):
-        buf[_ix(from_codes, dev)] = _seed_k(layer, sb[from_codes], st[from_codes])
+        buf[host_indices(from_codes, dev)] = _seed_k(layer, sb[from_codes], st[from_codes])
     tok = p.seal[p.inv]
     pos = torch.cumsum(p.seal.long(), 0) - 1
-    buf.view(-1, *kd.shape[1:])[(pos[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[_ix(tok, dev)]
+    buf.view(-1, *kd.shape[1:])[(pos[p.inv[tok]] * bs + p.offs[tok]).to(dev)] = kd[host_indices(tok, dev)]
     x = buf.float()
     rows = st.to(dev)[:, None] + torch.arange(bs, device=dev)
     if fmt.k_side.pre_rope:
@@ -204,10 +204,6 @@ def _seal(layer: "KVCacheLayer", p, kd: torch.Tensor, old: torch.Tensor, start: 
     layer.k_scale[sbd], layer.k_zero[sbd] = step, zero
     if sup is not None:
         layer.k_super[sbd] = sup
-
-
-def _ix(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return torch.nonzero(mask).squeeze(1).to(device)
 
 
 def window_out_blocks(block_tables, seq_lens, fmt: KVFormat, block_size: int) -> list[int]:

@@ -92,10 +92,9 @@ class KVArtefact:
     def check_format(self, fmt: KVFormat, block_size: int) -> None:
         missing = [k for k in self.keys_for(fmt, block_size) if k not in self.entries]
         if missing:
-            have = sorted(self.entries)
             raise KVFormatError(
                 f"calibration file {self.path} has no table for {missing} (kv format {fmt.name!r}, block_size "
-                f"{block_size}); it holds {have}. Fit them with `python -m paged quant-calibrate --formats "
+                f"{block_size}); it holds {sorted(self.entries)}. Fit them with `python -m paged quant-calibrate --formats "
                 f"'{fmt.name}' --block-size {block_size} --out {self.path}`, or pick a format/block size it holds")
 
     def tables(self, fmt: KVFormat, layer: int, num_layers: int, num_kv_heads: int, head_dim: int,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import KVFormatError, ShapeError
+from .quant import safe_divisor
 
 __all__ = ["SplitTables", "rope", "unrope", "rope_tables", "hadamard", "bit_layout", "pack_bits", "unpack_bits",
            "cb_quantize", "cb_dequantize", "lloyd_levels", "normal_levels", "kivi_quantize", "kivi_dequantize",
@@ -143,17 +144,13 @@ def unpack_bits(data: torch.Tensor, width: torch.Tensor, offset: torch.Tensor) -
 
 # ---- codecs -------------------------------------------------------------------------------------
 
-def _safe(s: torch.Tensor) -> torch.Tensor:
-    return torch.where(s == 0, torch.ones_like(s), s)
-
-
 def cb_quantize(x: torch.Tensor, levels: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 ``[..., H, D]`` -> (int64 codes ``[..., H, D]``, fp16 scales ``[..., H, D // group]``):
     ``scale = fp16(absmax / max|level|)`` per group, code = the nearest level of ``x / scale``."""
     d = x.shape[-1]
     xg = x.reshape(*x.shape[:-1], d // group, group)
     s = (xg.abs().amax(-1) / levels.abs().max()).half()
-    u = xg / _safe(s.float())[..., None]
+    u = xg / safe_divisor(s.float())[..., None]
     code = torch.bucketize(u.contiguous(), ((levels[1:] + levels[:-1]) / 2).contiguous())
     return code.reshape(x.shape), s
 
@@ -188,18 +185,18 @@ def kivi_quantize(x: torch.Tensor, width: torch.Tensor, compact: bool, exclude: 
     sup = None
     if compact:
         big = (lo.abs().amax(-1, keepdim=True) / 63.0).half()
-        zc = torch.floor(lo / _safe(big.float())).clamp(-64, 63)
+        zc = torch.floor(lo / safe_divisor(big.float())).clamp(-64, 63)
         zero32 = zc * big.float()
         step = (hi - zero32) / steps
         unit = (step.amax(-1, keepdim=True) / 255.0).half()
-        sc = torch.ceil(step / _safe(unit.float())).clamp(1, 255)
+        sc = torch.ceil(step / safe_divisor(unit.float())).clamp(1, 255)
         s32 = sc * unit.float()
         stored_s, stored_z = sc.to(torch.uint8), zc.to(torch.int8)
         sup = torch.cat([big, unit], -1)
     else:
         stored_s, stored_z = ((hi - lo) / steps).half(), lo.half()
         s32, zero32 = stored_s.float(), stored_z.float()
-    q = torch.round((x - zero32[:, None]) / _safe(s32)[:, None]).clamp(min=0)
+    q = torch.round((x - zero32[:, None]) / safe_divisor(s32)[:, None]).clamp(min=0)
     q = torch.minimum(q, ((1 << w) - 1).float())
     return q.to(torch.int64), stored_s, stored_z, sup
 

@@ -11,6 +11,7 @@ import torch
 
 from .errors import KVFormatError
 from .format_table import KVFormat
+from .kivi_cache import take_blocks
 from .split_codec import cb_dequantize, kivi_dequantize, rope, unpack_bits
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ def decode_k(layer: "KVCacheLayer", blocks: torch.Tensor, start: torch.Tensor) -
     position (same shape), used to apply RoPE to ``+pre`` keys."""
     t, side = layer.tables, layer.kv_format.k_side
     bs = layer.block_size
-    take = lambda x: x.index_select(0, blocks.reshape(-1)).view(*blocks.shape, *x.shape[1:])  # noqa: E731
+    take = lambda x: take_blocks(x, blocks)  # noqa: E731
     if side.exact:
         return take(layer.k).float()
     codes = unpack_bits(take(layer.k), t.k_width, t.k_offset)
@@ -43,8 +44,7 @@ def decode_v(layer: "KVCacheLayer", slots_or_blocks: torch.Tensor, *, blocks: bo
     """Float32 values (rotated frame for ``+rot``) of whole ``blocks`` or of single slots."""
     side, t = layer.kv_format.v_side, layer.tables
     if blocks:
-        take = lambda x: x.index_select(0, slots_or_blocks.reshape(-1)).view(  # noqa: E731
-            *slots_or_blocks.shape, *x.shape[1:])
+        take = lambda x: take_blocks(x, slots_or_blocks)  # noqa: E731
     else:
         take = lambda x: x.view(-1, *x.shape[2:]).index_select(0, slots_or_blocks)  # noqa: E731
     if side.exact:

@@ -52,11 +52,8 @@ _reason = ""
 
 
 def _cache_dir() -> str:
-    d = os.environ.get("PAGED_NATIVE_DIR")
-    if d:
-        return d
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "paged-kv")
+    return os.environ.get("PAGED_NATIVE_DIR") or os.path.join(base, "paged-kv")
 
 
 def _cpu_key() -> str:
@@ -85,10 +82,9 @@ def _build(cc: str) -> str:
     try:
         for i, variant in enumerate(_VARIANTS):
             try:
-                objs = []
-                for f, extra in _SOURCES:  # one object per file: each with its own float rules
-                    objs.append(os.path.join(tmp, f + ".o"))
-                    run([cc, *_FLAGS, *variant, *extra, "-c", os.path.join(_HERE, f), "-o", objs[-1]])
+                objs = [os.path.join(tmp, f + ".o") for f, _ in _SOURCES]
+                for (f, extra), obj in zip(_SOURCES, objs):  # one object per file: each with its own float rules
+                    run([cc, *_FLAGS, *variant, *extra, "-c", os.path.join(_HERE, f), "-o", obj])
                 run([cc, "-shared", *variant, *objs, "-o", os.path.join(tmp, "lib.so"), "-lm"])
                 break
             except subprocess.CalledProcessError:

@@ -26,13 +26,8 @@ _NO_WRITE_KERNEL = (CODE_INT4_KIVI,)  # int4_kivi writes with torch ops (kernels
 
 
 def _sig(fn, types: dict, consts: dict) -> tuple[dict, dict]:
-    sig, const = {}, {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name], const[name] = "constexpr", consts[name]
-        else:
-            sig[name] = types[name]
-    return sig, const
+    sig = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
+    return sig, {name: consts[name] for name in fn.arg_names if name in consts}
 
 
 def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:

@@ -53,16 +53,11 @@ def _num_groups(layer: KVCacheLayer) -> int:
     return layer.v_scale.shape[-1] if layer.kv_format.packed else 1
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_len: int, device: torch.device) -> int:
     """Enough programs to fill the GPU (about 2 per SM), each with at least ``MIN_TOKENS_PER_SPLIT``."""
     by_len = max(1, math.ceil(max_len / MIN_TOKENS_PER_SPLIT))
-    by_occupancy = max(1, math.ceil(2 * _num_sms(device) / max(1, num_seqs * num_kv_heads)))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    by_occupancy = max(1, math.ceil(2 * sms / max(1, num_seqs * num_kv_heads)))
     return max(1, min(by_len, by_occupancy, MAX_SPLITS))
 
 

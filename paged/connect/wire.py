@@ -55,11 +55,9 @@ class BlockStored:
 
     def blocks(self) -> list[tuple[BlockHash, BlockHash | None, tuple[int, ...]]]:
         """(hash, parent hash, tokens) per block, in chain order."""
-        out, parent, bs = [], self.parent_block_hash, self.block_size
-        for i, h in enumerate(self.block_hashes):
-            out.append((h, parent, self.token_ids[i * bs:(i + 1) * bs]))
-            parent = h
-        return out
+        bs, hs = self.block_size, self.block_hashes
+        parents = (self.parent_block_hash, *hs[:-1])
+        return [(h, p, self.token_ids[i * bs:(i + 1) * bs]) for i, (h, p) in enumerate(zip(hs, parents))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,10 +66,8 @@ class QuantKVAttention:
         for layer in range(self.num_layers):
             if self.k[layer] is None:
                 continue
-            if self.scheme.k.per_channel and layer in self.quant_layers:
-                self.k[layer] = self.kivi[layer].truncate(n)
-            else:
-                self.k[layer] = self.k[layer][:n]
+            kivi = self.scheme.k.per_channel and layer in self.quant_layers
+            self.k[layer] = self.kivi[layer].truncate(n) if kivi else self.k[layer][:n]
             self.v[layer] = self.v[layer][:n]
 
     @property
@@ -79,9 +77,7 @@ class QuantKVAttention:
     def _store(self, layer: int, x: torch.Tensor, side: Side, which: int) -> torch.Tensor:
         if side.per_channel:
             return self.kivi[layer].append(x)
-        scale = None
-        if side.calibrated and layer in self.fp8_scales:
-            scale = self.fp8_scales[layer][which]
+        scale = self.fp8_scales[layer][which] if side.calibrated and layer in self.fp8_scales else None
         new = roundtrip(x, side, scale)
         old = (self.k if which == 0 else self.v)[layer]
         return new if old is None else torch.cat([old, new])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.quant import safe_divisor
 from kernels.split_codec import hadamard  # the engine's rotation (re-exported for the study)
 
 from .schemes import KIVI_BLOCK, Side
@@ -31,12 +32,9 @@ def roundtrip(x: torch.Tensor, side: Side, scale: torch.Tensor | None = None) ->
         return x.to(_TORCH[side.kind]).float()
     if side.kind in ("fp8_e4m3", "fp8_e5m2"):
         s = torch.ones(x.shape[-2]) if scale is None else scale
-        qz = quantize_kv(x, side.kind, scale=s)
-        return dequantize_kv(qz, side.kind)
-    if side.kind == "int8":
-        return dequantize_kv(quantize_kv(x, "int8"), "int8")
-    if side.kind == "int4":
-        return dequantize_kv(quantize_kv(x, "int4", group_size=side.group), "int4")
+        return dequantize_kv(quantize_kv(x, side.kind, scale=s), side.kind)
+    if side.kind in ("int8", "int4"):  # int8 has no groups (one scale per token-head)
+        return dequantize_kv(quantize_kv(x, side.kind, group_size=side.group), side.kind)
     if side.kind == "int4sym":
         return int4sym_roundtrip(x, side.group)
     raise ValueError(f"roundtrip does not take {side.kind!r}; kivi keys go through KiviKeyStore")
@@ -54,8 +52,7 @@ def int4sym_roundtrip(x: torch.Tensor, group: int) -> torch.Tensor:
     xg = x.float().reshape(*x.shape[:-1], d_model // group, group)
     idx = xg.abs().argmax(-1, keepdim=True)
     d = (xg.gather(-1, idx) / -8.0).to(torch.float16).float()
-    safe = torch.where(d == 0, torch.ones_like(d), d)
-    q = torch.round(xg / safe).clamp(-8, 7)
+    q = torch.round(xg / safe_divisor(d)).clamp(-8, 7)
     return (q * d).reshape(x.shape)
 
 
@@ -68,12 +65,11 @@ def kiviq_roundtrip(k: torch.Tensor) -> torch.Tensor:
     x = k.float()
     lo, hi = x.amin(0), x.amax(0)                                        # [H, D]
     big = (lo.abs().amax(-1, keepdim=True) / 63.0).half().float()
-    z = torch.floor(lo / torch.where(big == 0, torch.ones_like(big), big)).clamp(-64, 63) * big
+    z = torch.floor(lo / safe_divisor(big)).clamp(-64, 63) * big
     step = (hi - z) / 15.0
     sup = (step.amax(-1, keepdim=True) / 255.0).half().float()
-    s = torch.ceil(step / torch.where(sup == 0, torch.ones_like(sup), sup)).clamp(1, 255) * sup
-    safe = torch.where(s == 0, torch.ones_like(s), s)
-    return torch.round((x - z) / safe).clamp(0, 15) * s + z
+    s = torch.ceil(step / safe_divisor(sup)).clamp(1, 255) * sup
+    return torch.round((x - z) / safe_divisor(s)).clamp(0, 15) * s + z
 
 
 class KiviKeyStore:

@@ -10,6 +10,7 @@ import math
 import torch
 
 from paged.errors import ConfigError
+from kernels.quant import safe_divisor
 from kernels.split import hadamard, lloyd_levels as lloyd_max, rope, unrope
 
 from .artefact import allocate_bits
@@ -57,8 +58,7 @@ def quantize_tokens(z: torch.Tensor, spec: SideSpec, levels: torch.Tensor | None
         mx, mn = torch.where(torch.isfinite(mx), mx, 0.0), torch.where(torch.isfinite(mn), mn, 0.0)
         s = ((mx - mn) / (n - 1)).half().float()
         zero = mn.half().float()
-        safe = torch.where(s == 0, torch.ones_like(s), s)
-        q = torch.round((zg - zero[..., None]) / safe[..., None]).clamp(0, n - 1)
+        q = torch.round((zg - zero[..., None]) / safe_divisor(s)[..., None]).clamp(0, n - 1)
         out = q * s[..., None] + zero[..., None]
     else:
         lv = torch.linspace(-1.0, 1.0, n) if spec.levels == "sym" else levels
@@ -66,8 +66,7 @@ def quantize_tokens(z: torch.Tensor, spec: SideSpec, levels: torch.Tensor | None
         if spec.scale == "absmax":
             s = s / lv.abs().max()
         s = _round_scale(s, spec.scale_bits)
-        safe = torch.where(s == 0, torch.ones_like(s), s)
-        u = zg / safe[..., None]
+        u = zg / safe_divisor(s)[..., None]
         code = torch.bucketize(u.contiguous(), ((lv[1:] + lv[:-1]) / 2).contiguous())
         out = lv[code] * s[..., None]
     out = out.reshape(t, h, d)
@@ -115,14 +114,14 @@ def quantize_channels(z: torch.Tensor, bits: "int | torch.Tensor", levels=None, 
         mn, mx = z.amin(0), z.amax(0)
     if compact:
         big = (mn.abs().amax(-1, keepdim=True) / 63.0).half().float()
-        zero = torch.floor(mn / torch.where(big == 0, torch.ones_like(big), big)).clamp(-64, 63) * big
+        zero = torch.floor(mn / safe_divisor(big)).clamp(-64, 63) * big
         step = (mx - zero) / (n - 1)
         sup = (step.amax(-1, keepdim=True) / 255.0).half().float()
-        s = torch.ceil(step / torch.where(sup == 0, torch.ones_like(sup), sup)).clamp(1, 255) * sup
+        s = torch.ceil(step / safe_divisor(sup)).clamp(1, 255) * sup
     else:
         s = ((mx - mn) / (n - 1)).half().float()
         zero = mn.half().float()
-    safe = torch.where(s == 0, torch.ones_like(s), s)
+    safe = safe_divisor(s)
     if levels is None:
         return torch.round((z - zero) / safe).clamp(0, n - 1) * s + zero
     rng = s * (n - 1)
@@ -185,8 +184,7 @@ class SideCodec:
             cov = torch.einsum("nhd,nhe->hde", x.double(), x.double()) / x.shape[0]
             _, vec = torch.linalg.eigh(cov)                            # ascending
             self.u = vec.flip(-1).float()                              # [H, D, D], largest first
-        self.levels = None
-        self.bits = None
+        self.levels = self.bits = None
         if not spec.exact and spec.alloc:
             z = self.transform(getattr(calib, frame)[layer])
             if spec.axis == "channel":
@@ -210,7 +208,7 @@ class SideCodec:
                 z = self.transform(getattr(calib, frame)[layer])  # calibration keys come in both frames
                 zg = z.reshape(-1, spec.group)
                 s = _group_scale(zg, None, spec.scale)
-                u = zg / torch.where(s == 0, torch.ones_like(s), s)[..., None]
+                u = zg / safe_divisor(s)[..., None]
                 self.levels = lloyd_max(u.flatten()[:: max(1, u.numel() // 400000)], 1 << spec.bits)
                 if spec.scale == "absmax":
                     self.levels = self.levels / self.levels.abs().max()
@@ -257,11 +255,9 @@ class SideCodec:
         on the Gaussian Lloyd-Max levels of its allocated bits (0 bits: 0)."""
         u = z / self.sd
         s = _round_scale(u.pow(2).mean(-1, keepdim=True).sqrt(), self.spec.scale_bits)
-        u = u / torch.where(s == 0, torch.ones_like(s), s)
+        u = u / safe_divisor(s)
         out = torch.zeros_like(u)
-        for b in self.bits.unique().tolist():
-            if b == 0:
-                continue
+        for b in filter(None, self.bits.unique().tolist()):  # 0-bit channels stay 0
             m = self.bits == b
             lv = self.levels[b]
             out[:, m] = lv[torch.bucketize(u[:, m].contiguous(), ((lv[1:] + lv[:-1]) / 2).contiguous())]

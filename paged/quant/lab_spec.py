@@ -78,26 +78,11 @@ class SideSpec:
         if self.exact:
             return f"fp{self.bits}"
         kind = ("kivi" + ("" if self.levels == "int" else self.levels)) if self.axis == "channel" else self.levels
-        s = f"{kind}{self.bits}_g{self.group}"
-        for flag, tag in ((self.pre_rope, "pre"), (self.center, "ctr"), (self.rot, "rot"),
-                          (self.scale == "rms", "rms"), (self.scale_bits != 16, f"s{self.scale_bits}")):
-            if flag:
-                s += "+" + tag
-        if self.weight != "none":
-            s += f"+w{self.weight}"
-        if self.outliers:
-            s += f"+o{self.outliers}"
-        if self.pca:
-            s += "+pca"
-        if self.alloc:
-            s += "+alloc"
-        if self.alloc_heads:
-            s += "+heads"
-        if self.sparse:
-            s += f"+sp{self.sparse}"
-        if self.qjl:
-            s += f"+qjl{self.qjl}"
-        return s
+        flags = ((self.pre_rope, "pre"), (self.center, "ctr"), (self.rot, "rot"), (self.scale == "rms", "rms"),
+                 (self.scale_bits != 16, f"s{self.scale_bits}"), (self.weight != "none", f"w{self.weight}"),
+                 (self.outliers, f"o{self.outliers}"), (self.pca, "pca"), (self.alloc, "alloc"),
+                 (self.alloc_heads, "heads"), (self.sparse, f"sp{self.sparse}"), (self.qjl, f"qjl{self.qjl}"))
+        return f"{kind}{self.bits}_g{self.group}" + "".join("+" + tag for flag, tag in flags if flag)
 
     def check(self, head_dim: int, side: str) -> None:
         """Raise ConfigError for a combination the lab does not define."""
@@ -158,14 +143,10 @@ class LabSpec:
     def name(self) -> str:
         if self.label:
             return self.label
-        s = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
-        if self.sink:
-            s += f"@sink{self.sink}"
-        if self.window:
-            s += f"@win{self.window}"
-        if self.layers:
-            s += f"@{len(self.layers)}layers"
-        return s
+        base = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
+        flags = ((self.sink, f"@sink{self.sink}"), (self.window, f"@win{self.window}"),
+                 (self.layers, f"@{len(self.layers)}layers"))
+        return base + "".join(tag for flag, tag in flags if flag)
 
     def sides(self, layer: int) -> tuple[SideSpec, SideSpec]:
         for i, k, v in self.layers:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["TokenStats", "token_stats", "summarize", "survival"]
+__all__ = ["TokenStats", "token_stats", "summarize", "divergence_columns", "survival"]
 
 
 @dataclass
@@ -73,6 +74,14 @@ def summarize(s: TokenStats) -> dict[str, float]:
         "same_top1_pct": float(100 * same.mean()),
         "dp_mean_pct": float(100 * dp.mean()), "dp_rms_pct": float(100 * math.sqrt((dp ** 2).mean())),
     }
+
+
+def divergence_columns(first: Sequence[int], horizon: int) -> dict:
+    """A study row's greedy-divergence columns: the horizon, then the median and mean (NaN without
+    runs) and the list of the first divergences ``first`` (``horizon``: none within it)."""
+    d = np.asarray(first, dtype=float)
+    return {"divergence_tokens": horizon, "first_div_median": float(np.median(d)) if len(d) else float("nan"),
+            "first_div_mean": float(d.mean()) if len(d) else float("nan"), "first_div": d.astype(int).tolist()}
 
 
 def survival(first_divergence: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray]:

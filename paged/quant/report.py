@@ -19,8 +19,6 @@ def markdown_table(df: pd.DataFrame, context_length: int, source: str = "all") -
     head = "| " + " | ".join(h for _, h in _COLS) + " |\n|" + " --- |" * len(_COLS) + "\n"
     fmt = {"bits_per_value": "{:.4g}", "tokens_per_gib": "{:,.0f}", "kld_mean": "{:.3g}", "kld_p99": "{:.3g}",
            "delta_nll": "{:+.4f}", "same_top1_pct": "{:.2f}", "first_div_median": "{:.0f}"}
-    lines = []
-    for _, r in d.iterrows():
-        cells = [fmt[c].format(r[c]) if c in fmt else str(r[c]) for c, _ in _COLS]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = ["| " + " | ".join(fmt[c].format(r[c]) if c in fmt else str(r[c]) for c, _ in _COLS) + " |"
+             for _, r in d.iterrows()]
     return head + "\n".join(lines) + "\n"

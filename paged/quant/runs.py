@@ -38,17 +38,8 @@ def chunk_logits(model, ids: Sequence[int], cache: QuantKVAttention, rows: slice
 @torch.inference_mode()
 def greedy(model, prompt: Sequence[int], cache: QuantKVAttention, n: int) -> list[int]:
     """``n`` greedy tokens after ``prompt``: a prefill, then one decode step per token."""
-    cache.reset()
-    dev = next(model.parameters()).device
-    ids = torch.tensor(list(prompt), dtype=torch.long, device=dev)
-    hidden = model(ids, torch.arange(len(prompt), device=dev), cache)
-    out = [int(model.compute_logits(hidden[-1:]).argmax(-1))]
-    pos = len(prompt)
-    while len(out) < n:
-        h = model(torch.tensor([out[-1]], device=dev), torch.tensor([pos], device=dev), cache)
-        out.append(int(model.compute_logits(h).argmax(-1)))
-        pos += 1
-    return out
+    first = int(chunk_logits(model, prompt, cache, slice(-1, None)).argmax(-1))
+    return greedy_many(model, [cache], [first], len(prompt), n)[0]
 
 
 @torch.inference_mode()
@@ -106,9 +97,6 @@ def fp8_scales(scheme, amax: dict[tuple[int, bool], list[torch.Tensor]]
     out = {}
     for layer in sorted({layer for layer, _ in amax}):
         ka, va = amax[(layer, scheme.rotate_k)][0], amax[(layer, scheme.rotate_v)][1]
-        pair = []
-        for side, a in ((scheme.k, ka), (scheme.v, va)):
-            m = fmax.get(side.kind, 1.0)
-            pair.append(torch.where(a > 0, a / m, torch.ones_like(a)))
-        out[layer] = (pair[0], pair[1])
+        out[layer] = tuple(torch.where(a > 0, a / fmax.get(side.kind, 1.0), torch.ones_like(a))
+                           for side, a in ((scheme.k, ka), (scheme.v, va)))
     return out

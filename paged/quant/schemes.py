@@ -137,9 +137,8 @@ class Scheme:
     @property
     def engine_format(self) -> str | None:
         """The ``kv_cache_dtype`` the engine serves this scheme with, or None if it has none."""
-        if self.rotate or self.vrot or self.k.calibrated or self.v.calibrated:
-            return None
-        if self.k.kernel_format is None or self.v.kernel_format is None:
+        if (self.rotate or self.vrot or self.k.calibrated or self.v.calibrated
+                or self.k.kernel_format is None or self.v.kernel_format is None):
             return None
         if self.k == Side("kivi", KIVI_BLOCK) and self.v == Side("int4"):
             return "int4_kivi"
@@ -156,9 +155,7 @@ class Scheme:
         """
         if self.k.per_channel:
             n = self.k.group
-            if self.k.kind != "kivi":
-                return None
-            if (self.v != Side("int4") or self.rotate or self.vrot or n & (n - 1)):
+            if self.k.kind != "kivi" or self.v != Side("int4") or self.rotate or self.vrot or n & (n - 1):
                 return None
             return {"kv_cache_dtype": "int4_kivi", "block_size": n}
         fmt = self.engine_format

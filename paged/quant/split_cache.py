@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from kernels import get_format
+from kernels import default_tables, get_format
 from kernels.format_table import CODE_KIVI, FRONT  # FRONT: alias -> split format, the served front
 from kernels.split import attend_split, cb_dequantize, cb_quantize, kivi_dequantize, kivi_quantize, rope, unrope
 
@@ -46,10 +46,8 @@ def served_bits(fmt, block_size: int, num_kv_heads: int, head_dim: int, context:
     f = get_format(fmt)
     check_split(f, head_dim, block_size)
     n = num_kv_heads * head_dim
-    out = []
-    for side in (f.k_side, f.v_side):
-        tok, blk = side_bytes(side, num_kv_heads, head_dim, block_size)
-        out.append((tok + blk / block_size) * 8 / n)
+    out = [(tok + blk / block_size) * 8 / n
+           for tok, blk in (side_bytes(s, num_kv_heads, head_dim, block_size) for s in (f.k_side, f.v_side))]
     rows = staging_tokens_per_seq(f, block_size)
     kb = out[0] + 16.0 * rows / context
     vb = out[1] + (16.0 * rows / context if (f.sink or f.window) else 0.0)
@@ -64,12 +62,8 @@ def tables_for(fmt, model, artefact, block_size: int) -> list:
     model.rope.ensure(torch.tensor([cfg.max_position_embeddings - 1]))
     rope_rows = (model.rope.cos, model.rope.sin_signed)
     return [artefact.tables(f, i, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, "cpu", rope_rows)
-            if f.calibrated else _default(f, cfg, rope_rows) for i in range(cfg.num_layers)]
-
-
-def _default(f, cfg, rope_rows):
-    from kernels import default_tables
-    return default_tables(f, cfg.num_kv_heads, cfg.head_dim, "cpu", rope=rope_rows)
+            if f.calibrated else default_tables(f, cfg.num_kv_heads, cfg.head_dim, "cpu", rope=rope_rows)
+            for i in range(cfg.num_layers)]
 
 
 class SplitCache:
@@ -121,10 +115,9 @@ class SplitCache:
         """Keys read from codes (exact sides: their stored values), and which positions are staged."""
         raw = self.raw[layer]
         n = 0 if self.kq[layer] is None else self.kq[layer].shape[0]
-        staged = torch.arange(raw.shape[0]) >= n
         if side.code != CODE_KIVI:
-            staged = torch.zeros_like(staged)
-        return raw, staged
+            return raw, torch.zeros(raw.shape[0], dtype=torch.bool)
+        return raw, torch.arange(raw.shape[0]) >= n
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         dtype = q.dtype

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
 from paged.errors import ConfigError
 from .attention import QuantKVAttention
-from .metrics import TokenStats, summarize, token_stats
+from .metrics import TokenStats, divergence_columns, summarize, token_stats
 from .runs import calibrate_fp8, chunk_logits, fp8_scales, greedy_many, load
 from .schemes import BASE, DEFAULT_SCHEMES, NOISE_FLOOR, Scheme, parse_scheme
 from .text import load_texts, make_chunks, scored_slice
@@ -75,12 +74,6 @@ def _served_row(name: str, cfg) -> dict:
             "tokens_per_gib": 2**30 // (cfg.num_layers * per_layer)}
 
 
-def _role(s: Scheme) -> str:
-    if s.is_base:
-        return "base"
-    return "noise_floor" if s.name in NOISE_FLOOR else "quantized"
-
-
 def describe_formats(formats: str | Sequence[str] | None = None, model=None,
                      context_length: int = 2048) -> pd.DataFrame:
     """Storage of each scheme on the model: bits per value (K, V, mean), bytes per token over all
@@ -97,20 +90,14 @@ def describe_formats(formats: str | Sequence[str] | None = None, model=None,
     for s in resolve_schemes(formats, cfg.head_dim):
         dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         rows.append({"format": s.name, "k_format": s.k.name, "v_format": s.v.name, "rotate": s.rotate, "vrot": s.vrot,
-                     "engine_format": s.engine_format, "role": _role(s),
+                     "engine_format": s.engine_format,
+                     "role": "base" if s.is_base else "noise_floor" if s.name in NOISE_FLOOR else "quantized",
                      "engine_block_size": (s.engine_kwargs or {}).get("block_size"),
                      "bits_k": s.k.bits(cfg.head_dim), "bits_v": s.v.bits(cfg.head_dim),
                      "bits_per_value": s.bits_per_value(cfg.head_dim),
                      "bytes_per_token": s.bytes_per_token(*dims), "staging_bytes_per_seq": s.staging_bytes(*dims),
                      "tokens_per_gib": s.tokens_per_gib(*dims, context_length)})
     return pd.DataFrame(rows)
-
-
-def _progress(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-    return tqdm(total=total, desc="quant study", unit="run")
 
 
 def study(model=None, formats: str | Sequence[str] | None = None, texts: Mapping[str, str] | None = None,
@@ -147,7 +134,10 @@ def study(model=None, formats: str | Sequence[str] | None = None, texts: Mapping
         amax = calibrate_fp8(m, calib)
     caches = {s: QuantKVAttention(s, cfg.num_layers, cfg.head_dim,
                                   fp8_scales=fp8_scales(s, amax) if amax is not None else None) for s in schemes}
-    bar = _progress(sum(len(ch) for _, ch in plan) * len(schemes), progress)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=sum(len(ch) for _, ch in plan) * len(schemes), desc="quant study", unit="run")
     rows = []
     for ctx, chunks in plan:
         stats: dict[tuple[str, Scheme], TokenStats] = {}
@@ -181,14 +171,10 @@ def study(model=None, formats: str | Sequence[str] | None = None, texts: Mapping
             for s in schemes:
                 if (src, s) not in stats:
                     continue
-                d = np.asarray(div.get((src, s), []), dtype=float)
+                d = div.get((src, s), [])
                 row = {"context_length": ctx, "source": src, "format": s.name, **info.loc[s.name].to_dict(),
                        "n_chunks": sum(1 for ch in chunks if src in ("all", ch.source)),
-                       **summarize(stats[(src, s)]),
-                       "divergence_tokens": divergence_tokens,
-                       "first_div_median": float(np.median(d)) if len(d) else float("nan"),
-                       "first_div_mean": float(d.mean()) if len(d) else float("nan"),
-                       "first_div": d.astype(int).tolist()}
+                       **summarize(stats[(src, s)]), **divergence_columns(d, divergence_tokens)}
                 rows.append(row)
     if bar is not None:
         bar.close()

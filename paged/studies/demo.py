@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -200,11 +201,9 @@ def demo_report(out: str = "reports", *, num_requests: int = 2000, jobs: int = 1
     mem.to_csv(os.path.join(out, "memory_story.csv"), index=False)
     intf.to_csv(os.path.join(out, "interference.csv"), index=False)
     sim_md = simulation_report(mem, intf, time.perf_counter() - t0)
-    with open(os.path.join(out, "simulation.md"), "w", encoding="utf-8") as fh:
-        fh.write(sim_md)
+    Path(out, "simulation.md").write_text(sim_md, encoding="utf-8")
     parts += ["#" + line if line.startswith("#") else line for line in sim_md.splitlines()]
     md = "\n".join(parts) + "\n"
     path = os.path.join(out, "demo.md")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(md)
+    Path(path).write_text(md, encoding="utf-8")
     return md, path

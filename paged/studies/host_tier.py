@@ -75,8 +75,7 @@ def tier_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parall
         variants = {k: DEFAULT_VARIANTS[k] for k in variants}
     base = dict(model=model, gpu=gpu, tensor_parallel=tensor_parallel, num_blocks=num_blocks,
                 swap_space_gib=swap_space_gib, prompt_seed=seed, **sim_kw)
-    rows = []
-    trace = None
+    rows, trace = [], None
     for name, over in variants.items():
         sim = Simulator(SimConfig(**{**base, **over}))
         if trace is None:

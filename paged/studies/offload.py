@@ -86,11 +86,6 @@ def _vs(df: pd.DataFrame, keys: list[str], ref: str, col: str, num: str | None =
     return df[num or col].to_numpy() / base.reindex(pd.MultiIndex.from_frame(df[keys])).to_numpy()
 
 
-def _step(cm: CostModel, batch: int, ctx: int, streamed_tokens: float) -> float:
-    s = StepShape.make([1] * batch, [ctx] * batch, swap_bytes=streamed_tokens * cm.kv_bytes_per_token)
-    return cm.step_time(s)
-
-
 def streaming_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_parallel: int = 2,
                     contexts: Sequence[int] = (512, 1024, 2048, 4000), kv_fractions: Sequence[float] = (1.0, 0.25),
                     max_batch: int = 512, block_size: int = 16) -> pd.DataFrame:
@@ -119,7 +114,8 @@ def streaming_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_p
                     if b > dev:
                         dev = (kv_tokens - 2 * (b - dev) * ctx / m.num_layers) / ctx  # double-buffered layer
                     host = max(0.0, (b - dev) * ctx)
-                    return dev, host, (_step(cm, b, ctx, host) if dev >= 1 else None)
+                    shape = StepShape.make([1] * b, [ctx] * b, swap_bytes=host * cm.kv_bytes_per_token)
+                    return dev, host, (cm.step_time(shape) if dev >= 1 else None)
                 best = None
                 b_dev = int(kv_tokens // ctx)
                 for b in range(1, (b_dev if label == "device only" else max_batch) + 1):

@@ -25,18 +25,14 @@ def memory_story(num_requests: int = 2000, block_size: int = 16, seed: int = 0, 
                progress=False, on_error="raise")
     paged_tp = float(df.loc[df["allocator"] == "paged", "throughput_req_s"].iloc[0])
     out = pd.DataFrame({
-        "allocator": df["allocator"],
-        "token_usage": df["kv_token_usage_mean"],
+        "allocator": df["allocator"], "token_usage": df["kv_token_usage_mean"],
         "paper_token_usage": df["allocator"].map(PAPER_TOKEN_SHARE),
-        "tokens_per_pool": df["kv_tokens_per_capacity_mean"],
-        "pool_reserved": df["kv_block_usage_mean"],
-        "mean_batch": df["mean_batch_size"],
-        "throughput_req_s": df["throughput_req_s"],
-        "throughput_tok_s": df["throughput_tok_s"],
-        "paged_speedup": paged_tp / df["throughput_req_s"],
+        "tokens_per_pool": df["kv_tokens_per_capacity_mean"], "pool_reserved": df["kv_block_usage_mean"],
+        "mean_batch": df["mean_batch_size"], "throughput_req_s": df["throughput_req_s"],
+        "throughput_tok_s": df["throughput_tok_s"], "paged_speedup": paged_tp / df["throughput_req_s"],
         "preemptions": df["num_preemptions"],
     })
-    out.attrs["config"] = {k: v for k, v in base.items()}
+    out.attrs["config"] = dict(base)
     return out
 
 

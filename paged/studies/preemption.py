@@ -119,7 +119,6 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     "swap overlap fp8": dict(preemption_mode="swap", swap_mode="overlap", swap_compression="fp8"),
     "swap overlap int4": dict(preemption_mode="swap", swap_mode="overlap", swap_compression="int4"),
 }
-LOSSLESS = ("recompute", "swap sync", "swap overlap")
 
 
 def engine_swap_study(model: str | None = None, *, num_requests: int = 12, prompt_len: int = 96,
@@ -172,5 +171,5 @@ def engine_swap_study(model: str | None = None, *, num_requests: int = 12, promp
     return df
 
 
-__all__ = ["ENGINE_VARIANTS", "LOSSLESS", "compare_modes", "cost_table", "engine_swap_study", "pressure_prompts",
+__all__ = ["ENGINE_VARIANTS", "compare_modes", "cost_table", "engine_swap_study", "pressure_prompts",
            "pressure_workload", "simulate_modes"]

@@ -31,7 +31,7 @@ import torch
 from paged.errors import ConfigError
 from paged.memory import memory_facts
 from paged.quant.attention import attend
-from paged.quant.metrics import TokenStats, summarize, token_stats
+from paged.quant.metrics import TokenStats, divergence_columns, summarize, token_stats
 from paged.quant.runs import greedy_many, load
 from paged.quant.text import load_texts, make_chunks, scored_slice
 
@@ -258,11 +258,7 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
                     d.append(next((t for t, (a, b) in enumerate(zip(ref, gen)) if a != b), divergence_tokens))
         out = []
         for c, s, d in zip(configs, stats, div):
-            dd = np.asarray(d, dtype=float)
-            row = {**c, **summarize(s), "divergence_tokens": divergence_tokens,
-                   "first_div_median": float(np.median(dd)) if len(dd) else float("nan"),
-                   "first_div_mean": float(dd.mean()) if len(dd) else float("nan"),
-                   "first_div": dd.astype(int).tolist()}
+            row = {**c, **summarize(s), **divergence_columns(d, divergence_tokens)}
             if c["kind"] == "pair":
                 vals = js[c["pair"]]
                 row.update({name: float(np.mean([v[name] for v in vals])) for name in vals[0]})
@@ -277,16 +273,14 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
     pair_rows = [r for r in first if r["kind"] == "pair"]
     rank = {"cost": [r["pair"] for r in sorted(pair_rows, key=lambda r: r["kld_mean"])],
             "similarity": [r["pair"] for r in sorted(pair_rows, key=lambda r: r["js_head"])]}
-    second = []
-    if ks and orders:
-        cfgs = []
-        for o in orders:
-            for k in ks:
-                try:
-                    cfgs.append(config("k_pairs", disjoint_pairs(rank[o], k), order=o))
-                except ConfigError:
-                    continue  # fewer disjoint pairs than k among the measured ones
-        second = run(cfgs) if cfgs else []
+    cfgs = []
+    for o in orders:
+        for k in ks:
+            try:
+                cfgs.append(config("k_pairs", disjoint_pairs(rank[o], k), order=o))
+            except ConfigError:
+                continue  # fewer disjoint pairs than k among the measured ones
+    second = run(cfgs) if cfgs else []
     if bar is not None:
         bar.close()
     df = pd.DataFrame(first + second)
@@ -320,8 +314,7 @@ def sharing_claim(df: pd.DataFrame, target_pct: float = 30.0) -> pd.DataFrame:
     rows = [g.sort_values("memory_saved_pct").iloc[:1] for _, g in k.groupby("order")]
     pairs = df[df["kind"] == "pair"]
     if len(pairs):
-        best = pairs.sort_values("kld_mean").iloc[:1].assign(order="best single pair")
-        rows.append(best)
+        rows.append(pairs.sort_values("kld_mean").iloc[:1].assign(order="best single pair"))
     return pd.concat(rows, ignore_index=True)[_CLAIM_COLUMNS] if rows else pd.DataFrame(columns=_CLAIM_COLUMNS)
 
 

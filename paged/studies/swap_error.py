@@ -29,11 +29,6 @@ from paged.quant.text import load_texts, make_chunks
 __all__ = ["swap_error_study"]
 
 
-def _engine(loaded, compression, cfg):
-    from paged.engine.llm import LLM
-    return LLM(model=loaded, swap_compression=compression, **cfg)
-
-
 def _capture(llm) -> dict:
     """Wrap the runner's forward so that each step's prompt logits land in the returned dict."""
     got: dict = {}
@@ -51,7 +46,8 @@ def _capture(llm) -> dict:
 
 @torch.inference_mode()
 def _lockstep(loaded, prompts, sp, comps, cfg, max_steps: int):
-    engines = {c: _engine(loaded, c, cfg) for c in comps}
+    from paged.engine.llm import LLM
+    engines = {c: LLM(model=loaded, swap_compression=c, **cfg) for c in comps}
     caps = {c: _capture(e) for c, e in engines.items()}
     for llm in engines.values():
         for i, p in enumerate(prompts):

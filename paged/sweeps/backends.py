@@ -118,9 +118,8 @@ def start_local_ray(num_cpus: int | None = None, *, temp_dir: str | None = None,
     ray = _import_ray()
     if ray.is_initialized():
         return False
-    kw: dict[str, Any] = dict(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                              _temp_dir=temp_dir or default_ray_temp_dir())
-    kw.update(init_kwargs)
+    kw: dict[str, Any] = {"num_cpus": num_cpus or os.cpu_count() or 1, "include_dashboard": False,
+                          "_temp_dir": temp_dir or default_ray_temp_dir(), **init_kwargs}
     Path(kw["_temp_dir"]).mkdir(parents=True, exist_ok=True)
     with _pythonpath([_package_root(), *paths]):
         ray.init(**kw)
@@ -143,14 +142,12 @@ class RayBackend:
                  init: Mapping[str, Any] | None = None) -> None:
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"max_retries must be an integer >= 0, got {max_retries!r}")
-        self.ray = _import_ray()
-        self.max_retries = max_retries
-        ray = self.ray
-        if not ray.is_initialized():
+        self.ray, self.max_retries = _import_ray(), max_retries
+        if not self.ray.is_initialized():
             if address is None:
                 start_local_ray(**dict(init or {}))
             else:
-                ray.init(address=address, **dict(init or {}))
+                self.ray.init(address=address, **dict(init or {}))
 
     def run(self, study: Study, todo: Todo) -> Done:
         ray = self.ray

@@ -155,9 +155,7 @@ def latin_hypercube(space: Mapping[str, Any], n: int, seed: int = 0) -> list[Poi
     value about ``n/m`` times. Seeded; repeated points are kept once."""
     dims, n = _space(space), _check_n(n)
     rng = np.random.default_rng(seed)
-    u = np.empty((n, len(dims)))
-    for j in range(len(dims)):
-        u[:, j] = (rng.permutation(n) + rng.random(n)) / n
+    u = np.column_stack([(rng.permutation(n) + rng.random(n)) / n for _ in dims])
     return _dedupe(_points(dims, u))
 
 

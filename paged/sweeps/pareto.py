@@ -27,11 +27,8 @@ def pareto_front(df: pd.DataFrame, maximize: Sequence[str] = (), minimize: Seque
         ok &= (df["status"] == "ok").to_numpy()
     front = np.zeros(len(df), dtype=bool)
     cand = x[ok]
-    idx = np.flatnonzero(ok)
-    for j, row in zip(idx, cand):
-        ge = (cand >= row).all(axis=1)
-        gt = (cand > row).any(axis=1)
-        front[j] = not (ge & gt).any()
+    for j, row in zip(np.flatnonzero(ok), cand):  # dominated: some row >= on every objective and > on one
+        front[j] = not ((cand >= row).all(axis=1) & (cand > row).any(axis=1)).any()
     return pd.Series(front, index=df.index, name="pareto")
 
 

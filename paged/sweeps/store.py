@@ -107,8 +107,7 @@ class PointStore:
         pa, pq = _pyarrow()
         rows = normalize(rows)
         columns: dict[str, list[Any]] = {c: [r[c] for r in rows] for c in rows[0]} if rows else {}
-        as_json = []
-        arrays = {}
+        as_json, arrays = [], {}
         for c, vals in columns.items():
             kinds = {type(v) for v in vals if v is not None}
             if len(kinds) > 1 or kinds & {list, dict}:

@@ -14,8 +14,6 @@ from paged.studies.fragmentation import label
 
 from .sizing import count_axis, styled
 
-COLOURS = {"contiguous-max": "#e76f51", "contiguous-pow2": "#f4a261", "contiguous-oracle": "#e9c46a",
-           "paged": "#264653"}
 HELD, RESERVED = "#2a9d8f", "#e76f51"
 
 
@@ -92,5 +90,5 @@ def engine_usage_figure(steps: pd.DataFrame) -> go.Figure:
     return fig.update_xaxes(**count_axis(float(steps["step"].max()) if len(steps) else None))
 
 
-__all__ = ["COLOURS", "block_size_figure", "engine_usage_figure", "held_and_reserved", "reserved_vs_held_figure",
+__all__ = ["block_size_figure", "engine_usage_figure", "held_and_reserved", "reserved_vs_held_figure",
            "token_share_figure"]

@@ -263,8 +263,7 @@ class Dashboard:
     def run_to_completion(self, max_steps: int = 100_000, pace: bool = True) -> None:
         """Step to the end from here (blocking); frames still go out at <= fps (a cell running
         this shows the motion live; returns None so the dashboard is not displayed twice)."""
-        self._playing = False
-        self._stepping = True
+        self._playing, self._stepping = False, True
         self._bring_into_view()
         try:
             for _ in range(max_steps):

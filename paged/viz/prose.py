@@ -327,15 +327,11 @@ def tier_verdict(tiers: pd.DataFrame, base: str = "recompute (no host tier)", ti
 def swap_error_verdict(swap_err: pd.DataFrame, engine_swap: pd.DataFrame | None = None):
     """What compressing swapped blocks costs in quality (`swap_error_study`, rows of scope 'after_swap')."""
     d = swap_err[swap_err["scope"] == "after_swap"]
-    parts = []
-    for _, r in d.iterrows():
-        if r["compression"] == "none":
-            continue
-        parts.append(f"{r['compression']} host blocks ({times(r['ratio_vs_fp16'])} smaller than fp16) add KLD "
-                     f"{r['kld_mean']:.2g} after a swap, same top-1 {r['same_top1_pct']:.1f}%, and "
-                     f"{r['swapped_identical_pct']:.0f}% of the {int(r['num_requests_swapped'])} swapped requests kept "
-                     f"identical greedy output (first divergence at token {r['swapped_first_div_mean']:.1f} of "
-                     f"{int(r['greedy_tokens'])} on average)")
+    parts = [f"{r['compression']} host blocks ({times(r['ratio_vs_fp16'])} smaller than fp16) add KLD "
+             f"{r['kld_mean']:.2g} after a swap, same top-1 {r['same_top1_pct']:.1f}%, and "
+             f"{r['swapped_identical_pct']:.0f}% of the {int(r['num_requests_swapped'])} swapped requests kept "
+             f"identical greedy output (first divergence at token {r['swapped_first_div_mean']:.1f} of "
+             f"{int(r['greedy_tokens'])} on average)" for _, r in d.iterrows() if r["compression"] != "none"]
     text = "; ".join(parts) + "." if parts else "No compressed swap was measured."
     if engine_swap is not None and "same_outputs" in engine_swap:
         plain = engine_swap[~engine_swap["variant"].str.contains("fp8|int4")]

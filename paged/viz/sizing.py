@@ -30,9 +30,7 @@ def heatmap_height(rows: int, *, row_px: int = ROW_PX, top: int = 50, bottom: in
                    colorbar: bool = False) -> int:
     """Figure height for a heatmap of `rows` rows of `row_px` px between margins `top`/`bottom`;
     with `colorbar`, at least tall enough for a legible colour bar."""
-    plot = max(rows, 1) * row_px
-    if colorbar:
-        plot = max(plot, MIN_COLORBAR_PX)
+    plot = max(max(rows, 1) * row_px, MIN_COLORBAR_PX if colorbar else 0)
     return max(MIN_HEIGHT, plot + top + bottom)
 
 
@@ -42,10 +40,7 @@ def nice_step(span: float, ticks: int = 8) -> int:
         return 1
     raw = span / ticks
     base = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 5, 10):
-        if m * base >= raw:
-            return int(m * base)
-    return int(10 * base)
+    return int(next((m * base for m in (1, 2, 5) if m * base >= raw), 10 * base))
 
 
 def count_axis(max_value: float | None = None, *, ticks: int = 8) -> dict:
