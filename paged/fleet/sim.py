@@ -128,11 +128,11 @@ class SimFleet:
             if r is not None and r.now <= t_next:
                 heapq.heappop(self.ready)
                 self.queued.discard(r.index)
-                s = r.step(t_next)
+                moved = r.step(t_next)
                 for done in r.take_finished():
                     d.finished(r.index, done.request_id)
                     self.inflight.pop(done.request_id, None)
-                if s.record is None and not (s.plan.preempted or s.plan.swap_out):
+                if not moved:
                     if math.isinf(t_next):
                         raise SimulationStuck(f"replica {r.name} cannot schedule its waiting request(s) and no "
                                               "arrival is pending; give it more blocks (or lower the watermark)")
