@@ -57,6 +57,12 @@ class KVCacheManager(KVCacheParts):
         self.last_compaction: CompactionPlan | None = None  # of the last compact()
 
     # ---- queries -----------------------------------------------------------------
+    @property
+    def times_allocations(self) -> bool:
+        """Whether ``allocate_slots`` emits allocation-latency events (then the decode lane leaves
+        a token that opens a new block to it)."""
+        return self._timed
+
     def has(self, request_id: str) -> bool:
         return request_id in self._tables
 

@@ -72,7 +72,7 @@ def run_disagg(cfg: Any, trace: pd.DataFrame, prefill_replicas: int, decode_repl
         busy = [r for r in pre + dec if r.busy() and r.name not in stalled]
         r = min(busy, key=lambda x: x.now) if busy else None
         if r is not None and r.now <= t_next:
-            s = r.step()
+            moved = r.step()
             for done in r.take_finished():
                 i = int(done.request_id)
                 kind = r.name[0]
@@ -87,7 +87,7 @@ def run_disagg(cfg: Any, trace: pd.DataFrame, prefill_replicas: int, decode_repl
                     heapq.heappush(pending, (st.first_token + x, i))
                 else:
                     fin[i] = done.data.finish
-            if s.record is None and not (s.plan.preempted or s.plan.swap_out):
+            if not moved:
                 if math.isinf(t_next):
                     raise RuntimeError(f"replica {r.name} cannot schedule and nothing is pending")
                 r.clock.advance_to(max(r.now, t_next))

@@ -29,11 +29,13 @@ fit the replica it was routed to), and no replica holds a block in use.
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -107,6 +109,11 @@ class SimFleet:
         if any(not 0 <= i < len(self.replicas) for _, i in failures):
             raise ConfigError(f"down_at names replicas {sorted(down_at)}; the fleet has 0..{len(self.replicas) - 1}")
         self.ran = True
+        with collector_paused():
+            return self.simulate(trace, failures)
+
+    def simulate(self, trace: pd.DataFrame, failures: list[tuple[float, int]]) -> FleetResult:
+        """``run``'s discrete-event loop and records; ``failures``: (time, replica) pairs, sorted."""
         wall0 = time.perf_counter()
         tr = normalize_trace(trace)
         a = Arrivals(tr)
@@ -128,11 +135,11 @@ class SimFleet:
             if r is not None and r.now <= t_next:
                 heapq.heappop(self.ready)
                 self.queued.discard(r.index)
-                s = r.step(t_next)
+                moved = r.step(t_next)
                 for done in r.take_finished():
                     d.finished(r.index, done.request_id)
                     self.inflight.pop(done.request_id, None)
-                if s.record is None and not (s.plan.preempted or s.plan.swap_out):
+                if not moved:
                     if math.isinf(t_next):
                         raise SimulationStuck(f"replica {r.name} cannot schedule its waiting request(s) and no "
                                               "arrival is pending; give it more blocks (or lower the watermark)")
@@ -264,6 +271,21 @@ class SimFleet:
                 "ttft_p50_s": _q(fin["ttft_s"], 0.5), "ttft_p99_s": _q(fin["ttft_s"], 0.99),
                 "prefill_tokens": int(prompt - fin["num_cached_tokens"].sum()), "steps": len(r.records),
                 "busy_s": float(sum(x.step_time_s for x in r.records))}
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside the block, as it was after. A fleet run makes
+    millions of long-lived objects (blocks, step records) and no cyclic garbage (a collection at
+    its end finds none), so the collector's passes over them are pure cost: a fifth of a run's
+    CPU time on the 70B benchmark; reference counting frees everything else as before."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def session_of(a: Arrivals, i: int) -> str | None:

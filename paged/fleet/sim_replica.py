@@ -100,14 +100,21 @@ class SimReplica:
             self.clock.advance_to(request.arrival_time)
         self.loop.add_request(request)
 
-    def step(self, horizon: float = -math.inf) -> Step:
-        """One step of this replica's loop, its record kept; then the quiet decode steps that
-        follow and start by ``horizon`` (``paged.fleet.coast``: none by default)."""
+    def step(self, horizon: float = -math.inf) -> bool:
+        """The quiet decode steps that start by ``horizon`` (``paged.fleet.coast``: none by
+        default); when there are none, one step of this replica's loop, its record kept, and the
+        quiet steps that follow it. Returns whether the replica moved on: some step ran, or the
+        loop's plan preempted (False: it could not schedule; it waits for the next event)."""
+        taken = coast(self, horizon)
+        if taken:
+            self.num_coasted += taken
+            return True
         s = self.loop.step()
         if s.record is not None:
             self.records.append(s.record)
             self.num_coasted += coast(self, horizon)
-        return s
+            return True
+        return bool(s.plan.preempted or s.plan.swap_out)
 
     def after_update(self, step: Step) -> None:
         """The loop's observer: stamp the step's requests and the finished ones."""
