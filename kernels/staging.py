@@ -101,8 +101,15 @@ class StagingPool:
 
     def unassign(self, blocks: list[int]) -> None:
         """Return the slots of the staged blocks among ``blocks`` to the free list (others are skipped)."""
-        blocks = [b for b in dict.fromkeys(blocks) if int(self.map_host[b]) >= 0]
-        self.free.extend(int(self.map_host[b]) for b in blocks)
+        if not blocks:
+            return
+        idx = torch.tensor(list(dict.fromkeys(blocks)), dtype=torch.long)  # one lookup, not one per block
+        slots = self.map_host[idx]
+        staged = slots >= 0
+        if not bool(staged.any()):
+            return
+        blocks = idx[staged].tolist()
+        self.free.extend(slots[staged].tolist())
         self._set(blocks, [-1] * len(blocks))
 
     def _set(self, blocks: list[int], slots: list[int]) -> None:

@@ -89,6 +89,8 @@ typedef struct {
     int32_t row_bytes;                                /* > 0: the row fits one 64-byte register (pidx) */
     int32_t shuf_ok;                                  /* every 8 channels' bytes lie in 16 from base[] */
     int32_t gs;                                       /* channels per scale group (INT4, CB) */
+    float lv[16];                                     /* CB <= 4 bits: the levels, zero-padded to 16 (one
+                                                         copy per call, not per row) */
     int32_t base[MAXD / 8];                           /* first byte of channels 8k .. 8k + 7 */
     uint8_t pidx[4 * MAXD];                           /* bytes idx[c] .. idx[c] + 3 of channel c, in order */
     uint8_t shuf[4 * MAXD];                           /* the same bytes, counted from base[c / 8] */
@@ -119,6 +121,7 @@ static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int6
         }
     }
     if (row_bytes <= 64) l->row_bytes = (int32_t)row_bytes;
+    memset(l->lv, 0, sizeof l->lv);
 }
 
 /* codes of a row; reads up to 4 bytes from each channel's byte and 16 from each base (the row is
@@ -249,9 +252,7 @@ static inline __attribute__((always_inline)) void decode_row(const side_t *s, in
             unpack(rp, lay, d, codes);
 #ifdef __AVX512F__
             if (s->bits <= 4 && gs % 16 == 0) {  /* <= 16 levels in one register: a lane permute per 16 codes */
-                float lv[16] = {0};
-                memcpy(lv, s->lut, sizeof(float) << s->bits);
-                __m512 levels = _mm512_loadu_ps(lv);
+                __m512 levels = _mm512_loadu_ps(lay->lv);
                 for (int64_t g = 0; g < s->groups; g++) {
                     __m512 a = _mm512_set1_ps(h2f(s->scale[r * s->groups + g]));
                     for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
@@ -264,9 +265,7 @@ static inline __attribute__((always_inline)) void decode_row(const side_t *s, in
 #endif
 #ifdef __AVX2__
             if (s->bits <= 4 && gs % 8 == 0) {  /* <= 16 levels in two registers: lane permutes and a blend */
-                float lv[16] = {0};
-                memcpy(lv, s->lut, sizeof(float) << s->bits);
-                __m256 lo = _mm256_loadu_ps(lv), hi = _mm256_loadu_ps(lv + 8);
+                __m256 lo = _mm256_loadu_ps(lay->lv), hi = _mm256_loadu_ps(lay->lv + 8);
                 for (int64_t g = 0; g < s->groups; g++) {
                     __m256 a = _mm256_set1_ps(h2f(s->scale[r * s->groups + g]));
                     for (int64_t c = g * gs; c < (g + 1) * gs; c += 8) {
@@ -368,6 +367,59 @@ static inline void scores_row(const float *q, int64_t qhs, const float *row, int
     }
 }
 
+/* scale * (n query heads) . key for one KIVI key row, the key never stored: per 8 channels
+ * k = codes * step + zero in registers, with RoPE (rope: +pre keys at the cos/sin row) channels c
+ * and c + d/2 together, y_lo = k_lo cos_lo + k_hi sin_lo, y_hi = k_hi cos_hi + k_lo sin_hi (what
+ * rope_row computes), then dotted with each head's q; d a multiple of 16 */
+typedef int32_t vi8 __attribute__((vector_size(32)));
+static inline vi8 ldi8(const int32_t *p) { vi8 r; memcpy(&r, p, sizeof r); return r; }
+static inline __attribute__((always_inline)) void kivi_scores_n(
+        const int32_t *codes, const float *a, const float *z, const float *cos, const float *sin, const float *q,
+        int64_t qhs, int64_t d, float scale, float *sc, int64_t t_max, const int n, const int rope) {
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    int64_t half = d / 2;
+    for (int64_t x = 0; x < half; x += 8) {
+        int64_t y = x + half;
+        v8 lo = __builtin_convertvector(ldi8(codes + x), v8) * ld8(a + x) + ld8(z + x);
+        v8 hi = __builtin_convertvector(ldi8(codes + y), v8) * ld8(a + y) + ld8(z + y);
+        if (rope) {
+            v8 rl = lo * ld8(cos + x) + hi * ld8(sin + x);
+            hi = hi * ld8(cos + y) + lo * ld8(sin + y);
+            lo = rl;
+        }
+        a0 += ld8(q + x) * lo + ld8(q + y) * hi;
+        if (n > 1) a1 += ld8(q + qhs + x) * lo + ld8(q + qhs + y) * hi;
+        if (n > 2) a2 += ld8(q + 2 * qhs + x) * lo + ld8(q + 2 * qhs + y) * hi;
+        if (n > 3) a3 += ld8(q + 3 * qhs + x) * lo + ld8(q + 3 * qhs + y) * hi;
+    }
+    sc[0] = hsum8(a0) * scale;
+    if (n > 1) sc[t_max] = hsum8(a1) * scale;
+    if (n > 2) sc[2 * t_max] = hsum8(a2) * scale;
+    if (n > 3) sc[3 * t_max] = hsum8(a3) * scale;
+}
+
+/* the g query heads of one KV head against one KIVI key row (codes unpacked), 4 at a time */
+static inline void kivi_scores_row(const int32_t *codes, const float *a, const float *z, const float *cos,
+                                   const float *sin, const float *q, int64_t qhs, int64_t g, int64_t d, float scale,
+                                   float *sc, int64_t t_max) {
+    for (int64_t j = 0; j < g; j += 4) {
+        const float *qj = q + j * qhs;
+        float *sj = sc + j * t_max;
+        int64_t n = g - j < 4 ? g - j : 4;
+        if (cos) {
+            if (n == 3) kivi_scores_n(codes, a, z, cos, sin, qj, qhs, d, scale, sj, t_max, 3, 1);
+            else if (n == 4) kivi_scores_n(codes, a, z, cos, sin, qj, qhs, d, scale, sj, t_max, 4, 1);
+            else if (n == 2) kivi_scores_n(codes, a, z, cos, sin, qj, qhs, d, scale, sj, t_max, 2, 1);
+            else kivi_scores_n(codes, a, z, cos, sin, qj, qhs, d, scale, sj, t_max, 1, 1);
+        } else {
+            if (n == 3) kivi_scores_n(codes, a, z, cos, sin, qj, qhs, d, scale, sj, t_max, 3, 0);
+            else if (n == 4) kivi_scores_n(codes, a, z, cos, sin, qj, qhs, d, scale, sj, t_max, 4, 0);
+            else if (n == 2) kivi_scores_n(codes, a, z, cos, sin, qj, qhs, d, scale, sj, t_max, 2, 0);
+            else kivi_scores_n(codes, a, z, cos, sin, qj, qhs, d, scale, sj, t_max, 1, 0);
+        }
+    }
+}
+
 /* a[x] += sum_i w[i] * tile[i][x] over n rows of d, the sum over rows in order, 32 outputs in registers */
 static inline void axpy_tile(const float *tile, int64_t n, int64_t d, const float *w, float *a) {
     int64_t x = 0;
@@ -405,6 +457,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
                     ks->code == S_INT4 ? 4 : ks->bits, d, ks->row_bytes, ks->groups, klay + h);
         make_layout(vs->width ? vs->width + h * d : 0, vs->offset ? vs->offset + h * d : 0,
                     vs->code == S_INT4 ? 4 : vs->bits, d, vs->row_bytes, vs->groups, vlay + h);
+        if (vs->code == S_CB && vs->bits <= 4) memcpy(vlay[h].lv, vs->lut, sizeof(float) << vs->bits);
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
     for (int64_t s = 0; s < n_seqs; s++) {
@@ -420,6 +473,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         memset(o, 0, sizeof(float) * hq * d);
         if (len == 0) continue;
         /* 1. scores */
+        int fused = ks->code == S_KIVI && d % 16 == 0;
         for (int64_t t = 0, bi = 0; t < len; t++) {
             if (t == (bi + 1) * bs) bi++;
             int64_t blk = table[bi], slot = blk * bs + t - bi * bs;
@@ -429,7 +483,23 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
             for (int64_t h = 0; h < hkv; h++) {
                 const float *key = row;
                 if (exact) exact_row(ex, 0, table, t, bs, h, hkv, d, row);
-                else {
+                else if (fused) {  /* KIVI keys: dequantized (and RoPE'd) in registers, scored at once */
+                    int64_t r = slot * hkv + h;
+                    const uint8_t *src = ks->data + r * ks->row_bytes;
+                    uint8_t cp[MAXD + 16];
+                    if (r >= ks->safe_rows) {  /* the unpackers read past the row: from a padded copy */
+                        memcpy(cp, src, (size_t)ks->row_bytes);
+                        memset(cp + ks->row_bytes, 0, 16);
+                        src = cp;
+                    }
+                    int32_t codes[MAXD];
+                    unpack(src, klay + h, d, codes);
+                    int64_t p = ks->cos ? (t < ks->n_pos ? t : ks->n_pos - 1) : 0;
+                    kivi_scores_row(codes, kst + h * d, kzr + h * d, ks->cos ? ks->cos + p * d : 0,
+                                    ks->cos ? ks->sin + p * d : 0, qs + h * g * q_head_stride, q_head_stride, g, d,
+                                    scale, sc + h * g * t_max + t, t_max);
+                    continue;
+                } else {
                     decode_row(ks, slot, h, hkv, d, kst, kzr, klay + h, row);
                     if (ks->cos) {
                         int64_t p = t < ks->n_pos ? t : ks->n_pos - 1;
