@@ -26,10 +26,11 @@ pandas is imported only by the ``*_frame`` functions, so this module is cheap to
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .core import events as ev
-from .core.record import STEP_FIELDS, StepRecord, record_values
+from .core.record import STEP_FIELDS, STEP_FLOAT_FIELDS, StepRecord
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,10 +52,14 @@ EVENT_COLUMNS = ["step", "kind", "request_id", "block_id", "value"]
 def steps_frame(steps: Iterable[Any]) -> "pd.DataFrame":
     """One row per step, columns ``STEP_COLUMNS`` in order: from step rows (dicts), ``StepRecord``s
     (an engine ``StepOutput`` is one) or the loop's ``Step``s."""
+    import numpy as np
     import pandas as pd
     steps = list(steps)
-    if steps and all(s.__class__ is StepRecord for s in steps):  # the simulator's: values, not dicts
-        return pd.DataFrame(list(map(record_values, steps)), columns=list(STEP_COLUMNS))
+    if steps and all(s.__class__ is StepRecord for s in steps):  # the simulator's: one typed column at a time
+        n = len(steps)
+        return pd.DataFrame({name: np.fromiter(map(attrgetter(name), steps),
+                                               np.float64 if name in STEP_FLOAT_FIELDS else np.int64, n)
+                             for name in STEP_COLUMNS})
     rows = [s if isinstance(s, dict) else s.to_row() if hasattr(s, "to_row") else s.row for s in steps]
     return pd.DataFrame(rows, columns=list(STEP_COLUMNS))
 

@@ -8,12 +8,11 @@ clock, and how many requests finished.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from operator import attrgetter
 from typing import Any
 
 from .plan import SchedulerOutput
 
-__all__ = ["StepRecord", "STEP_FIELDS", "record_values"]
+__all__ = ["StepRecord", "STEP_FIELDS", "STEP_FLOAT_FIELDS"]
 
 
 @dataclass(slots=True)
@@ -67,5 +66,5 @@ class StepRecord:
 
 
 STEP_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(StepRecord))
-record_values = attrgetter(*STEP_FIELDS)
-"""``record_values(record)``: the record's values as a tuple, in ``STEP_FIELDS`` order (one C call)."""
+STEP_FLOAT_FIELDS: frozenset[str] = frozenset(f.name for f in fields(StepRecord) if f.type == "float")
+"""The fields typed ``float`` (seconds and shares); every other field is an ``int``."""
