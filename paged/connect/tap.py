@@ -32,6 +32,7 @@ class TapRecorder(ev.Recorder):
         self.keep = not isinstance(base, ev.NullRecorder)
         self.listeners: list[tuple[Listener, AbstractSet[str] | None]] = []   # (listener, its kinds)
         self.kinds: AbstractSet[str] | None = frozenset()
+        self.hears = base.hears
 
     def emit(self, kind: str, request_id: str | None = None, block_id: int | None = None,
              value: int | None = None) -> None:
@@ -57,6 +58,7 @@ class TapRecorder(ev.Recorder):
     def _union(self) -> None:
         sets = [k for _, k in self.listeners]
         self.kinds = None if None in sets else frozenset().union(*sets)
+        self.hears = ev.EVERY_KIND if self.keep or self.kinds is None else self.kinds
 
 
 def _holders(engine: Any) -> list[Any]:

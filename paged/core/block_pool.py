@@ -100,7 +100,8 @@ class BlockPool:
             raise BlockStateError(f"asked for {n} blocks with {self.num_free} free; check num_free first")
         out = []
         rec = self.recorder
-        emit = None if type(rec) is ev.NullRecorder else rec.emit  # no calls for a NullRecorder
+        emit = rec.emit if ev.ALLOCATE in rec.hears else None  # no calls for kinds no one hears
+        emit_evict = rec.emit if ev.EVICT in rec.hears else None
         step, clock, free_plain = rec.step, self._clock, self._free_plain
         for _ in range(n):
             if free_plain:
@@ -111,8 +112,8 @@ class BlockPool:
                 self._next_fresh += 1
             else:
                 block = self.cached_free.pop()
-                if (self.on_evict is None or not self.on_evict(block)) and emit is not None:
-                    emit(ev.EVICT, request_id, block.block_id, None)
+                if (self.on_evict is None or not self.on_evict(block)) and emit_evict is not None:
+                    emit_evict(ev.EVICT, request_id, block.block_id, None)
                 self._drop_hash(block)
             block.ref_cnt = 1
             block.num_filled = 0
@@ -161,7 +162,7 @@ class BlockPool:
             self.cached_free.add(block)
         else:
             self._free_plain.append(block)
-        if type(self.recorder) is not ev.NullRecorder:
+        if ev.FREE in self.recorder.hears:
             self.recorder.emit(ev.FREE, request_id, block.block_id, int(cached))
 
     def refresh(self, block: Block) -> None:
@@ -229,7 +230,7 @@ class BlockPool:
             cid, self._next_cid = self._next_cid, self._next_cid + 1
         block.cid = cid
         self.index[block_hash] = block
-        if type(self.recorder) is not ev.NullRecorder:
+        if ev.CACHE_BLOCK in self.recorder.hears:
             self.recorder.emit(ev.CACHE_BLOCK, request_id, block.block_id, len(token_ids))
         return True
 

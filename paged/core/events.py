@@ -5,7 +5,7 @@ turns them into pandas DataFrames. `NullRecorder` drops everything, for benchmar
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import AbstractSet, NamedTuple
 
 # Event kinds (the `kind` column).
 ALLOCATE = "allocate"      # a block was taken from the free queue for a request
@@ -41,14 +41,27 @@ class Event(NamedTuple):
     value: int | None
 
 
-class Recorder:
-    """Keeps events in order. `step` is set by the scheduler at the start of each step."""
+class _EveryKind:
+    """A container holding every event kind (what a recording ``Recorder`` hears)."""
 
-    __slots__ = ("events", "step")
+    def __contains__(self, kind: object) -> bool:
+        return True
+
+
+EVERY_KIND = _EveryKind()
+
+
+class Recorder:
+    """Keeps events in order. `step` is set by the scheduler at the start of each step.
+    ``hears``: the kinds whose ``emit`` does anything; a hot emitter may test ``kind in
+    recorder.hears`` and skip the call (and the work of its arguments) otherwise."""
+
+    __slots__ = ("events", "step", "hears")
 
     def __init__(self) -> None:
         self.events: list[tuple] = []
         self.step = 0
+        self.hears: AbstractSet[str] | _EveryKind = EVERY_KIND
 
     def emit(self, kind: str, request_id: str | None = None,
              block_id: int | None = None, value: int | None = None) -> None:
@@ -66,7 +79,11 @@ class Recorder:
 
 
 class NullRecorder(Recorder):
-    """A recorder that keeps nothing."""
+    """A recorder that keeps nothing (it hears no kind)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hears = frozenset()
 
     def emit(self, kind: str, request_id: str | None = None,
              block_id: int | None = None, value: int | None = None) -> None:

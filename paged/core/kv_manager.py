@@ -217,9 +217,11 @@ class KVCacheManager(KVCacheParts):
             num_host = sum(isinstance(b, HostBlock) for b in cached_blocks)
             table.extend(hit)
         elif cached_blocks:
+            emit = self.recorder.emit if ev.PREFIX_HIT in self.recorder.hears else None
             for b in cached_blocks:
                 pool.touch(b, rid)
-                self.recorder.emit(ev.PREFIX_HIT, rid, b.block_id, bs)
+                if emit is not None:
+                    emit(ev.PREFIX_HIT, rid, b.block_id, bs)
             table.extend(cached_blocks)
         if cached_blocks:
             self.prefix.set_offered(rid, table)

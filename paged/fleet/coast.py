@@ -33,11 +33,14 @@ from typing import Any, Sequence
 from paged.core import events as ev
 from paged.core.kv_manager import KVCacheManager
 from paged.core.plan import SchedulerOutput
-from paged.core.record import StepRecord
+from paged.core.record import STEP_FIELDS, StepRecord
 from paged.core.request import Request, RequestStatus
 from paged.core.scheduler import Scheduler
 
 MIN_STEPS = 2   # fewer quiet steps than this: not worth the set-up, step normally
+_POOL = STEP_FIELDS.index("kv_cache_usage_perc")   # the five pool columns start here, in this order
+assert STEP_FIELDS[_POOL:_POOL + 5] == ("kv_cache_usage_perc", "token_usage", "num_used_blocks", "num_free_blocks",
+                                        "num_cached_free_blocks")
 
 
 def quiet_steps(sched: Scheduler, tokens: Any) -> int:
@@ -127,6 +130,7 @@ def coast(replica: Any, horizon: float) -> int:
     first_start = t
     upd = fil = 0   # steps whose update / slot fill the requests and the pool show so far
     pool_changed = True
+    emit_step, same = ev.STEP in recorder.hears, None
     for s, dur in enumerate(times):
         if t > horizon:
             break
@@ -143,8 +147,16 @@ def coast(replica: Any, horizon: float) -> int:
             plan.num_cached_free_blocks = kv.num_cached_free_blocks
             used_slots, pool_changed = pool.num_used * bs, False
         plan.token_usage = (pool.num_filled_slots + n * (s + 1 - fil)) / used_slots  # kv.token_usage after the fill
-        recorder.emit(ev.STEP, None, None, n)
-        records.append(StepRecord.of(plan, t, dur, 0))
+        if emit_step:
+            recorder.emit(ev.STEP, None, None, n)
+        if same is None:   # the first record is StepRecord.of's; later ones change only the pool columns
+            rec = StepRecord.of(plan, t, dur, 0)
+            values = [getattr(rec, f) for f in STEP_FIELDS]
+            same = tuple(values[3:_POOL]), tuple(values[_POOL + 5:])
+        else:
+            rec = StepRecord(plan.step, t, dur, *same[0], plan.kv_cache_usage_perc, plan.token_usage,
+                             plan.num_used_blocks, plan.num_free_blocks, plan.num_cached_free_blocks, *same[1])
+        records.append(rec)
         if dur:
             t += dur
         taken = s + 1
