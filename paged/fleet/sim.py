@@ -278,13 +278,18 @@ def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off inside the block, as it was after. A fleet run makes
     millions of long-lived objects (blocks, step records) and no cyclic garbage (a collection at
     its end finds none), so the collector's passes over them are pure cost: a fifth of a run's
-    CPU time on the 70B benchmark; reference counting frees everything else as before."""
+    CPU time on the 70B benchmark; reference counting frees everything else as before. At the end
+    every object alive counts as old (``gc.freeze`` then ``gc.unfreeze``: into the oldest generation),
+    so the young collection that would follow does not scan the run's millions of objects (0.9 s
+    after 3,000 requests on 16 replicas); full collections see them as before."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 
