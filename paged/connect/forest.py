@@ -136,18 +136,6 @@ class PrefixForest:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def node(self, node_id: int) -> Node:
-        return self.nodes[self._order[node_id]]
-
-    def chain(self, h: BlockHash) -> list[Node]:
-        """The nodes from a root down to ``h`` (as far as they are known)."""
-        out = []
-        node = self.nodes.get(h)
-        while node is not None:
-            out.append(node)
-            node = self.nodes.get(node.parent)
-        return out[::-1]
-
     def match(self, token_ids: Sequence[int], t: float | None = None) -> list[Node | None]:
         """For each full block of ``token_ids``: the node ever stored for exactly that prefix (its tokens
         under the previous block's node), preferring one live at ``t`` (None: now); None from the first block

@@ -68,13 +68,9 @@ class Client:
     on a GPU machine elsewhere): ``complete``, ``submit`` (in the background), ``reset_prefix_cache``."""
 
     def __init__(self, base_url: str, served_model_name: str) -> None:
-        self._base_url = base_url.rstrip("/")
+        self.base_url = base_url.rstrip("/")
         self.served_model_name = served_model_name
         self._pool: ThreadPoolExecutor | None = None
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
 
     @property
     def metrics_url(self) -> str:
@@ -140,12 +136,10 @@ class VLLMServer(Client):
                 "--max-model-len", str(max_model_len), "--block-size", str(block_size), "--dtype", dtype,
                 "--enforce-eager", "--enable-prompt-tokens-details", "--kv-events-config", json.dumps(kv_events),
                 "--enable-prefix-caching" if enable_prefix_caching else "--no-enable-prefix-caching"]
-        if num_gpu_blocks is not None:
-            args += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
-        if max_num_seqs is not None:
-            args += ["--max-num-seqs", str(max_num_seqs)]
-        if max_num_batched_tokens is not None:
-            args += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+        for flag, value in (("--num-gpu-blocks-override", num_gpu_blocks), ("--max-num-seqs", max_num_seqs),
+                            ("--max-num-batched-tokens", max_num_batched_tokens)):
+            if value is not None:
+                args += [flag, str(value)]
         args += list(extra_args)
         self.args = (["nice", "-n", str(nice)] if nice else []) + args
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib), "VLLM_SERVER_DEV_MODE": "1",
@@ -184,22 +178,20 @@ class VLLMServer(Client):
         deadline = self._t_start + self.startup_timeout
         while True:
             if self.proc.poll() is not None:
-                tail = self.log_tail()
-                self.cleanup()
-                raise ConnectError(f"the vLLM server exited with code {self.proc.returncode} during start-up:\n{tail}")
+                why = f"exited with code {self.proc.returncode} during start-up"
+                break
             with contextlib.suppress(urllib.error.URLError, OSError, TimeoutError), \
                     urllib.request.urlopen(f"{self.base_url}/health", timeout=2.0) as r:  # noqa: S310
                 if r.status == 200:
                     self.startup_s = time.monotonic() - self._t_start
                     return self.startup_s
             if time.monotonic() > deadline:
-                tail = self.log_tail()
-                self.cleanup()
-                raise ConnectError(f"the vLLM server did not answer /health within {self.startup_timeout:g} s:\n{tail}")
+                why = f"did not answer /health within {self.startup_timeout:g} s"
+                break
             time.sleep(1.0)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        tail = self.log_tail()
+        self.cleanup()
+        raise ConnectError(f"the vLLM server {why}:\n{tail}")
 
     def log_tail(self, n: int = 30) -> str:
         try:

@@ -99,10 +99,9 @@ class KVEventSubscriber:
         if self._sub is not None:
             return self
         sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
-        sub.setsockopt(zmq.RECONNECT_IVL, 200)
-        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        for opt, value in ((zmq.LINGER, 0), (zmq.RCVHWM, 100_000), (zmq.RECONNECT_IVL, 200),
+                           (zmq.RECONNECT_IVL_MAX, 2000)):
+            sub.setsockopt(opt, value)
         sub.setsockopt_string(zmq.SUBSCRIBE, self.topic)
         self._mon = sub.get_monitor_socket()
         self._sub = sub

@@ -53,7 +53,3 @@ class ModelConfig:
             if rt not in SUPPORTED_ROPE_TYPES:
                 raise ValueError(
                     f"rope scaling type {rt!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
-
-    def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
-        """K and V bytes one token occupies across all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_element

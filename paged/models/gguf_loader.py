@@ -151,12 +151,10 @@ def gguf_weights(reader: Any, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         if t.name == "rope_freqs.weight":
             continue
         n_head = None
+        _, idx, rest = t.name.split(".", 2) if t.name.startswith("blk.") else (None, None, None)
         if t.name in _GLOBAL_MAP:
             hf = _GLOBAL_MAP[t.name]
-        elif t.name.startswith("blk."):
-            _, idx, rest = t.name.split(".", 2)
-            if rest not in _LAYER_MAP:
-                raise ModelLoadError(f"GGUF tensor {t.name!r} has no counterpart in the llama model")
+        elif rest in _LAYER_MAP:
             hf, n_head = f"layers.{idx}.{_LAYER_MAP[rest]}", permuted.get(rest.split(".")[0])
         else:
             raise ModelLoadError(f"GGUF tensor {t.name!r} has no counterpart in the llama model")

@@ -18,7 +18,7 @@ with ``P = peak x gemm_mfu``, ``W = hbm x gemm_mbu`` and ``tile(M)`` the row til
 The sum is exactly what vidur's ``mlp.csv`` measures per layer (its columns ``attn_pre_proj``,
 ``attn_post_proj``, ``mlp_up_proj``, ``mlp_down_proj``, ``mlp_act``, ``input_layernorm``,
 ``post_attention_layernorm``, ``add``, ``attn_rope``; CUDA time of each kernel, no host launch
-gap). The LM head is one more GEMM on the sampled rows.
+gap).
 
 Invariants: every kernel costs at least its floor; the time is non-decreasing in ``M`` between
 tile boundaries; with ``p -> inf``, no floors, ``m_tiles = ((0, 1),)`` and no element-wise work
@@ -98,7 +98,7 @@ def get_kernel_costs(gpu: str | GPUSpec | KernelCosts) -> KernelCosts:
 class KernelRoofline:
     """Seconds of the linear and element-wise kernels of ``model`` on one of ``tp`` GPUs."""
 
-    __slots__ = ("model", "gpu", "tp", "costs", "_gemms", "_ew_bytes_per_token", "_head")
+    __slots__ = ("model", "gpu", "tp", "costs", "_gemms", "_ew_bytes_per_token")
 
     def __init__(self, model: ModelSpec | str, gpu: GPUSpec | str, tp: int = 1,
                  costs: KernelCosts | str | None = None) -> None:
@@ -114,7 +114,6 @@ class KernelRoofline:
         # bytes per token: 2 RMSNorms (read + write h), residual add (2 reads + 1 write), RoPE on q and k
         # (read + write), SiLU-and-mul (read 2 i/tp, write i/tp)
         self._ew_bytes_per_token = b * (2 * 2 * h + 3 * h + 2 * (q_heads + kv_heads) * d + 3 * i / tp)
-        self._head = (h, m.vocab_size / tp)
 
     def _gemm(self, m: np.ndarray, k: float, n: float) -> np.ndarray:
         c, g = self.costs, self.gpu
@@ -132,10 +131,3 @@ class KernelRoofline:
         t = sum(self._gemm(m, k, n) for k, n in self._gemms)
         ew = 5 * c.ew_floor_s + m * self._ew_bytes_per_token / (self.gpu.hbm_bandwidth * c.ew_mbu)
         return np.where(m > 0, t + ew, 0.0)
-
-    def seconds(self, num_tokens: float, num_sampled: int) -> float:
-        """All layers plus the LM head on the sampled rows: the step's linear part."""
-        t = self.model.num_layers * float(self.layer_seconds(num_tokens))
-        if num_sampled:
-            t += float(self._gemm(np.asarray(float(num_sampled)), *self._head))
-        return t

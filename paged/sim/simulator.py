@@ -72,20 +72,17 @@ class SimResult:
     recorder: Recorder | None = field(default=None, repr=False)
 
 
+@dataclass(slots=True, eq=False)
 class _ReqStat:
     """Simulated-clock stamps of one trace request (None: not yet)."""
 
-    __slots__ = ("index", "first_scheduled", "first_token", "last_token", "finish", "num_preemptions",
-                 "num_cached_tokens")
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.first_scheduled: float | None = None
-        self.first_token: float | None = None
-        self.last_token: float | None = None
-        self.finish: float | None = None
-        self.num_preemptions = 0
-        self.num_cached_tokens = 0
+    index: int
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finish: float | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
 
 
 class Simulator:
