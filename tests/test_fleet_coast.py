@@ -76,3 +76,11 @@ def test_the_tap_calls_a_listener_for_its_kinds_only_and_keeps_recording():
     assert every == kinds and ev.ALLOCATE in kinds     # the unfiltered one hears all, all recorded
     tap.remove(sim, every.append)                     # not a listener: nothing changes
     assert t.kinds is None
+
+
+def test_step_log_refuses_a_run_without_its_moving_fields_and_keeps_its_rows():
+    from paged.fleet.step_log import StepLog
+    log = StepLog()
+    with pytest.raises(ValueError, match="moving fields"):
+        log.add_run(1, (0,) * 20, [0.1, 0.2])
+    assert len(log) == 0 and log.runs == [] and len(log.step_time_s) == 0

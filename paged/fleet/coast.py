@@ -33,14 +33,13 @@ from typing import Any, Sequence
 from paged.core import events as ev
 from paged.core.kv_manager import KVCacheManager
 from paged.core.plan import SchedulerOutput
-from paged.core.record import STEP_FIELDS, StepRecord
+from paged.core.record import StepRecord
 from paged.core.request import Request, RequestStatus
 from paged.core.scheduler import Scheduler
 
+from .step_log import CONSTANT
+
 MIN_STEPS = 2   # fewer quiet steps than this: not worth the set-up, step normally
-_POOL = STEP_FIELDS.index("kv_cache_usage_perc")   # the five pool columns start here, in this order
-assert STEP_FIELDS[_POOL:_POOL + 5] == ("kv_cache_usage_perc", "token_usage", "num_used_blocks", "num_free_blocks",
-                                        "num_cached_free_blocks")
 
 
 def quiet_steps(sched: Scheduler, tokens: Any) -> int:
@@ -125,16 +124,22 @@ def coast(replica: Any, horizon: float) -> int:
     pool, bs, n = kv.pool, kv.block_size, len(running)
     plan.num_running = n
     plan.prefix_cache_queries, plan.prefix_cache_hits = kv.prefix_cache_queries, kv.prefix_cache_hits
-    recorder, records, tokens = sched.recorder, replica.records, executor.tokens
+    first = StepRecord.of(plan, 0.0, 0.0, 0)   # StepRecord.of's constant columns for every step of the run
+    constants = tuple(getattr(first, f) for f in CONSTANT)
+    recorder, log, tokens = sched.recorder, replica.records, executor.tokens
+    moving = log.moving
+    add_t, add_kvp, add_tu = moving["time_s"].append, moving["kv_cache_usage_perc"].append, moving["token_usage"].append
+    add_used, add_free = moving["num_used_blocks"].append, moving["num_free_blocks"].append
+    add_cached = moving["num_cached_free_blocks"].append
     t, step0, taken = clock.t, sched.step_index, 0
     first_start = t
     upd = fil = 0   # steps whose update / slot fill the requests and the pool show so far
     pool_changed = True
-    emit_step, same = ev.STEP in recorder.hears, None
+    emit_step = ev.STEP in recorder.hears
     for s, dur in enumerate(times):
         if t > horizon:
             break
-        plan.step = recorder.step = step0 + s + 1
+        recorder.step = step0 + s + 1
         if s in lane:   # the manager's decode lane takes the step, with the requests as they stand at it
             catch_up(kv, running, tokens, s - upd, s - fil)
             upd = s
@@ -142,24 +147,21 @@ def coast(replica: Any, horizon: float) -> int:
             assert done == n, "a lane step is handled by the lane alone"
             fil, pool_changed = s + 1, True
         if pool_changed:
-            plan.kv_cache_usage_perc = kv.kv_cache_usage_perc
-            plan.num_used_blocks, plan.num_free_blocks = kv.num_used_blocks, kv.num_free_blocks
-            plan.num_cached_free_blocks = kv.num_cached_free_blocks
+            kvp, used, free, cached = kv.kv_cache_usage_perc, kv.num_used_blocks, kv.num_free_blocks, \
+                kv.num_cached_free_blocks
             used_slots, pool_changed = pool.num_used * bs, False
-        plan.token_usage = (pool.num_filled_slots + n * (s + 1 - fil)) / used_slots  # kv.token_usage after the fill
         if emit_step:
             recorder.emit(ev.STEP, None, None, n)
-        if same is None:   # the first record is StepRecord.of's; later ones change only the pool columns
-            rec = StepRecord.of(plan, t, dur, 0)
-            values = [getattr(rec, f) for f in STEP_FIELDS]
-            same = tuple(values[3:_POOL]), tuple(values[_POOL + 5:])
-        else:
-            rec = StepRecord(plan.step, t, dur, *same[0], plan.kv_cache_usage_perc, plan.token_usage,
-                             plan.num_used_blocks, plan.num_free_blocks, plan.num_cached_free_blocks, *same[1])
-        records.append(rec)
+        add_t(t)
+        add_kvp(kvp)
+        add_tu((pool.num_filled_slots + n * (s + 1 - fil)) / used_slots)  # kv.token_usage after the fill
+        add_used(used)
+        add_free(free)
+        add_cached(cached)
         if dur:
             t += dur
         taken = s + 1
+    log.add_run(step0 + 1, constants, times[:taken])
     # the state after ``taken`` steps, as the loop leaves it
     catch_up(kv, running, tokens, taken - upd, taken - fil)
     sched.step_index = step0 + taken
@@ -170,7 +172,7 @@ def coast(replica: Any, horizon: float) -> int:
             if d.first_scheduled is None:
                 d.first_scheduled = first_start
             if d.first_token is None:
-                d.first_token = records[-taken].time_s + records[-taken].step_time_s
+                d.first_token = first_start + times[0]
             d.last_token = t
             d.num_token_steps += taken
     return taken

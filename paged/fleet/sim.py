@@ -53,6 +53,7 @@ from .live import Arrival
 from .pool import Network
 from .routers import make_router
 from .sim_replica import RequestStamps, SimReplica
+from .step_log import concat_columns
 
 
 @dataclass
@@ -247,11 +248,16 @@ class SimFleet:
                                                                              "num_remote_blocks"])
         reqs["rejected"] = False
         reqs.loc[[i for i, _ in rejected], "rejected"] = True
-        steps = telemetry.steps_frame([rec for r in self.replicas for rec in r.records])  # no row tuples
+        cols = concat_columns([r.records for r in self.replicas])
+        steps = pd.DataFrame(cols, copy=False)   # a block per column: no stacking of millions of rows
+        lengths = [len(r.records) for r in self.replicas]
         steps["replica"] = np.repeat(np.array([r.index for r in self.replicas], dtype=np.int64),
-                                     [len(r.records) for r in self.replicas]) if len(steps) else np.array([], object)
+                                     lengths) if len(steps) else np.array([], object)
         routing = self.dispatcher.frame()
-        per = pd.DataFrame([self.replica_summary(r, reqs[reqs["replica"] == r.index]) for r in self.replicas])
+        ends = np.cumsum(lengths)
+        per = pd.DataFrame([self.replica_summary(r, reqs[reqs["replica"] == r.index],
+                                                 cols["step_time_s"][end - length:end])
+                            for r, end, length in zip(self.replicas, ends, lengths)])
         summary = fleet_summary(reqs, per, self.router.name, self.wall_s)
         summary["num_blocks_in_use_at_end"] = int(sum(r.kv.num_used_blocks for r in self.replicas))
         if self.pool is not None:
@@ -262,7 +268,7 @@ class SimFleet:
         summary["view_over_blocks_mean"] = float(np.clip(diff, 0, None).mean()) if len(diff) else float("nan")
         return FleetResult(summary, reqs, steps, routing, per)
 
-    def replica_summary(self, r: SimReplica, reqs: pd.DataFrame) -> dict[str, Any]:
+    def replica_summary(self, r: SimReplica, reqs: pd.DataFrame, step_times: np.ndarray) -> dict[str, Any]:
         fin = reqs[reqs["finish_s"].notna()]
         prompt = float(fin["num_prompt_tokens"].sum())
         return {"replica": r.index, "name": r.name, "model": r.model.name, "gpu": r.config.gpu,
@@ -270,7 +276,7 @@ class SimFleet:
                 "requests": len(reqs), "hit_rate": float(fin["num_cached_tokens"].sum()) / prompt if prompt else 0.0,
                 "ttft_p50_s": _q(fin["ttft_s"], 0.5), "ttft_p99_s": _q(fin["ttft_s"], 0.99),
                 "prefill_tokens": int(prompt - fin["num_cached_tokens"].sum()), "steps": len(r.records),
-                "busy_s": float(sum(x.step_time_s for x in r.records))}
+                "busy_s": float(sum(step_times.tolist()))}   # in step order, as the steps ran
 
 
 @contextmanager

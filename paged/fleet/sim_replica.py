@@ -27,6 +27,7 @@ from paged.sim.executor import RooflineExecutor
 
 from .caches import PreciseCache
 from .coast import coast
+from .step_log import StepLog
 
 
 CACHE_KINDS = frozenset((ev.CACHE_BLOCK, ev.EVICT, ev.TIER_OUT, ev.RESET))
@@ -46,8 +47,8 @@ class RequestStamps:
 
 
 class SimReplica:
-    """See the module docstring. ``records``: the ``StepRecord`` of every executed step
-    (``num_coasted`` of them fast-forwarded, ``paged.fleet.coast``)."""
+    """See the module docstring. ``records``: every executed step's record (a ``StepLog``;
+    ``num_coasted`` of them fast-forwarded, ``paged.fleet.coast``)."""
 
     def __init__(self, index: int, name: str, config: Any, precise: bool = True) -> None:
         from paged.sim.simulator import Simulator
@@ -60,7 +61,7 @@ class SimReplica:
         self.scheduler, self.kv, self.recorder = sim.scheduler, sim.kv, sim.recorder
         self.clock = SimulatedClock()
         self.loop = StepLoop(sim.scheduler, RooflineExecutor(sim.cost, sim.block_bytes), self.clock, observer=self)
-        self.records: list = []               # StepRecords, in order
+        self.records = StepLog()              # every executed step, in order
         self.num_coasted = 0                  # of them, steps taken by the decode fast-forward
         self.finished: list[Request] = []     # finished since the fleet last took them
         self.precise = PreciseCache(self.block_size, keep_forest=False) if precise else None
@@ -74,10 +75,10 @@ class SimReplica:
         (``PreciseCache.store`` / ``remove``: what ``apply`` does per block of a decoded event)."""
         if kind == ev.CACHE_BLOCK:
             block = self.kv.pool.blocks[bid]
-            parent = None
-            if block.depth:
+            parent, depth = None, block.depth
+            if depth:
                 hashes = self.kv.prefix.hashes.get(rid)
-                parent = hashes[block.depth - 1] if hashes and len(hashes) >= block.depth else None
+                parent = hashes[depth - 1] if hashes and len(hashes) >= depth else None
             self.precise.store(block.block_hash, parent, block.token_ids)
         elif kind == ev.EVICT or kind == ev.TIER_OUT:   # a demoted block leaves the GPU pool too
             h = self.kv.pool.blocks[bid].block_hash
