@@ -22,7 +22,9 @@ def llama_worker(gguf: str, batch: int, prompt: int, steps: int, rounds: int, ou
     """In a process without torch: median batched decode step (thread CPU ms) of llama.cpp per cache type."""
     import llama_cpp as L
     L.llama_backend_init()
-    model = L.llama_model_load_from_file(gguf.encode(), L.llama_model_default_params())
+    mp = L.llama_model_default_params()
+    mp.use_extra_bufts = False  # no weight repacking (its AMX path crashes the prefill on this VM)
+    model = L.llama_model_load_from_file(gguf.encode(), mp)
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(prompt)] for _ in range(batch)]
     types = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
