@@ -87,3 +87,23 @@ def test_bad_pools_are_refused():
         SimFleet([CFG, other], pooled=Network())
     with pytest.raises(ConfigError, match="paged.fleet.Network"):
         SimFleet(CFG, num_replicas=2, pooled=87e9)
+
+
+def test_two_transfers_from_one_node_at_once_queue_for_its_nics():
+    # three replicas round robin: prefix 0 is computed on replica 0 and demoted by its next step (row 3);
+    # rows 4 and 5 want it on replicas 1 and 2 at the same instant: both read node 0's NICs
+    trace = pd.DataFrame(dict(arrival_time=[0.0, 0.1, 0.2, 5.0, 10.0, 10.0], prompt_tokens=[1200] * 6,
+                              output_tokens=[16] * 6, prefix_id=[0, 1, 2, 3, 0, 0], prefix_tokens=[1024] * 6))
+    slow = dict(nics=1, nic_gbps=10.0, efficiency=1.0)   # long transfers, so waiting shows
+    fleet, queued = run(Network(**slow), trace, n=3)
+    _, alone = run(Network(contention=False, **slow), trace, n=3)
+    one = Network(**slow).seconds(PREFIX_BLOCKS * fleet.replicas[1].host_block_bytes)
+    q, a = queued.requests, alone.requests
+    assert list(q["num_remote_blocks"]) == list(a["num_remote_blocks"]) == [0, 0, 0, 0, PREFIX_BLOCKS, PREFIX_BLOCKS]
+    assert queued.summary["network_s"] == pytest.approx(2 * one) == alone.summary["network_s"]
+    assert queued.summary["network_wait_s"] == pytest.approx(one) and alone.summary["network_wait_s"] == 0.0
+    # the second waits one transfer, then takes its own; the first is as fast as alone
+    assert q.loc[5, "first_scheduled_s"] >= 10.0 + 2 * one > a.loc[5, "first_scheduled_s"]
+    assert q.loc[4, "ttft_s"] == a.loc[4, "ttft_s"]
+    with pytest.raises(ConfigError, match="contention"):
+        Network(contention="yes")

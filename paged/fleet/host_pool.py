@@ -14,9 +14,13 @@ a routed request first takes from the other replicas' host tiers what its own no
 - then the replica's own prefix lookup finds the copies like any host-tier hit, and its cost model
   charges their CPU -> GPU copies in the step that reads them.
 
-Approximations (stated, not hidden): transfers do not contend for the network; a copy can be
-evicted by its node before the request is scheduled (then those tokens are computed, as any cache
-miss); the copies take the source's hit count and recency, so only LRU order is exact.
+Contention (``Network.contention``, on by default): a transfer occupies the NICs of the node it
+lands on and of every node it reads from, at the full link rate, from when the last of them is
+free (first come, first served, in routing order) until it is done; its wait joins the request's
+time to its queue (``Fetch.wait_s``). Approximations (stated, not hidden): no sharing of a link
+between two transfers at once (a queue, not fair sharing), no switch or core-network limit; a copy
+can be evicted by its node before the request is scheduled (then those tokens are computed, as any
+cache miss); the copies take the source's hit count and recency, so only LRU order is exact.
 Invariants: a remote block is copied only when the chosen replica holds it in neither tier; every
 replica's host tier keeps its own invariants (``HostTier.check``); without pooling nothing moves.
 """
@@ -37,11 +41,13 @@ __all__ = ["Fetch", "PooledHostTiers"]
 
 @dataclass(frozen=True, slots=True)
 class Fetch:
-    """One request's remote run: blocks copied to its replica, their bytes, and the transfer time."""
+    """One request's remote run: blocks copied to its replica, their bytes, the transfer time, and
+    the wait for busy NICs before it (the blocks are in place ``wait_s + seconds`` after the fetch)."""
 
     num_blocks: int
     nbytes: float
     seconds: float
+    wait_s: float = 0.0
 
 
 class PooledHostTiers:
@@ -61,14 +67,15 @@ class PooledHostTiers:
             raise ConfigError(f"pooled replicas must share one block size and hash_fn (a remote block is found by "
                               f"its hash); got {sorted((bs, getattr(f, '__name__', str(f))) for bs, f in keys)}")
         self.replicas, self.network = list(replicas), network
+        self.free_at = [0.0] * len(self.replicas)   # per node: when its NICs finish the transfers so far
         self.num_fetches = self.num_blocks = 0
-        self.nbytes = self.seconds = 0.0
+        self.nbytes = self.seconds = self.wait_s = 0.0
 
     def fetch(self, k: int, token_ids: Sequence[int], sources: Sequence[int] | None = None,
-              extra_keys: tuple = ()) -> Fetch:
+              extra_keys: tuple = (), t: float = 0.0) -> Fetch:
         """Copy into replica ``k``'s host tier the remote run of ``token_ids`` (module docstring),
         taken from the host tiers of replicas ``sources`` (default: every other one; a replica
-        that is down is no source)."""
+        that is down is no source), asked for at time ``t`` (seconds; it queues for busy NICs)."""
         r = self.replicas[k]
         kv, bs = r.kv, r.block_size
         host: HostTier = kv.host
@@ -80,13 +87,13 @@ class PooledHostTiers:
             if host.entries.get(e.block_hash) is e:
                 host.refresh(e)   # most recent: the copies below must not evict the run they extend
         i, parent_cid = len(local), local[-1].cid if local else 0
-        others = [self.replicas[j].kv.host for j in (range(len(self.replicas)) if sources is None else sources)
-                  if j != k]
-        n = 0
+        others = [(j, self.replicas[j].kv.host)
+                  for j in (range(len(self.replicas)) if sources is None else sources) if j != k]
+        n, nodes = 0, {k}
         while i < last and kv.pool.index.get(hashes[i]) is None and hashes[i] not in host.entries:
             tokens = tuple(token_ids[i * bs:(i + 1) * bs])
-            holder = next((t for t in others if (e := t.entries.get(hashes[i])) is not None
-                           and e.token_ids == tokens), None)
+            j, holder = next(((j, tier) for j, tier in others if (e := tier.entries.get(hashes[i])) is not None
+                              and e.token_ids == tokens), (None, None))
             if holder is None:
                 break
             source = holder.entries[hashes[i]]
@@ -94,17 +101,24 @@ class PooledHostTiers:
             if copy is None:
                 break
             holder.refresh(source)
+            nodes.add(j)
             parent_cid, i, n = copy.cid, i + 1, n + 1
         nbytes = n * r.host_block_bytes
-        f = Fetch(n, nbytes, self.network.seconds(nbytes))
+        seconds, wait = self.network.seconds(nbytes), 0.0
+        if n and self.network.contention:
+            start = max(t, max(self.free_at[j] for j in nodes))
+            wait = start - t
+            for j in nodes:
+                self.free_at[j] = start + seconds
         if n:
             self.num_fetches += 1
             self.num_blocks += n
             self.nbytes += nbytes
-            self.seconds += f.seconds
-        return f
+            self.seconds += seconds
+            self.wait_s += wait
+        return Fetch(n, nbytes, seconds, wait)
 
     def summary(self) -> dict[str, float]:
         """The pool's traffic over the run (fleet-wide)."""
         return {"remote_fetches": self.num_fetches, "remote_blocks": self.num_blocks,
-                "network_bytes": self.nbytes, "network_s": self.seconds}
+                "network_bytes": self.nbytes, "network_s": self.seconds, "network_wait_s": self.wait_s}

@@ -45,13 +45,15 @@ def chain_ids(ids: Sequence[int]) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class Network:
     """The link a remote hit crosses: ``nics`` NICs of ``nic_gbps`` Gb/s at ``efficiency`` and a
-    fixed ``latency_s`` per transfer. Defaults: Mooncake's Transfer Engine, 87 GB/s measured on
+    fixed ``latency_s`` per transfer; ``contention``: in a ``SimFleet``'s pooled tiers, transfers
+    that share a node queue for it (``paged.fleet.host_pool``; the replay here times each alone). Defaults: Mooncake's Transfer Engine, 87 GB/s measured on
     4 x 200 Gb/s RoCE (efficiency 0.87; 190 GB/s on 8 x 400 Gb/s), a few microseconds of latency."""
 
     nics: int = 4
     nic_gbps: float = 200.0
     efficiency: float = 0.87
     latency_s: float = 5e-6
+    contention: bool = True   # inside a SimFleet: a node's NICs carry one transfer at a time (FIFO)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.nics, int) and self.nics >= 1):
@@ -62,6 +64,9 @@ class Network:
             raise ConfigError(f"efficiency must be in (0, 1] (measured / line rate), got {self.efficiency!r}")
         if not self.latency_s >= 0:
             raise ConfigError(f"latency_s must be >= 0 seconds, got {self.latency_s!r}")
+        if not isinstance(self.contention, bool):
+            raise ConfigError(f"contention must be True or False (transfers queue for a node's NICs), "
+                              f"got {self.contention!r}")
 
     @property
     def bytes_per_s(self) -> float:

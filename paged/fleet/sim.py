@@ -197,10 +197,11 @@ class SimFleet:
         self.inflight[arrival.request_id] = arrival
         req = Request(arrival.request_id, list(arrival.prompt_token_ids), arrival.max_tokens, arrival_time=t, data=st)
         if self.pool is not None:
-            f = self.pool.fetch(k, arrival.prompt_token_ids, [x.index for x in self.dispatcher.replicas if x.up])
+            f = self.pool.fetch(k, arrival.prompt_token_ids, [x.index for x in self.dispatcher.replicas if x.up],
+                                t=t)
             st.num_remote_blocks = f.num_blocks
             if f.seconds > 0:   # it joins the queue once its remote blocks have crossed the network
-                req.arrival_time = t + f.seconds
+                req.arrival_time = t + f.wait_s + f.seconds
                 heapq.heappush(self.fetching, (req.arrival_time, i, k, req))
                 return
         self.queue(i, k, req)

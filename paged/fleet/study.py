@@ -86,9 +86,10 @@ def mooncake_policies(num_requests: int | None = 1000, num_replicas: int = 8,
 def pooled_host_tiers(num_requests: int | None = 500, num_replicas: int = 8,
                       policies: Sequence[str] = ("round_robin", "cache_aware"), model: str = "llama-3.1-70b",
                       gpu: str = "a100-80gb", tensor_parallel: int = 8, num_blocks: int | None = 16384,
-                      swap_space_gib: float = 512.0, trace: str = "conversation") -> pd.DataFrame:
+                      swap_space_gib: float = 512.0, trace: str = "conversation",
+                      network: Any = None) -> pd.DataFrame:
     """Each policy on the first ``num_requests`` of a Mooncake trace with every replica's host
-    tier its own, then pooled (``SimFleet(pooled=Network())``, ``paged.fleet.host_pool``): one
+    tier its own, then pooled over ``network`` (default ``Network()``; ``paged.fleet.host_pool``): one
     row per (policy, pooled). ``num_blocks`` GPU blocks per replica (262k tokens, a small share of what
     the GPUs hold, so prefixes reach the host tiers within 500 requests; None: all of it) and
     ``swap_space_gib`` of host memory for its tier."""
@@ -99,5 +100,5 @@ def pooled_host_tiers(num_requests: int | None = 500, num_replicas: int = 8,
     cfg = SimConfig(model=model, gpu=gpu, tensor_parallel=tensor_parallel, block_size=16, num_blocks=num_blocks,
                     enable_host_tier=True, swap_space_gib=swap_space_gib)
     rows = [{**SimFleet(cfg, p, num_replicas=num_replicas, pooled=net).run(tr).summary, "pooled": net is not None}
-            for p in policies for net in (None, Network())]
+            for p in policies for net in (None, Network() if network is None else network)]
     return pd.DataFrame(rows)
