@@ -46,8 +46,9 @@ def chain_ids(ids: Sequence[int]) -> list[int]:
 class Network:
     """The link a remote hit crosses: ``nics`` NICs of ``nic_gbps`` Gb/s at ``efficiency`` and a
     fixed ``latency_s`` per transfer; ``contention``: in a ``SimFleet``'s pooled tiers, transfers
-    that share a node queue for it (``paged.fleet.host_pool``; the replay here times each alone). Defaults: Mooncake's Transfer Engine, 87 GB/s measured on
-    4 x 200 Gb/s RoCE (efficiency 0.87; 190 GB/s on 8 x 400 Gb/s), a few microseconds of latency."""
+    that share a node queue for it (``paged.fleet.host_pool``; the replay here times each alone).
+    Defaults: Mooncake's Transfer Engine, 87 GB/s measured on 4 x 200 Gb/s RoCE (efficiency 0.87;
+    190 GB/s on 8 x 400 Gb/s), a few microseconds of latency."""
 
     nics: int = 4
     nic_gbps: float = 200.0
