@@ -115,6 +115,14 @@ def llama(ctx: int, chunks: int, rotation: str, site: str | None) -> pd.DataFram
 def llama_worker(ctx: int, n: int, gguf: str, out: str) -> None:
     """In a process without torch: per chunk, the scored logits of the f16 base and each type."""
     import llama_cpp
+    import llama_cpp.llama_cpp as low
+    defaults = low.llama_model_default_params
+
+    def no_repacking():   # as quant_cost_llama: the AMX weight repacking crashes the prefill on AMX CPUs
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+    low.llama_model_default_params = no_repacking   # what Llama() builds its model parameters from
     ids = np.load(f"{out}/ids.npy").tolist()
     types = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q5_1": llama_cpp.GGML_TYPE_Q5_1,
              "q4_1": llama_cpp.GGML_TYPE_Q4_1, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
