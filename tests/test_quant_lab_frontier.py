@@ -182,3 +182,86 @@ def test_the_frontier_job_stays_within_three_bits():
         s.k.check(64, "k"), s.v.check(64, "v")
         assert s.bits(30, 64, 2048)[2] <= 3.0, s.name
     assert specs[1].bits(30, 64)[2] == pytest.approx(3.0, abs=0.005)   # the outliers spend the budget
+    # the <= 3-bit rows of the window jobs: the bits the docs claim for each
+    vwin, kfrac = job["_values_unwindowed"](), job["_keys_fractional"]()
+    claimed = [(vwin[0], 3.40), (vwin[1], 3.15), (vwin[2], 3.00),
+               (kfrac[0], 3.00), (kfrac[1], 3.15), (kfrac[2], 2.99)]
+    vstage = job["_values_staged"]()
+    kvstage = job["_both_staged"]() + job["_wider_staged"]() + job["_tuned_staged"]()
+    claimed += [(vstage[0], 3.21), (vstage[1], 2.99), (vstage[2], 3.00), (vstage[3], 3.00)]
+    claimed += [(s, 3.00) for s in kvstage]
+    claimed += [(job["_stage_cost"]()[0], 3.16), (job["_staged_best"]()[2], 2.995)]
+    for s, bits in claimed:
+        s.k.check(64, "k"), s.v.check(64, "v"), s.check(64)
+        assert s.bits(30, 64, 2048)[2] == pytest.approx(bits, abs=0.006), s.name
+    assert all(s.bits(30, 64, 2048)[2] <= 3.0 for s in vstage[1:] + kvstage)
+
+
+def test_values_window_and_fractional_key_bits_counted_by_hand():
+    k = SideSpec(2.75, axis="channel", group=32, pre_rope=True, scale_bits=8, alloc=True)
+    k.check(64, "k")
+    spec = LabSpec(k, SideSpec(2, "lloyd", rot=True), sink=4, window=32, v_window=0)
+    kb, vb, _ = spec.bits(30, 64, 2048)
+    assert kb == pytest.approx(2.75 + 15.5 / 32 + 16 * 64 / 2048 + 16 * 4 / 2048)
+    assert vb == pytest.approx(2 + 16 / 64 + 16 * 4 / 2048)       # no window rows for the values
+    assert spec.name.endswith("@sink4@win32@vwin0") and spec.values_window == 0
+    assert LabSpec(k, EXACT, window=32).values_window == 32
+    assert int(allocate_bits(torch.rand(3, 64), 2.75).sum()) == 3 * 176
+    with pytest.raises(ConfigError, match="fractional"):
+        SideSpec(2.5, axis="channel", group=32).check(64, "k")
+
+
+def test_values_outside_their_window_are_read_from_the_codes():
+    cache = LabCache.__new__(LabCache)
+    cache.spec = LabSpec(EXACT, EXACT, sink=2, window=4, v_window=0)
+    g = torch.Generator().manual_seed(3)
+    n, h, d = 10, 1, 8
+    kq, vq, ke, ve = (torch.randn(n, h, d, generator=g) for _ in range(4))
+    cache.k_store, cache.v_store, cache.k_exact, cache.v_exact = [kq], [vq], [ke], [ve]
+    q = torch.randn(1, 2, d, generator=g)                    # the last position, 2 query heads
+    out = cache._mixed(q, 0, n - 1)
+    j = torch.arange(n)
+    k = torch.where(((j < 2) | (n - 1 - j < 4))[:, None, None], ke, kq)[:, 0]
+    v = torch.where((j < 2)[:, None, None], ve, vq)[:, 0]
+    want = torch.softmax(q[0] @ k.T / d ** 0.5, -1) @ v
+    assert torch.allclose(out[0], want, atol=1e-6)
+
+
+def test_values_window_rows_on_a_finer_side_counted_and_stored(smollm2):
+    from paged.quant.calibration import collect
+    stage = SideSpec(4, "lloyd", rot=True)
+    spec = LabSpec(EXACT, SideSpec(2, "lloyd", rot=True), sink=4, window=32, v_stage=stage)
+    kb, vb, _ = spec.bits(30, 64, 2048)
+    assert vb == pytest.approx(2 + 16 / 64 + (4 + 16 / 64) * 64 / 2048 + 16 * 4 / 2048)  # window rows at 4.25
+    assert "@vstage[lloyd4_g64+rot]" in spec.name
+    cal = collect(smollm2, context_length=64, max_chunks=2)
+    ids = torch.tensor(smollm2.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)[:40])
+    cache = LabCache(spec, smollm2.model, cal)
+    plain = LabCache(LabSpec(EXACT, spec.v, sink=4, window=32), smollm2.model, cal)
+    for c in (cache, plain):
+        with torch.inference_mode():
+            smollm2.model(ids, torch.arange(len(ids)), c)
+    staged, fp16 = cache.v_exact[0], plain.v_exact[0]          # layer 0: both saw the same values
+    assert torch.equal(staged[:4], fp16[:4])                   # the sink stays fp16
+    assert not torch.equal(staged[4:], fp16[4:])               # the window rows are codes ...
+    # ... of the stage side (recoded from the fp16 copy, a few values round to the next level)
+    want = cache.stage_codecs[0][1].roundtrip(fp16[4:].float(), cache._cs(4, len(ids) - 4))
+    assert (staged[4:] - want).abs().le(1e-4).float().mean() > 0.95
+    two_bit = plain.v_store[0][4:]
+    assert (staged[4:] - fp16[4:]).norm() < 0.5 * (two_bit - fp16[4:]).norm()
+    for bad in (LabSpec(EXACT, spec.v, window=32, v_window=0, v_stage=stage),
+                LabSpec(EXACT, spec.v, window=32, v_stage=EXACT)):
+        with pytest.raises(ConfigError, match="v_stage"):
+            LabCache(bad, smollm2.model, cal)
+    # the keys' window rows likewise (pre-RoPE codes, RoPE applied again on read)
+    kst = SideSpec(4, "lloyd", rot=True, pre_rope=True)
+    both = LabSpec(EXACT, spec.v, sink=4, window=32, k_stage=kst, v_stage=stage)
+    assert both.bits(30, 64, 2048)[0] == pytest.approx(32 + (4 + 16 / 64) * 64 / 2048 + 16 * 4 / 2048)
+    kcache = LabCache(both, smollm2.model, cal)
+    with torch.inference_mode():
+        smollm2.model(ids, torch.arange(len(ids)), kcache)
+    ks, kf = kcache.k_exact[0], plain.k_exact[0]
+    assert torch.equal(ks[:4], kf[:4]) and not torch.equal(ks[4:], kf[4:])
+    assert (ks[4:] - kf[4:]).norm() < 0.2 * kf[4:].norm()
+    with pytest.raises(ConfigError, match="k_stage"):
+        LabCache(LabSpec(EXACT, spec.v, window=16, k_stage=kst), smollm2.model, cal)

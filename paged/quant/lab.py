@@ -272,12 +272,16 @@ class LabCache:
 
     def __init__(self, spec: LabSpec, model, calib: Calibration | None = None) -> None:
         cfg = model.config
+        spec.check(cfg.head_dim)
         self.spec, self.model = spec, model
         self.num_layers, self.head_dim = cfg.num_layers, cfg.head_dim
         self.codecs = []
         for i in range(cfg.num_layers):
             ks, vs = spec.sides(i)
             self.codecs.append((SideCodec(ks, "k", i, calib, cfg.head_dim), SideCodec(vs, "v", i, calib, cfg.head_dim)))
+        self.stage_codecs = [tuple(None if st is None else SideCodec(st, side, i, calib, cfg.head_dim)
+                                   for st, side in ((spec.k_stage, "k"), (spec.v_stage, "v")))
+                             for i in range(cfg.num_layers)]
         self.reset()
 
     def reset(self) -> None:
@@ -331,15 +335,22 @@ class LabCache:
         self.k_store[layer] = self._keys(layer, k, start)
         vq = self.codecs[layer][1].roundtrip(v, self._cs(start, v.shape[0]))
         self.v_store[layer] = vq if self.v_store[layer] is None else torch.cat([self.v_store[layer], vq])
-        if not (self.spec.sink or self.spec.window):
+        if not (self.spec.sink or self.spec.window or self.spec.values_window):
             return attend(q, self.k_store[layer], self.v_store[layer]).to(dtype)
-        kh, vh = k.half().float(), v.half().float()  # staged copies are fp16
+        kh, vh = k.half().float(), v.half().float()  # staged copies are fp16 ...
+        sink = (start + torch.arange(v.shape[0]) < self.spec.sink)[:, None, None]
+        ks, vs = self.stage_codecs[layer]            # ... or codes of a finer side, the sink in fp16
+        if ks is not None:
+            kh = torch.where(sink, kh, ks.roundtrip(k, self._cs(start, k.shape[0])))
+        if vs is not None:
+            vh = torch.where(sink, vh, vs.roundtrip(v, self._cs(start, v.shape[0])))
         self.k_exact[layer] = kh if self.k_exact[layer] is None else torch.cat([self.k_exact[layer], kh])
         self.v_exact[layer] = vh if self.v_exact[layer] is None else torch.cat([self.v_exact[layer], vh])
         return self._mixed(q, layer, start).to(dtype)
 
     def _mixed(self, q: torch.Tensor, layer: int, start: int) -> torch.Tensor:
-        """Attention where key j is read exactly by query i iff ``j < sink`` or ``i - j < window``."""
+        """Attention where key j is read exactly by query i iff ``j < sink`` or ``i - j < window``
+        (value j: ``i - j < values_window``)."""
         kq, vq, ke, ve = self.k_store[layer], self.v_store[layer], self.k_exact[layer], self.v_exact[layer]
         n, t = kq.shape[0], q.shape[0]
         hq, h, d = q.shape[1], kq.shape[1], q.shape[2]
@@ -349,7 +360,9 @@ class LabCache:
         for s0 in range(0, t, 256):
             qi = torch.arange(start + s0, start + min(t, s0 + 256))  # query positions
             j = torch.arange(n)
-            exact = (j[None, :] < self.spec.sink) | ((qi[:, None] - j[None, :]) < self.spec.window)
+            sink, back = j[None, :] < self.spec.sink, qi[:, None] - j[None, :]
+            exact = sink | (back < self.spec.window)
+            exact_v = sink | (back < self.spec.values_window)
             causal = j[None, :] <= qi[:, None]
             qq = qh[:, s0:s0 + len(qi)]
             sq = torch.einsum("gtd,gsd->gts", qq, kq.repeat_interleave(rep, 1).transpose(0, 1))
@@ -357,6 +370,6 @@ class LabCache:
             sc = torch.where(exact, se, sq) / math.sqrt(d)
             p = torch.softmax(sc.masked_fill(~causal, -math.inf), -1)
             vqh, veh = vq.repeat_interleave(rep, 1).transpose(0, 1), ve.repeat_interleave(rep, 1).transpose(0, 1)
-            o = torch.einsum("gts,gsd->gtd", p * (~exact), vqh) + torch.einsum("gts,gsd->gtd", p * exact, veh)
+            o = torch.einsum("gts,gsd->gtd", p * (~exact_v), vqh) + torch.einsum("gts,gsd->gtd", p * exact_v, veh)
             out[s0:s0 + len(qi)] = o.transpose(0, 1)
         return out

@@ -24,12 +24,16 @@ switch can be turned on alone or with the others, so an ablation can measure eac
 * ``sink`` / ``window`` (cache-wide): the first ``sink`` tokens, and for each query the keys and
   values of the ``window`` positions ending at it, read exactly (each query sees what a
   token-by-token decode would: a teacher-forced pass never reads unquantized states otherwise);
+  ``v_window`` gives the values a window of their own (0: values read exact only in the sink);
+  ``k_stage`` / ``v_stage`` store the keys' / values' window rows with a finer per-token side
+  instead of fp16 (the sink stays fp16);
 * ``layers``: per-layer overrides of the two sides (mixed precision by layer sensitivity).
 
 Bits per value (:meth:`LabSpec.bits`) count everything stored per token: codes, scales, zero
 points, sparse outliers (16-bit value + index), KIVI's unfilled fp16 group and the sink and
-window tokens (an fp16 copy beside their codes), amortised over ``context`` tokens (2,048 unless
-told). Per-layer constants (means, weights, codebooks) are not per token and are not counted.
+window tokens (an fp16 copy beside their codes, or a ``k_stage`` / ``v_stage`` one), amortised
+over ``context`` tokens (2,048 unless told). Per-layer constants (means, weights, codebooks) are
+not per token and are not counted.
 
 Invariant: every side is a per-token map except ``axis="channel"``; the stored value of a token
 does not depend on later tokens except within a KIVI group, as in the engine.
@@ -52,7 +56,7 @@ LEVELS = ("int", "sym", "lloyd", "normal")
 class SideSpec:
     """How K or V is stored (see the module docstring). ``bits >= 16`` means exact (fp32/fp16)."""
 
-    bits: int = 32
+    bits: float = 32            # a KIVI side with alloc may take a fractional mean (e.g. 2.75)
     levels: str = "int"
     axis: str = "token"
     group: int = 64
@@ -93,6 +97,8 @@ class SideSpec:
             raise ConfigError(f"bad side spec {self}")
         if not 1 <= self.bits <= 8:
             raise ConfigError(f"{self.name}: bits must be 1..8 (or >= 16 for exact)")
+        if self.bits != int(self.bits) and not (self.alloc and self.axis == "channel"):
+            raise ConfigError(f"{self.name}: a fractional mean of bits needs per-channel keys with alloc")
         if self.axis == "token" and head_dim % self.group:
             raise ConfigError(f"{self.name}: group {self.group} must divide head_dim {head_dim}")
         if self.axis == "channel" and (side != "k" or self.levels not in ("int", "lloyd") or self.outliers):
@@ -135,6 +141,9 @@ class LabSpec:
     v: SideSpec = EXACT
     sink: int = 0
     window: int = 0
+    v_window: int | None = None  # the values' own window (None: ``window``)
+    k_stage: SideSpec | None = None  # how the keys' window rows are kept (None: fp16)
+    v_stage: SideSpec | None = None  # how the values' window rows are kept (None: fp16)
     layers: tuple[tuple[int, SideSpec, SideSpec], ...] = ()
     label: str = ""
     block: int = 32             # cache block (tokens) for the staging count; a KIVI key group is one block
@@ -145,6 +154,9 @@ class LabSpec:
             return self.label
         base = self.k.name if self.k == self.v else f"{self.k.name}/{self.v.name}"
         flags = ((self.sink, f"@sink{self.sink}"), (self.window, f"@win{self.window}"),
+                 (self.v_window is not None, f"@vwin{self.v_window}"),
+                 (self.k_stage, f"@kstage[{self.k_stage.name if self.k_stage else ''}]"),
+                 (self.v_stage, f"@vstage[{self.v_stage.name if self.v_stage else ''}]"),
                  (self.layers, f"@{len(self.layers)}layers"))
         return base + "".join(tag for flag, tag in flags if flag)
 
@@ -157,19 +169,39 @@ class LabSpec:
     def bits(self, num_layers: int, head_dim: int, context: int = 2048) -> tuple[float, float, float]:
         """``(k bits, v bits, mean)`` per value averaged over layers, amortised at ``context`` tokens.
 
-        Staging, in fp16 per sequence: with a window, the blocks that overlap it (at most
-        ``window + block`` tokens) for K and V both; without, KIVI's one unfilled key block; the
-        sink tokens for K and V both."""
+        Staging, in fp16 per sequence (``k_stage`` / ``v_stage``: at that side's bits): with a
+        window, the blocks that overlap it (at most ``window + block`` tokens) for each side that
+        has one; keys without a window, KIVI's one unfilled key block; the sink tokens for K and V both."""
         kb = sum(self.sides(i)[0].bits_per_value(head_dim) for i in range(num_layers)) / num_layers
         vb = sum(self.sides(i)[1].bits_per_value(head_dim) for i in range(num_layers)) / num_layers
         kivi = any(self.sides(i)[0].axis == "channel" and not self.sides(i)[0].exact for i in range(num_layers))
         if self.window:
-            kb += 16.0 * (self.window + self.block) / context
-            vb += 16.0 * (self.window + self.block) / context
-        elif kivi:
+            stage = 16.0 if self.k_stage is None else self.k_stage.bits_per_value(head_dim)
+            kb += stage * (self.window + self.block) / context
+        if self.values_window:
+            stage = 16.0 if self.v_stage is None else self.v_stage.bits_per_value(head_dim)
+            vb += stage * (self.values_window + self.block) / context
+        if kivi and not self.window:
             kb += 16.0 * self.block / context
         kb, vb = kb + 16.0 * self.sink / context, vb + 16.0 * self.sink / context
         return kb, vb, (kb + vb) / 2
+
+    def check(self, head_dim: int) -> None:
+        """Raise ConfigError for a cache-wide combination the lab does not define."""
+        if self.v_stage is not None:
+            self.v_stage.check(head_dim, "v")
+            if self.v_stage.exact or self.v_stage.axis != "token" or not self.values_window:
+                raise ConfigError(f"{self.name}: v_stage is a quantized per-token side for the values' "
+                                  "window; give the values a window (window or v_window > 0) and bits < 16")
+        if self.k_stage is not None:
+            self.k_stage.check(head_dim, "k")
+            if self.k_stage.exact or self.k_stage.axis != "token" or self.window < self.block:
+                raise ConfigError(f"{self.name}: k_stage is a quantized per-token side for the keys' window; "
+                                  f"give a window of at least the block ({self.block}) and bits < 16")
+
+    @property
+    def values_window(self) -> int:
+        return self.window if self.v_window is None else self.v_window
 
     def k_only(self) -> "LabSpec":
         return replace(self, v=EXACT, layers=tuple((i, k, EXACT) for i, k, _ in self.layers), label="")
