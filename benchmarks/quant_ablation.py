@@ -252,7 +252,19 @@ def _stage_cost() -> list[LabSpec]:
                     k_stage=S(8, group=64, pre_rope=True, rot=True), v_stage=S(8, group=64))]
 
 
+def _stage_plain() -> list[LabSpec]:
+    """`staged_best`'s window rows in the forms a kernel reads most simply (what serving it would
+    take): key rows after RoPE, not rotated (8-bit uniform, then 8-bit symmetric), value rows 6-bit
+    symmetric; fp16 absmax (and zero) per 64 values, keys 2.49 bits as there."""
+    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
+    v = S(2, "lloyd", rot=True)
+    return [LabSpec(S(2.49, **base), v, sink=4, window=64, k_stage=S(8, group=64), v_stage=S(6, group=64)),
+            LabSpec(S(2.49, **base), v, sink=4, window=64, k_stage=S(8, "sym", group=64),
+                    v_stage=S(6, "sym", group=64))]
+
+
 JOBS = {
+    "stage_plain": _stage_plain,
     "kvstage": _both_staged,
     "stage_cost": _stage_cost,
     "staged_best": _staged_best,
