@@ -191,6 +191,7 @@ def test_the_frontier_job_stays_within_three_bits():
     claimed += [(vstage[0], 3.21), (vstage[1], 2.99), (vstage[2], 3.00), (vstage[3], 3.00)]
     claimed += [(s, 3.00) for s in kvstage]
     claimed += [(job["_stage_cost"]()[0], 3.16), (job["_staged_best"]()[2], 2.995)]
+    claimed += list(zip(job["_stage_plain"](), (2.995, 2.983)))
     for s, bits in claimed:
         s.k.check(64, "k"), s.v.check(64, "v"), s.check(64)
         assert s.bits(30, 64, 2048)[2] == pytest.approx(bits, abs=0.006), s.name
