@@ -82,7 +82,7 @@ def _combos() -> list[LabSpec]:
             LabSpec(k(3, scale_bits=8), v(3), window=32)]
 
 
-def _kq(b: int, group: int = 32, compact: bool = True) -> SideSpec:
+def _kq(b: float, group: int = 32, compact: bool = True) -> SideSpec:
     """KIVI keys before RoPE, per-channel bits (mean ``b``) by query-weighted allocation."""
     return S(b, axis="channel", group=group, pre_rope=True, weight="q", alloc=True, scale_bits=8 if compact else 16)
 
@@ -173,20 +173,18 @@ def _values_unwindowed() -> list[LabSpec]:
     block) cost 0.5 bits per value on their side at 2,048 tokens. `kvq32` in the lab as it is;
     values read exact only in the sink (``v_window=0``), keys keeping the window (3.15 bits); and
     the keys at a 2.7-bit mean of alloc's per-channel bits on top (3.00 bits)."""
-    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
     v = S(2, "lloyd", rot=True)
-    return [LabSpec(S(3, **base), v, sink=4, window=32, label="lab kvq32")] + [
-        LabSpec(S(b, **base), v, sink=4, window=32, v_window=0) for b in (3, 2.7)]
+    return [LabSpec(_kq(3), v, sink=4, window=32, label="lab kvq32")] + [
+        LabSpec(_kq(b), v, sink=4, window=32, v_window=0) for b in (3, 2.7)]
 
 
 def _keys_fractional() -> list[LabSpec]:
     """<= 3 bits by the keys' codes (issue 29), both windows kept: `kvq32`'s keys at a fractional
     mean of alloc's per-channel bits, 2.2 (3.00 bits) and 2.5 (3.15 bits); and 2.3-bit keys with a
     16-token values' window (2.99 bits)."""
-    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
     v = S(2, "lloyd", rot=True)
-    return [LabSpec(S(2.2, **base), v, sink=4, window=32), LabSpec(S(2.5, **base), v, sink=4, window=32),
-            LabSpec(S(2.3, **base), v, sink=4, window=32, v_window=16)]
+    return [LabSpec(_kq(2.2), v, sink=4, window=32), LabSpec(_kq(2.5), v, sink=4, window=32),
+            LabSpec(_kq(2.3), v, sink=4, window=32, v_window=16)]
 
 
 def _values_staged() -> list[LabSpec]:
@@ -194,15 +192,14 @@ def _values_staged() -> list[LabSpec]:
     sink stays fp16), the bits saved given to the keys' fractional mean. `kvq32`'s keys with the
     window's values in 4-bit codebook codes (the stage's own cost); then at 3.00 bits: window
     values at 4, 3 and 8 bits, keys at 2.55, 2.6 and 2.43."""
-    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
     v = S(2, "lloyd", rot=True)
 
     def cb(b):
         return S(b, "lloyd", rot=True)
-    return [LabSpec(S(3, **base), v, sink=4, window=32, v_stage=cb(4)),
-            LabSpec(S(2.55, **base), v, sink=4, window=32, v_stage=cb(4)),
-            LabSpec(S(2.6, **base), v, sink=4, window=32, v_stage=cb(3)),
-            LabSpec(S(2.43, **base), v, sink=4, window=32, v_stage=S(8, group=64))]
+    return [LabSpec(_kq(3), v, sink=4, window=32, v_stage=cb(4)),
+            LabSpec(_kq(2.55), v, sink=4, window=32, v_stage=cb(4)),
+            LabSpec(_kq(2.6), v, sink=4, window=32, v_stage=cb(3)),
+            LabSpec(_kq(2.43), v, sink=4, window=32, v_stage=S(8, group=64))]
 
 
 def _both_staged() -> list[LabSpec]:
@@ -210,32 +207,29 @@ def _both_staged() -> list[LabSpec]:
     RoPE and rotated, the values' as they are, in uniform codes (fp16 scale and zero per 64 values; the sink stays
     fp16), the keys' fractional mean taking what is saved: 8-bit rows on both sides (keys 2.67),
     6-bit rows on both (keys 2.79), 6-bit value rows alone (keys 2.5); all at 3.00 bits."""
-    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
     v = S(2, "lloyd", rot=True)
 
     def rows(b, side):
         return S(b, group=64, pre_rope=side == "k", rot=side == "k")
-    return [LabSpec(S(2.67, **base), v, sink=4, window=32, k_stage=rows(8, "k"), v_stage=rows(8, "v")),
-            LabSpec(S(2.79, **base), v, sink=4, window=32, k_stage=rows(6, "k"), v_stage=rows(6, "v")),
-            LabSpec(S(2.5, **base), v, sink=4, window=32, v_stage=rows(6, "v"))]
+    return [LabSpec(_kq(2.67), v, sink=4, window=32, k_stage=rows(8, "k"), v_stage=rows(8, "v")),
+            LabSpec(_kq(2.79), v, sink=4, window=32, k_stage=rows(6, "k"), v_stage=rows(6, "v")),
+            LabSpec(_kq(2.5), v, sink=4, window=32, v_stage=rows(6, "v"))]
 
 
 def _wider_staged() -> list[LabSpec]:
     """`kvstage`'s 8-bit window rows on both sides over wider windows (64 and 128 tokens), the keys'
     fractional mean paying for them (2.4 and 1.87 bits): all at 3.00 bits."""
-    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
     stages = dict(k_stage=S(8, group=64, pre_rope=True, rot=True), v_stage=S(8, group=64))
-    return [LabSpec(S(b, **base), S(2, "lloyd", rot=True), sink=4, window=w, **stages)
+    return [LabSpec(_kq(b), S(2, "lloyd", rot=True), sink=4, window=w, **stages)
             for w, b in ((64, 2.4), (128, 1.87))]
 
 
 def _tuned_staged() -> list[LabSpec]:
     """Around `kvstage_wide`'s 64-token window: a 48-token window (keys 2.53), and the 64-token
     window with the values' rows in 6 bits (keys 2.49): all at 3.00 bits."""
-    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
     k_rows, v = S(8, group=64, pre_rope=True, rot=True), S(2, "lloyd", rot=True)
-    return [LabSpec(S(2.53, **base), v, sink=4, window=48, k_stage=k_rows, v_stage=S(8, group=64)),
-            LabSpec(S(2.49, **base), v, sink=4, window=64, k_stage=k_rows, v_stage=S(6, group=64))]
+    return [LabSpec(_kq(2.53), v, sink=4, window=48, k_stage=k_rows, v_stage=S(8, group=64)),
+            LabSpec(_kq(2.49), v, sink=4, window=64, k_stage=k_rows, v_stage=S(6, group=64))]
 
 
 def _staged_best() -> list[LabSpec]:
@@ -247,8 +241,7 @@ def _staged_best() -> list[LabSpec]:
 def _stage_cost() -> list[LabSpec]:
     """What 8-bit window rows cost against fp16 ones: `kvq32` in the lab (3-bit keys) with its
     window's key and value rows in 8-bit codes (compare `vwin`'s lab kvq32)."""
-    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
-    return [LabSpec(S(3, **base), S(2, "lloyd", rot=True), sink=4, window=32,
+    return [LabSpec(_kq(3), S(2, "lloyd", rot=True), sink=4, window=32,
                     k_stage=S(8, group=64, pre_rope=True, rot=True), v_stage=S(8, group=64))]
 
 
@@ -256,10 +249,9 @@ def _stage_plain() -> list[LabSpec]:
     """`staged_best`'s window rows in the forms a kernel reads most simply (what serving it would
     take): key rows after RoPE, not rotated (8-bit uniform, then 8-bit symmetric), value rows 6-bit
     symmetric; fp16 absmax (and zero) per 64 values, keys 2.49 bits as there."""
-    base = dict(axis="channel", group=32, pre_rope=True, weight="q", alloc=True, scale_bits=8)
     v = S(2, "lloyd", rot=True)
-    return [LabSpec(S(2.49, **base), v, sink=4, window=64, k_stage=S(8, group=64), v_stage=S(6, group=64)),
-            LabSpec(S(2.49, **base), v, sink=4, window=64, k_stage=S(8, "sym", group=64),
+    return [LabSpec(_kq(2.49), v, sink=4, window=64, k_stage=S(8, group=64), v_stage=S(6, group=64)),
+            LabSpec(_kq(2.49), v, sink=4, window=64, k_stage=S(8, "sym", group=64),
                     v_stage=S(6, "sym", group=64))]
 
 
@@ -307,20 +299,15 @@ def first_divergences(lm, specs: list[LabSpec], cal, prompts: int = 4, tokens: i
     """Per spec, the first greedy token (of ``tokens``) where its lab cache parts from fp32's, on
     ``prompts`` 128-token windows of each evaluation text (``benchmarks/quant_greedy.py``'s
     prompts); ``tokens`` means identical throughout. All caches of a prompt decode in one batch."""
-    from paged.quant import load_texts
     from paged.quant.lab import LabCache
-    from paged.quant.runs import chunk_logits, greedy_many
+    from paged.quant.runs import chunk_logits, greedy_many, greedy_prompts
     out: dict[str, list[int]] = {s.name: [] for s in specs}
-    for text in load_texts().values():
-        ids = lm.tokenizer.encode(text, add_special_tokens=False)
-        step = len(ids) // (prompts + 1)
-        for i in range(prompts):
-            prompt = ids[i * step:i * step + 128]
-            caches = [LabCache(s, lm.model, cal) for s in [LabSpec()] + specs]  # LabSpec(): fp32
-            first = [int(chunk_logits(lm.model, prompt, c, slice(-1, None)).argmax(-1)) for c in caches]
-            ref, *runs = greedy_many(lm.model, caches, first, len(prompt), tokens)
-            for s, run in zip(specs, runs):
-                out[s.name].append(next((t for t, (a, b) in enumerate(zip(ref, run)) if a != b), tokens))
+    for prompt in greedy_prompts(lm.tokenizer, prompts):
+        caches = [LabCache(s, lm.model, cal) for s in [LabSpec()] + specs]  # LabSpec(): fp32
+        first = [int(chunk_logits(lm.model, prompt, c, slice(-1, None)).argmax(-1)) for c in caches]
+        ref, *runs = greedy_many(lm.model, caches, first, len(prompt), tokens)
+        for s, run in zip(specs, runs):
+            out[s.name].append(next((t for t, (a, b) in enumerate(zip(ref, run)) if a != b), tokens))
     return out
 
 

@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from paged.engine.llm import LLM  # noqa: E402
 from paged.engine.sampling import SamplingParams  # noqa: E402
 from paged.models import load_model  # noqa: E402
-from paged.quant import engine_settings, load_texts  # noqa: E402
+from paged.quant import engine_settings  # noqa: E402
+from paged.quant.runs import greedy_prompts  # noqa: E402
 
 FORMATS = ["int8", "kivi_g32/int4", "kvq4", "kvq34", "kvq3", "kvq32", "kvq2"]
 
@@ -30,11 +31,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args()
     lm = load_model("smollm2")
-    prompts = []
-    for src, text in load_texts().items():
-        ids = lm.tokenizer.encode(text, add_special_tokens=False)
-        step = len(ids) // (args.prompts + 1)
-        prompts += [ids[i * step:i * step + 128] for i in range(args.prompts)]
+    prompts = greedy_prompts(lm.tokenizer, args.prompts)
     sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
 
     def run(**kw):

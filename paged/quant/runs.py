@@ -11,7 +11,7 @@ import torch
 from .attention import MultiCache, QuantKVAttention, attend
 from .codec import hadamard
 
-__all__ = ["load", "chunk_logits", "greedy", "greedy_many", "calibrate_fp8", "fp8_scales"]
+__all__ = ["load", "chunk_logits", "greedy", "greedy_many", "greedy_prompts", "calibrate_fp8", "fp8_scales"]
 
 
 def load(model=None):
@@ -77,6 +77,18 @@ class _AbsMax:
 
 
 @torch.inference_mode()
+def greedy_prompts(tokenizer, per_text: int = 4, length: int = 128) -> list[list[int]]:
+    """``per_text`` windows of ``length`` tokens from each evaluation text, evenly spaced (the
+    prompts of ``benchmarks/quant_greedy.py`` and ``quant_ablation.py --greedy``)."""
+    from . import load_texts
+    out = []
+    for text in load_texts().values():
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        step = len(ids) // (per_text + 1)
+        out += [ids[i * step:i * step + length] for i in range(per_text)]
+    return out
+
+
 def calibrate_fp8(model, seqs: Sequence[Sequence[int]]) -> dict[tuple[int, bool], list[torch.Tensor]]:
     """Per-layer, per-KV-head absmax of K and V over ``seqs``: ``{(layer, rotated): [k_amax [H],
     v_amax [H]]}``; :func:`fp8_scales` turns it into a scheme's scales."""
