@@ -74,9 +74,7 @@ class BlockPool:
 
     def free_block_ids(self) -> list[int]:
         """Ids of the free blocks without a hash: plain-free ones, then the never-used ones."""
-        ids = [b.block_id for b in self._free_plain]
-        ids.extend(range(self._next_fresh, self.num_blocks))
-        return ids
+        return [b.block_id for b in self._free_plain] + list(range(self._next_fresh, self.num_blocks))
 
     def cached_free_block_ids(self) -> set[int]:
         """Ids of the cached-free blocks."""
@@ -226,9 +224,7 @@ class BlockPool:
         block.token_ids = token_ids
         block.parent_cid = parent_cid
         block.depth = depth
-        if cid is None:
-            cid, self._next_cid = self._next_cid, self._next_cid + 1
-        block.cid = cid
+        block.cid = self.new_cid() if cid is None else cid
         self.index[block_hash] = block
         if ev.CACHE_BLOCK in self.recorder.hears:
             self.recorder.emit(ev.CACHE_BLOCK, request_id, block.block_id, len(token_ids))
@@ -295,8 +291,7 @@ class BlockPool:
             raise BlockStateError(f"relocate({src}, {dst}): block {dst} is not plain free")
         if target is None:
             new = [Block(i) for i in range(self._next_fresh, dst + 1)]
-            for b in new:
-                blocks[b.block_id] = b
+            blocks[self._next_fresh:dst + 1] = new
             self._free_plain[:0] = reversed(new)
             self._next_fresh = dst + 1
             target = blocks[dst]

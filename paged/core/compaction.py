@@ -41,6 +41,7 @@ shared block sees the new id, and verified hits keep working (content ids do not
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Collection, Iterable, Sequence
@@ -107,9 +108,7 @@ def _best_window(own: list[int], avail: bytearray, prefix_blocked: list[int],
                  prefix_cached: list[int]) -> tuple[int, int, int] | None:
     """(start, copies, cached dropped) of the best window for ``own`` or None (see module docstring)."""
     n, num_blocks = len(own), len(avail)
-    in_place: dict[int, int] = {}
-    for i, b in enumerate(own):
-        in_place[b - i] = in_place.get(b - i, 0) + 1
+    in_place = Counter(b - i for i, b in enumerate(own))  # window start -> own blocks already in place
     best = None
     for s, keep in in_place.items():  # windows keeping some blocks in place: fewer copies than any other
         if 0 <= s <= num_blocks - n and prefix_blocked[s + n] - prefix_blocked[s] == keep:

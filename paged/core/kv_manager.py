@@ -23,6 +23,7 @@ evict; ``take_tier_ops`` hands the planned copies to the plan's ``tier_out``/``t
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any, Sequence
 
 from . import events as ev
@@ -107,8 +108,7 @@ class KVCacheManager(KVCacheParts):
         now and leaves at least `keep_free` blocks free."""
         blocks = self.num_swapped_blocks(request.request_id)
         end = request.num_computed_tokens + num_new_tokens
-        need = blocks + max(0, -(-end // self.block_size) - blocks)
-        return self.pool.num_free - need >= keep_free
+        return self.pool.num_free - max(blocks, -(-end // self.block_size)) >= keep_free
 
     # ---- prefix cache --------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> list[Block]:
@@ -177,10 +177,8 @@ class KVCacheManager(KVCacheParts):
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        cached_blocks: Sequence[Block] = ()) -> BlockMapping | None:
-        """Make room for tokens [computed + cached, + num_new_tokens) of `request`.
-
-        Only the allocation-latency event is skipped for one token into a partly filled block
-        the request owns alone (``append_decode_slots``: no new block, no copy).
+        """Make room for tokens [computed + cached, + num_new_tokens) of `request` (one token into a
+        partly filled block it owns alone goes through ``append_decode_slots``: no latency event).
 
         `cached_blocks` (from `find_cached_prefix`, only for a request holding no blocks)
         are taken as computed. Returns the (src, dst) copies to apply before the forward
@@ -213,9 +211,8 @@ class KVCacheManager(KVCacheParts):
             self.prefix.set_offered(rid)
         num_host = 0
         if cached_blocks and self.host is not None:
-            hit = self.host.bring_back(pool, cached_blocks, rid, bs)
+            table.extend(self.host.bring_back(pool, cached_blocks, rid, bs))
             num_host = sum(isinstance(b, HostBlock) for b in cached_blocks)
-            table.extend(hit)
         elif cached_blocks:
             emit = self.recorder.emit if ev.PREFIX_HIT in self.recorder.hears else None
             for b in cached_blocks:
@@ -359,10 +356,7 @@ class KVCacheManager(KVCacheParts):
     def check_invariants(self) -> None:
         """Assert the manager's invariants (for tests; O(total blocks))."""
         self.check_parts()
-        holders: dict[int, int] = {}
-        for table in self._tables.values():
-            for b in table:
-                holders[b.block_id] = holders.get(b.block_id, 0) + 1
+        holders = Counter(b.block_id for table in self._tables.values() for b in table)
         for bid, n in holders.items():
             assert self.pool.blocks[bid].ref_cnt == n, (bid, self.pool.blocks[bid].ref_cnt, n)
         assert sum(holders.values()) >= self.pool.num_used == len(holders)

@@ -263,15 +263,13 @@ class Scheduler:
         return self._watermark_blocks if self.running else 0
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        mode = "recompute"
-        if self.config.preemption_mode == "swap":
-            mapping = self.kv.swap_out(req.request_id)
-            if mapping is not None:
-                mode = "swap"
-                out.swap_out.extend(mapping)
-                req.status = RequestStatus.SWAPPED
-                self.swapped.append(req)
-        if mode == "recompute":
+        mapping = self.kv.swap_out(req.request_id) if self.config.preemption_mode == "swap" else None
+        mode = "recompute" if mapping is None else "swap"
+        if mapping is not None:
+            out.swap_out.extend(mapping)
+            req.status = RequestStatus.SWAPPED
+            self.swapped.append(req)
+        else:
             self.kv.free(req.request_id)
             req.num_computed_tokens = 0
             req.status = RequestStatus.WAITING
