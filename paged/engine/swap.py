@@ -45,7 +45,7 @@ import torch
 
 from paged._kernels import kernels
 from kernels.blocks import normalize_block_mapping
-from paged.core.config import SWAP_COMPRESSIONS, SWAP_MODES
+from paged.core.config import CacheConfig
 from paged.errors import ConfigError
 from .swap_codec import CODECS, Codec, CompressedHostLayer
 from .swap_streams import CudaStreams, NullStreams
@@ -53,10 +53,7 @@ from .swap_streams import CudaStreams, NullStreams
 
 def check_swap_settings(mode: str, compression: str | None) -> None:
     """ConfigError unless ``mode`` is one of SWAP_MODES and ``compression`` one of SWAP_COMPRESSIONS."""
-    if mode not in SWAP_MODES:
-        raise ConfigError(f"swap_mode must be one of {SWAP_MODES}, got {mode!r}")
-    if compression not in SWAP_COMPRESSIONS:
-        raise ConfigError(f"swap_compression must be one of {SWAP_COMPRESSIONS}, got {compression!r}")
+    CacheConfig(swap_mode=mode, swap_compression=compression)  # the knobs' one check
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -213,11 +210,9 @@ class SwapExecutor:
             for li, (layer, host) in enumerate(zip(self.device_layers, self.host_layers)):
                 parts = []
                 for ti, ht in enumerate(host.block_tensors()):
-                    buf = torch.empty((len(host_ids),) + tuple(ht.shape[1:]), dtype=ht.dtype, device=self.device)
+                    buf = self._from_host(ht, host_ids[k:], len(host_ids), k)
                     for bufs, js, rows in groups.values():
                         _bytes(buf)[js] = _bytes(bufs[li][ti])[rows]
-                    for i0, h0, n in runs(host_ids[k:]):
-                        _bytes(buf)[k + i0:k + i0 + n].copy_(_bytes(ht)[h0:h0 + n], non_blocking=True)
                     parts.append(buf)
                 self._decode_into(layer, parts, dev_idx)
                 self._ready[li] = s.record("in")
@@ -242,15 +237,7 @@ class SwapExecutor:
         for h in ids:
             s.side_waits("in", self._host_written.pop(h, None))
         with s.side("in"):
-            bufs = []
-            for host in self.host_layers:
-                per = []
-                for ht in host.block_tensors():
-                    buf = torch.empty((len(ids),) + tuple(ht.shape[1:]), dtype=ht.dtype, device=self.device)
-                    for i0, h0, n in runs(ids):
-                        _bytes(buf)[i0:i0 + n].copy_(_bytes(ht)[h0:h0 + n], non_blocking=True)
-                    per.append(buf)
-                bufs.append(per)
+            bufs = [[self._from_host(ht, ids, len(ids)) for ht in host.block_tensors()] for host in self.host_layers]
             done = s.record("in")
         for row, h in enumerate(ids):
             self._prefetched[h] = (bufs, row)
@@ -286,6 +273,14 @@ class SwapExecutor:
                 kernels.release_blocks(layer, list(host_blocks))
 
     # ---- helpers -----------------------------------------------------------------------
+    def _from_host(self, ht: torch.Tensor, host_ids: Sequence[int], rows: int, at: int = 0) -> torch.Tensor:
+        """A device scratch of ``rows`` blocks shaped like host tensor ``ht``, whose rows from ``at`` on get
+        host blocks ``host_ids`` (coalesced copies, issued on the current stream)."""
+        buf = torch.empty((rows,) + tuple(ht.shape[1:]), dtype=ht.dtype, device=self.device)
+        for i0, h0, n in runs(host_ids):
+            _bytes(buf)[at + i0:at + i0 + n].copy_(_bytes(ht)[h0:h0 + n], non_blocking=True)
+        return buf
+
     def _encode(self, layer: kernels.KVCacheLayer, dev_idx: torch.Tensor) -> list[torch.Tensor]:
         """The host tensors' content for the blocks ``dev_idx`` of ``layer`` (device scratch)."""
         if self.codec is None:
