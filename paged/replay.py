@@ -23,9 +23,8 @@ from paged.errors import ConfigError
 from paged.runs import REQUEST_COLUMNS, STEP_COLUMNS, RecordFrames
 
 FORMAT = "paged-run/1"
-_SNAP_ARRAYS = [f.name for f in dataclasses.fields(KVSnapshot)
-                if f.name not in ("step", "block_size", "request_ids", "num_cpu_blocks", "num_cpu_used",
-                                  "cpu_blocks_of", "cached_tokens")]
+_SNAP_META = ("step", "block_size", "request_ids", "num_cpu_blocks", "num_cpu_used", "cpu_blocks_of")  # in JSON
+_SNAP_ARRAYS = [f.name for f in dataclasses.fields(KVSnapshot) if f.name not in (*_SNAP_META, "cached_tokens")]
 
 
 class Recording(RecordFrames):
@@ -88,10 +87,8 @@ def save(run, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> P
             a = getattr(s, name)
             if a is not None:
                 arrays[f"snap/{k}/{name}"] = a
-        snaps[str(k)] = dict(step=s.step, block_size=s.block_size, request_ids=s.request_ids,
-                             num_cpu_blocks=s.num_cpu_blocks, num_cpu_used=s.num_cpu_used,
-                             cpu_blocks_of=s.cpu_blocks_of,
-                             cached_tokens={str(b): list(t) for b, t in s.cached_tokens.items()})
+        snaps[str(k)] = {**{name: getattr(s, name) for name in _SNAP_META},
+                         "cached_tokens": {str(b): list(t) for b, t in s.cached_tokens.items()}}
     meta = dict(format=FORMAT, label=run.label, backend=run.backend, kinds=kinds, request_ids=rids,
                 requests=run.request_rows(), snapshots=snaps)
     arrays["meta"] = np.array(json.dumps(meta, default=_json_default))
@@ -115,10 +112,8 @@ def load(path: str | Path) -> Recording:
         snaps = {}
         for k, m in meta["snapshots"].items():
             kw = {name: (z[f"snap/{k}/{name}"] if f"snap/{k}/{name}" in z else None) for name in _SNAP_ARRAYS}
-            snaps[int(k)] = KVSnapshot(step=m["step"], block_size=m["block_size"], request_ids=m["request_ids"],
-                                       num_cpu_blocks=m["num_cpu_blocks"], num_cpu_used=m["num_cpu_used"],
-                                       cpu_blocks_of=m["cpu_blocks_of"],
-                                       cached_tokens={int(b): tuple(t) for b, t in m["cached_tokens"].items()}, **kw)
+            snaps[int(k)] = KVSnapshot(**{name: m[name] for name in _SNAP_META}, **kw,
+                                       cached_tokens={int(b): tuple(t) for b, t in m["cached_tokens"].items()})
     reqs = [{c: (np.nan if r.get(c) is None else r.get(c)) for c in REQUEST_COLUMNS} for r in meta["requests"]]
     return Recording(rows, events, reqs, snaps, meta)
 
