@@ -21,7 +21,6 @@ as the GPU pool unless ``num_cpu_blocks`` or ``swap_space_gib`` says otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 from paged.checks import need_flag, need_int
 from paged.core.config import ExecutorConfig
@@ -52,10 +51,3 @@ class EngineConfig(ExecutorConfig):
             need_flag(name, getattr(self, name), _error)
         if self.attention_backend is not None and not isinstance(self.attention_backend, str):
             raise _error(f"attention_backend must be None or a backend name, got {self.attention_backend!r}")
-
-    @classmethod
-    def from_kwargs(cls, kwargs: dict, also: Sequence[str] = ()) -> "EngineConfig":
-        """``EngineConfig(**kwargs)``, but an unknown name is a ConfigError listing the valid
-        ones (``also``: names the caller takes itself, listed too)."""
-        cls.check_names(kwargs, tuple(also))
-        return cls(**kwargs)

@@ -59,7 +59,8 @@ class LLM:
                  dtype: str | torch.dtype = "auto", **config: Any) -> None:
         """``config``: any ``EngineConfig`` field (``block_size``, ``num_blocks``, ``kv_cache_dtype``,
         ``max_num_batched_tokens``, ...) with its default there; an unknown name is a ConfigError."""
-        engine_config = EngineConfig.from_kwargs(config, also=("model", "device", "dtype"))
+        EngineConfig.check_names(config, ("model", "device", "dtype"))  # unknown names: one ConfigError
+        engine_config = EngineConfig(**config)
         if isinstance(model, LoadedModel):
             p = next(model.model.parameters())
             want = None if device is None else _device(device)
