@@ -31,7 +31,6 @@ class BatchMetadata:
     sample_indices: torch.Tensor   # int64: index of each sequence's last token in the batch
     samples: list[bool]            # whether each sequence needs a sampled token
     max_query_len: int
-    max_seq_len: int
 
     @property
     def num_seqs(self) -> int:
@@ -83,5 +82,5 @@ def build_batch(batch: Batch, block_size: int) -> BatchMetadata:
         block_tables=padded_block_tables(tables),
         sample_indices=torch.from_numpy(qsl[1:].astype(np.int64) - 1),
         samples=list(batch.samples),
-        max_query_len=max(qlens, default=0), max_seq_len=max(seq_lens, default=0),
+        max_query_len=max(qlens, default=0),
     )

@@ -94,11 +94,8 @@ def size_cache(config, loaded: LoadedModel, device: torch.device, dtype: torch.d
     if num_blocks is None:
         budget = c.kv_cache_memory_bytes
         if budget is None:
-            if device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(device)
-                budget = int(GPU_FREE_SHARE * free)
-            else:
-                budget = CPU_KV_BUDGET
+            budget = int(GPU_FREE_SHARE * torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" \
+                else CPU_KV_BUDGET
         num_blocks, num_staging, slot = fit_budget(budget, block_bytes, mcfg, c, config.max_num_seqs, fmt, dtype,
                                                    n_cache, config.max_num_batched_tokens)
         if num_staging and num_staging * slot > STAGING_WARN_SHARE * budget:

@@ -281,9 +281,8 @@ class Groups:
         self.by_id.pop(g.request_id, None)
         p = g.params
         if p.use_beam_search:
-            def norm(h: tuple[float, list[int], str]) -> float:
-                return h[0] / (max(len(h[1]), 1) ** p.length_penalty)
-            hyps = sorted(g.beam_hyps, key=norm, reverse=True)[:p.n]
+            hyps = sorted(g.beam_hyps, key=lambda h: h[0] / (max(len(h[1]), 1) ** p.length_penalty),
+                          reverse=True)[:p.n]  # by length-normalized score
             outs = [CompletionOutput(i, list(t), self._detokenize(t, p), s, r)
                     for i, (s, t, r) in enumerate(hyps)]
         else:

@@ -114,11 +114,9 @@ class TorchAttentionPlan:
             mask = pos[None, :] <= torch.arange(ctx - n, ctx, device=dev)[:, None]
             self.prefills.append((qsl[i], qsl[i + 1], ctx_slots, mask))
 
-    def _flat(self, layer: kernels.KVCacheLayer) -> tuple[torch.Tensor, torch.Tensor]:
-        return layer.k.view(-1, self.h, self.d), layer.v.view(-1, self.h, self.d)
-
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        kc, vc = self._flat(self.layers[layer_idx])
+        layer = self.layers[layer_idx]
+        kc, vc = layer.k.view(-1, self.h, self.d), layer.v.view(-1, self.h, self.d)
         if layer_idx in self.shared:  # the owner (an earlier layer) wrote this step's K/V
             k, v = kc.index_select(0, self.slots), vc.index_select(0, self.slots)
         else:
