@@ -83,12 +83,9 @@ class BlockPool:
     def take_freed(self) -> list[int]:
         """Ids whose ref count reached 0 since the last call and are still free now, sorted
         (a block freed and reused in between starts a new life through its new owner)."""
-        freed = self.freed
-        if not freed:
-            return []
         blocks = self.blocks
-        ids = sorted(i for i in freed if blocks[i] is None or blocks[i].ref_cnt == 0)
-        freed.clear()
+        ids = sorted(i for i in self.freed if blocks[i] is None or blocks[i].ref_cnt == 0)
+        self.freed.clear()
         return ids
 
     # ---- allocation ----------------------------------------------------------------

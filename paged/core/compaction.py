@@ -153,9 +153,8 @@ def plan_compaction(tables: Sequence[tuple[str, Sequence[int]]], num_blocks: int
             if not 0 <= b < num_blocks or avail[b] != _BLOCKED or b in cached:
                 raise BlockStateError(f"request {rid!r} holds block {b}, which is free, cached-free or outside "
                                       f"[0, {num_blocks}); compaction needs the manager's own tables")
-    plan = CompactionPlan(num_requests=len(owned))
-    plan.fragmentation_before = fragmentation(tables)
-    plan.runs_before = sum(count_runs(own) for _, own in owned)
+    plan = CompactionPlan(num_requests=len(owned), fragmentation_before=fragmentation(tables),
+                          runs_before=sum(count_runs(own) for _, own in owned))
     pending = [(rid, own) for rid, own in owned if count_runs(own) > 1]
     plan.num_fragmented = len(pending)
     budget = max_copies if max_copies is not None else num_blocks
@@ -191,7 +190,7 @@ def plan_compaction(tables: Sequence[tuple[str, Sequence[int]]], num_blocks: int
         for b in vacated:  # free for the next round only: its copies come after this round's reads
             avail[b] = _FREE
     plan.num_skipped = len(pending)
-    moved = {s: d for s, d in plan.copies}
+    moved = dict(plan.copies)
     after = [(rid, [moved.get(b, b) for b in t]) for rid, t in tables]
     plan.runs_after = sum(count_runs(own) for _, own in own_blocks(after))
     plan.fragmentation_after = fragmentation(after)

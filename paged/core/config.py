@@ -315,6 +315,4 @@ def cpu_pool_blocks(cache: CacheConfig, preemption_mode: str, num_blocks: int, h
     if preemption_mode != "swap" and not cache.enable_host_tier:
         return 0
     gib = cache.swap_space_gib if cache.swap_space_gib is not None else default_swap_space_gib
-    if gib is None:
-        return num_blocks
-    return int(gib * GiB // host_block_bytes)
+    return num_blocks if gib is None else int(gib * GiB // host_block_bytes)

@@ -14,11 +14,9 @@ Slots: token at position p of a request lives in slot `table[p // bs] * bs + p %
 Blocks of a finished request are freed tail-first, so under LRU a prefix outlives its
 suffix. Swapping copies a request's blocks to a CPU pool of its own capacity.
 
-The manager changes tables itself and everything else through its parts (``KVCacheParts``):
-the pool (``BlockPool``: blocks, ref counts, hash index), the per-request prefix-cache bookkeeping
-(``PrefixIndex``), the CPU pool (``SwapSpace``) and, with ``enable_host_tier=True``, the host tier
-(``paged.core.host_tier``: the CPU pool also keeps cached-free prefix blocks an allocation would
-evict; ``take_tier_ops`` hands the planned copies to the plan's ``tier_out``/``tier_in``).
+The manager changes tables itself and everything else through its parts (``KVCacheParts``, see
+``paged.core.kv_parts``: pool, prefix index, CPU pool, host tier); ``take_tier_ops`` hands the host
+tier's planned copies to the plan's ``tier_out``/``tier_in``.
 """
 from __future__ import annotations
 

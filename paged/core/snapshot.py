@@ -134,8 +134,7 @@ def take_snapshot(kv: PagedCache, requests: Mapping | None = None, *, step: int 
     live = pool.blocks[lo:max(lo, min(hi, pool.num_created))]  # created blocks; the rest were never used
     m = len(live)
     ref, filled = np.zeros(n, np.int32), np.zeros(n, np.int32)
-    hashed = np.zeros(n, bool)
-    hkey = np.zeros(n, np.uint32)
+    hashed, hkey = np.zeros(n, bool), np.zeros(n, np.uint32)
     used_at = np.full(n, -1, np.int32)
     if m:
         ref[lo:lo + m] = np.fromiter(map(attrgetter("ref_cnt"), live), np.int32, m)
