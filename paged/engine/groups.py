@@ -214,19 +214,17 @@ class Groups:
         """
         p = g.params
         width = p.n - (len(g.live) - len(members))  # beams lagging behind keep their slots
-        stops = g.stops
         cands: list[tuple[float, int, int]] = []   # (score, member index, token)
         for mi, (req, row) in enumerate(members):
             lp = torch.log_softmax(logits[row].float(), -1)
             top = torch.topk(lp, min(2 * width + 1, lp.shape[0]))
-            base = req.data.cum_logprob
-            cands += [(base + float(v), mi, int(t)) for v, t in zip(top.values, top.indices)]
+            cands += [(req.data.cum_logprob + float(v), mi, int(t)) for v, t in zip(top.values, top.indices)]
         cands.sort(key=lambda c: (-c[0], c[1], c[2]))
         chosen: list[tuple[float, int, int]] = []
         for rank, (score, mi, tok) in enumerate(cands):
             if len(chosen) == width:
                 break
-            if tok in stops:
+            if tok in g.stops:
                 if rank < width:
                     toks = members[mi][0].output_token_ids + [tok]
                     g.beam_hyps.append((score, toks, "stop"))

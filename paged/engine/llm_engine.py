@@ -17,7 +17,7 @@ import time
 from typing import Sequence
 
 from paged import telemetry
-from paged.checks import is_int
+from paged.checks import need_int
 from paged.core import events as ev
 from paged.core.clock import EngineClock
 from paged.core.kv_factory import build_kv_manager
@@ -124,15 +124,13 @@ class LLMEngine:
             raise InvalidRequestError(f"request {request_id!r}: params must be a SamplingParams, got "
                                       f"{type(params).__name__} {str(params)[:60]}")
         params = dataclasses.replace(params) if params is not None else SamplingParams()
-        params.validate()
-        params.stop_token_ids = tuple(params.stop_token_ids)
+        params.validate()  # also makes stop_token_ids a tuple of ints
         if isinstance(request_id, str) and SEQ_ID_SEP in request_id:
             raise InvalidRequestError(
                 f"request id {request_id!r} contains {SEQ_ID_SEP!r}, which the engine reserves for the "
                 f"sequences it forks ('<id>{SEQ_ID_SEP}k'); pick an id without it")
-        if not is_int(priority):  # the priority queue compares it with others'
-            raise InvalidRequestError(f"request {request_id!r}: priority must be an integer, got {priority!r}")
-        priority = int(priority)
+        priority = need_int("priority", priority,  # an integer: the priority queue compares it with others'
+                            lambda msg: InvalidRequestError(f"request {request_id!r}: {msg}"))
         if request_id in self._groups:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use; pick a new id")
         text, ids = self._to_ids(prompt)
