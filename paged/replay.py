@@ -23,7 +23,7 @@ from paged.errors import ConfigError
 from paged.runs import REQUEST_COLUMNS, STEP_COLUMNS, RecordFrames
 
 FORMAT = "paged-run/1"
-_SNAP_META = ("step", "block_size", "request_ids", "num_cpu_blocks", "num_cpu_used", "cpu_blocks_of")  # in JSON
+_SNAP_META = ("step", "block_size", "request_ids", "num_cpu_blocks", "num_cpu_used", "cpu_blocks_of")  # JSON
 _SNAP_ARRAYS = [f.name for f in dataclasses.fields(KVSnapshot) if f.name not in (*_SNAP_META, "cached_tokens")]
 
 

@@ -51,11 +51,6 @@ from .swap_codec import CODECS, Codec, CompressedHostLayer
 from .swap_streams import CudaStreams, NullStreams
 
 
-def check_swap_settings(mode: str, compression: str | None) -> None:
-    """ConfigError unless ``mode`` is one of SWAP_MODES and ``compression`` one of SWAP_COMPRESSIONS."""
-    CacheConfig(swap_mode=mode, swap_compression=compression)  # the knobs' one check
-
-
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
@@ -91,7 +86,7 @@ class SwapExecutor:
     def __init__(self, device_layers: Sequence[kernels.KVCacheLayer], host_layers: Sequence[Any], *,
                  mode: str = "sync", compression: str | None = None, streams: Any = None,
                  prefetch_blocks: int = 64) -> None:
-        check_swap_settings(mode, compression)
+        CacheConfig(swap_mode=mode, swap_compression=compression)  # ConfigError for a bad mode or compression
         self.device_layers, self.host_layers = list(device_layers), list(host_layers)
         self.mode, self.compression = mode, compression
         self.codec: Codec | None = CODECS[compression] if compression else None
@@ -120,7 +115,7 @@ class SwapExecutor:
               host_layers: Sequence[kernels.KVCacheLayer] | None = None) -> "SwapExecutor":
         """Allocate the host layers (pinned on CUDA in overlap mode) and the executor.
         ``host_layers``: already allocated uncompressed host layers to use (no compression)."""
-        check_swap_settings(mode, compression)  # before anything is allocated
+        CacheConfig(swap_mode=mode, swap_compression=compression)  # checked before anything is allocated
         pin = mode == "overlap" and bool(device_layers) and device_layers[0].device.type == "cuda"
         if compression:
             hosts = [CompressedHostLayer.allocate(CODECS[compression], num_host_blocks, layer, pin=pin)
@@ -237,7 +232,8 @@ class SwapExecutor:
         for h in ids:
             s.side_waits("in", self._host_written.pop(h, None))
         with s.side("in"):
-            bufs = [[self._from_host(ht, ids, len(ids)) for ht in host.block_tensors()] for host in self.host_layers]
+            bufs = [[self._from_host(ht, ids, len(ids)) for ht in host.block_tensors()]
+                    for host in self.host_layers]
             done = s.record("in")
         for row, h in enumerate(ids):
             self._prefetched[h] = (bufs, row)
