@@ -31,8 +31,8 @@ __all__ = ["Block", "BlockPool"]
 class BlockPool:
     def __init__(self, num_blocks: int, *, eviction: str | EvictionPolicy = "lru",
                  recorder: ev.Recorder | None = None, on_evict: Callable[[Block], bool] | None = None) -> None:
-        """``on_evict(block)``: offered each cached-free block before it loses its hash (the host
-        tier keeps its content when it answers True)."""
+        """``on_evict(block)``: offered each cached-free block before it loses its hash; True when it
+        kept the content elsewhere (the host tier's demote), None/False: plain eviction."""
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ConfigError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         self.num_blocks = num_blocks
@@ -47,8 +47,6 @@ class BlockPool:
         self.recorder = recorder if recorder is not None else ev.NullRecorder()
         self.freed: set[int] = set()  # ids whose ref count reached 0 since the manager last took them
         self._next_cid = 1                 # content ids of registrations (0 is "no parent")
-        # called with a cached-free block about to lose its hash to an allocation; returns True
-        # when it kept the content elsewhere (the host tier's demote), None/False: plain eviction
         self.on_evict = on_evict
 
     # ---- queries -------------------------------------------------------------------
