@@ -254,8 +254,7 @@ class KVCacheManager(KVCacheParts):
         if self.swap_space.holds(request_id):
             self.swap_space.release(request_id)
         elif request_id in self._tables:
-            table = self._tables.pop(request_id)
-            self.pool.free_blocks(reversed(table), request_id)
+            self.pool.free_blocks(reversed(self._tables.pop(request_id)), request_id)
         else:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks (already freed or never allocated)")
         self.prefix.forget(request_id)
@@ -303,11 +302,9 @@ class KVCacheManager(KVCacheParts):
         blocks = self.pool.allocate(len(saved), request_id)
         for b, (_, filled) in zip(blocks, saved):
             self.pool.fill(b, filled)
-        released = [cpu for cpu, _ in reversed(saved)]
-        if self.host is not None:  # tier-outs of this plan must not land on blocks the swap-in reads
-            self.host.defer_release(released)
-        else:
-            self.swap_space.give_back(released)
+        # with a host tier, tier-outs of this plan must not land on blocks the swap-in reads: deferred
+        (self.host.defer_release if self.host is not None else self.swap_space.give_back)(
+            [cpu for cpu, _ in reversed(saved)])
         self._tables[request_id] = blocks
         self.num_swapped_in_blocks += len(blocks)
         self.recorder.emit(ev.SWAP_IN, request_id, None, len(blocks))
