@@ -37,21 +37,18 @@ def is_decode(request: Request, start: int, num_tokens: int, samples: bool) -> b
     return num_tokens == 1 and samples and start >= request.num_prompt_tokens
 
 
+@dataclass(slots=True)
 class ScheduledChunk:
     """A read-only view of one batch entry: `num_tokens` tokens of `request` from position
     `start`; `blocks`: the request's block table (empty when not planned by a paged manager).
     Its tokens live in slots `blocks[p // bs].block_id * bs + p % bs`. Compares by value (the
-    work: request, start, tokens, sampling)."""
+    work: request, start, tokens, sampling); unhashable."""
 
-    __slots__ = ("request", "start", "num_tokens", "samples", "blocks")
-
-    def __init__(self, request: Request, start: int, num_tokens: int, samples: bool,
-                 blocks: Sequence[Block] = ()) -> None:
-        self.request = request
-        self.start = start
-        self.num_tokens = num_tokens
-        self.samples = samples
-        self.blocks = blocks
+    request: Request
+    start: int
+    num_tokens: int
+    samples: bool
+    blocks: Sequence[Block] = field(default=(), compare=False, repr=False)
 
     @property
     def request_id(self) -> str:
@@ -64,18 +61,6 @@ class ScheduledChunk:
     @property
     def is_decode(self) -> bool:
         return is_decode(self.request, self.start, self.num_tokens, self.samples)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not ScheduledChunk:
-            return NotImplemented
-        return (self.request, self.start, self.num_tokens, self.samples) == \
-            (other.request, other.start, other.num_tokens, other.samples)
-
-    __hash__ = None  # compared by value
-
-    def __repr__(self) -> str:
-        return (f"ScheduledChunk(request={self.request!r}, start={self.start}, num_tokens={self.num_tokens}, "
-                f"samples={self.samples})")
 
 
 class Batch:
