@@ -45,10 +45,9 @@ class BatchMetadata:
         return BatchMetadata(**fields)
 
 
-def padded_block_tables(tables: Sequence[Sequence[int]], max_blocks: int | None = None) -> torch.Tensor:
-    """int32 [len(tables), max_blocks], rows padded with 0."""
-    width = max((len(t) for t in tables), default=0) if max_blocks is None else max_blocks
-    out = np.zeros((len(tables), max(width, 1)), dtype=np.int32)
+def padded_block_tables(tables: Sequence[Sequence[int]]) -> torch.Tensor:
+    """int32 [len(tables), the longest table (at least 1)], rows padded with 0."""
+    out = np.zeros((len(tables), max(1, max(map(len, tables), default=0))), dtype=np.int32)
     for i, t in enumerate(tables):
         out[i, :len(t)] = t
     return torch.from_numpy(out)
