@@ -67,9 +67,8 @@ def save(run, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> P
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = dict(extra or {})
-    rows = run.rows
     for c in STEP_COLUMNS:
-        arrays[f"step/{c}"] = np.array([r[c] for r in rows], dtype=float if c.endswith(("_s", "_perc", "usage"))
+        arrays[f"step/{c}"] = np.array([r[c] for r in run.rows], dtype=float if c.endswith(("_s", "_perc", "usage"))
                                        else np.int64)
     kinds = sorted({e[1] for e in run.events})
     rids = sorted({e[2] for e in run.events if e[2] is not None})

@@ -171,8 +171,7 @@ class Run(RecordFrames):
         """Drop every other regular snapshot (doubling the stride); if only notable ones are
         left over the cap, every other notable one (the last usage peak stays)."""
         self.snapshot_stride *= 2
-        k = self.snapshot_stride
-        for s in [s for s in self.snapshots if s not in self._notable and s % k]:
+        for s in [s for s in self.snapshots if s not in self._notable and s % self.snapshot_stride]:
             del self.snapshots[s]
         if len(self.snapshots) > self.max_snapshots:
             peak = max(self._notable, key=lambda s: (self.rows[s - 1]["kv_cache_usage_perc"], -s), default=None)
@@ -234,8 +233,7 @@ class Run(RecordFrames):
     def _engine_step(self):
         from paged.engine import SamplingParams
         from paged.engine.groups import SEQ_ID_SEP  # '<group id>#k': the engine's sequence ids
-        step_index = len(self.rows) + 1
-        while self._pending and self._pending[0].arrival_step <= step_index:
+        while self._pending and self._pending[0].arrival_step <= len(self.rows) + 1:  # the step about to run
             w = self._pending.pop(0)
             self.engine.add_request(w.request_id, w.prompt, w.params or SamplingParams())
             self._token_times[w.request_id] = []

@@ -319,9 +319,8 @@ class KVCacheManager(KVCacheParts):
     # ---- compaction (paged.core.compaction) -----------------------------------------------
     def _id_tables(self, order: Sequence[str] | None) -> list[tuple[str, list[int]]]:
         """(request id, block ids) for ``order`` (default: every table, in the order they were made)."""
-        tables = self._tables
-        ids = list(order) if order is not None else list(tables)
-        return [(r, [b.block_id for b in tables[r]]) for r in ids if r in tables]
+        ids = self._tables if order is None else order
+        return [(r, [b.block_id for b in self._tables[r]]) for r in ids if r in self._tables]
 
     def compact(self, order: Sequence[str] | None = None, *, drop_cached: bool = False,
                 max_copies: int | None = None, max_rounds: int = 4) -> BlockMapping:

@@ -226,8 +226,7 @@ class Groups:
                 break
             if tok in g.stops:
                 if rank < width:
-                    toks = members[mi][0].output_token_ids + [tok]
-                    g.beam_hyps.append((score, toks, "stop"))
+                    g.beam_hyps.append((score, members[mi][0].output_token_ids + [tok], "stop"))
                 continue
             chosen.append((score, mi, tok))
         if len(g.beam_hyps) >= p.n:  # early stopping: n finished hypotheses

@@ -159,8 +159,7 @@ class LLMEngine:
         if group is None:
             raise UnknownRequestError(f"unknown request id {request_id!r} (finished, aborted or never added)")
         for sid in list(group.live):
-            req = self.scheduler.abort(sid)
-            self._groups.record_done(group, req, "abort")
+            self._groups.record_done(group, self.scheduler.abort(sid), "abort")
         self.scheduler.take_finished()  # its freed blocks reach the runner in the next plan
         return self._finish(group)
 

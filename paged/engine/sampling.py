@@ -85,8 +85,7 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     """Scaled float32 logits with entries outside top-k / nucleus top-p set to -inf (1-D)."""
     x = logits.float() / max(temperature, 1e-6)
     if top_k and top_k > 0 and top_k < x.shape[-1]:
-        kth = torch.topk(x, top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
+        x = x.masked_fill(x < torch.topk(x, top_k).values[-1], float("-inf"))  # below the k-th largest
     if top_p < 1.0:
         sorted_x, idx = torch.sort(x, descending=True)
         probs = torch.softmax(sorted_x, -1)
@@ -101,8 +100,7 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     """One token from a 1-D logits row."""
     if params.greedy:
         return int(torch.argmax(logits))
-    x = filter_logits(logits, params.temperature, params.top_k, params.top_p)
-    probs = torch.softmax(x, -1).cpu()
+    probs = torch.softmax(filter_logits(logits, params.temperature, params.top_k, params.top_p), -1).cpu()
     return int(torch.multinomial(probs, 1, generator=generator or fallback))
 
 

@@ -154,8 +154,7 @@ class SwapExecutor:
         if not self._scheduled:
             kernels.swap_blocks(self.device_layers, self.host_layers, m)
             return
-        order = torch.argsort(m[:, 1])
-        m = m[order]
+        m = m[torch.argsort(m[:, 1])]  # by host block
         dev_idx, host_ids = m[:, 0].to(self.device), m[:, 1].tolist()
         s = self.streams
         s.side_waits_main("out")
