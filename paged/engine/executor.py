@@ -98,6 +98,4 @@ class ModelExecutor:
             written.update(b.block_id for b in batch.tables[i][s // bs:(s + n - 1) // bs + 1])
         late = [i for i in decodes
                 if not written.isdisjoint(b.block_id for b in batch.tables[i][:batch.starts[i] // bs + 1])]
-        if not late:
-            return decodes, prefills
         return [i for i in decodes if i not in late], late + prefills
