@@ -73,11 +73,10 @@ def check_share_map(share: Mapping[int, int] | None, num_layers: int | None = No
         try:
             if isinstance(i, bool) or isinstance(j, bool):
                 raise TypeError
-            i, j = operator.index(i), operator.index(j)
+            out[operator.index(i)] = operator.index(j)
         except TypeError:
             raise ConfigError(f"kv_share_with entries are integer layer indices, got {i!r}: {j!r}; "
                               "e.g. kv_share_with={1: 0}") from None
-        out[i] = j
     for i, j in sorted(out.items()):
         if i < 0 or j < 0:
             raise ConfigError(f"kv_share_with {{{i}: {j}}}: layer indices are >= 0")
