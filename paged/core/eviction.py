@@ -104,8 +104,9 @@ class _HeapPolicy:
         self._counter += 1
         self._members[block.block_id] = self._counter
         heapq.heappush(self._heap, (self.key(block), self._counter, block))
-        if len(self._heap) > 2 * len(self._members) + 64:
-            self._compact()
+        if len(self._heap) > 2 * len(self._members) + 64:  # mostly stale entries: drop them
+            self._heap = [e for e in self._heap if self._members.get(e[2].block_id) == e[1]]
+            heapq.heapify(self._heap)
 
     def remove(self, block: "Block") -> None:
         del self._members[block.block_id]
@@ -116,10 +117,6 @@ class _HeapPolicy:
             if self._members.get(block.block_id) == tiebreak:
                 del self._members[block.block_id]
                 return block
-
-    def _compact(self) -> None:
-        self._heap = [e for e in self._heap if self._members.get(e[2].block_id) == e[1]]
-        heapq.heapify(self._heap)
 
     def __len__(self) -> int:
         return len(self._members)
