@@ -175,18 +175,15 @@ class Groups:
             self._beam_step(self.by_id[gid], members, logits, sampled, post)
         return sampled, post
 
-    @staticmethod
-    def _terminal(req: Request, token: int) -> bool:
-        return token in req.stop_token_ids or req.num_output_tokens + 1 >= req.max_tokens
-
     def _first_of_n(self, req: Request, row: torch.Tensor, sampled: dict[str, int], post: list) -> None:
         """Draw the n first tokens from one logits row; fork a child per extra live sample."""
         g, p = req.data.group, req.data.group.params
         g.forked = True
         gens = [make_generator(p.seed, k) for k in range(p.n)]
         toks = [sample_row(row, p, gens[k], self._fallback) for k in range(p.n)]
-        # decided now, before ``scheduler.update`` appends the parent's token to ``req``
-        terminal = [self._terminal(req, t) for t in toks]
+        # whether each ends its sequence (a stop token or the length), decided now, before
+        # ``scheduler.update`` appends the parent's token to ``req``
+        terminal = [t in req.stop_token_ids or req.num_output_tokens + 1 >= req.max_tokens for t in toks]
         # the parent keeps a non-terminal sample when there is one, so children can fork from it
         order = sorted(range(p.n), key=lambda k: terminal[k])
         parent_k = order[0]
