@@ -82,8 +82,7 @@ class KVCacheManager(KVCacheParts):
         """New blocks `allocate_slots` would take (including a copy-on-write copy)."""
         table = self._tables.get(request.request_id, ())
         start = request.num_computed_tokens + num_cached_blocks * self.block_size
-        have = len(table) + num_cached_blocks
-        need = max(0, -(-(start + num_new_tokens) // self.block_size) - have)
+        need = max(0, -(-(start + num_new_tokens) // self.block_size) - len(table) - num_cached_blocks)
         if num_new_tokens and start % self.block_size and table and table[start // self.block_size].ref_cnt > 1:
             need += 1
         return need

@@ -77,8 +77,7 @@ class TorchAttentionPlan:
         if self.slots.numel() and (int(self.slots.min()) < 0 or int(self.slots.max()) >= num_slots):
             raise kernels.ShapeError(f"slot_mapping must lie in [0, {num_slots}) for {first.num_blocks} blocks "
                                      f"x {bs}; got {int(self.slots.min())}..{int(self.slots.max())}")
-        qsl = meta.query_start_loc.tolist()
-        lens = meta.seq_lens.tolist()
+        qsl, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
         qlens = [qsl[i + 1] - qsl[i] for i in range(len(lens))]
         dec = [i for i, n in enumerate(qlens) if n == 1]
         self.all_decode = len(dec) == len(lens)
