@@ -35,8 +35,7 @@ class Recording(RecordFrames):
     def __init__(self, rows: list[dict], events: list[Event], requests: list[dict],
                  snapshots: dict[int, KVSnapshot], meta: dict[str, Any]) -> None:
         self.rows, self.events, self._requests, self.snapshots, self.meta = rows, events, requests, snapshots, meta
-        self.label = meta.get("label", "recording")
-        self.backend = meta.get("backend", "")
+        self.label, self.backend = meta.get("label", "recording"), meta.get("backend", "")
         self.done = True
         self.tokenizer = None
 
