@@ -81,10 +81,7 @@ def save(run, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> P
     arrays["event/has_value"] = np.array([e[4] is not None for e in ev], bool)
     snaps = {}
     for k, s in getattr(run, "snapshots", {}).items():
-        for name in _SNAP_ARRAYS:
-            a = getattr(s, name)
-            if a is not None:
-                arrays[f"snap/{k}/{name}"] = a
+        arrays.update({f"snap/{k}/{name}": a for name in _SNAP_ARRAYS if (a := getattr(s, name)) is not None})
         snaps[str(k)] = {**{name: getattr(s, name) for name in _SNAP_META},
                          "cached_tokens": {str(b): list(t) for b, t in s.cached_tokens.items()}}
     meta = dict(format=FORMAT, label=run.label, backend=run.backend, kinds=kinds, request_ids=rids,

@@ -136,8 +136,7 @@ class LLM:
                         raise
                     failed.append(e)
                     out = e.step_output
-                for ro in out.finished:
-                    results[ro.request_id] = ro
+                results.update((ro.request_id, ro) for ro in out.finished)
                 idle = 0 if (out.scheduled or out.finished) else idle + 1
                 if idle > 100:
                     raise PagedError("the scheduler made no progress in 100 steps; the cache is too small "

@@ -171,8 +171,7 @@ class SwapExecutor:
                         _bytes(ht)[h0:h0 + n].copy_(_bytes(p)[i0:i0 + n], non_blocking=True)
             done = s.record("out")
         s.main_waits(read)  # device blocks may be reused from here on (their content is in scratch)
-        for h in host_ids:
-            self._host_written[h] = done
+        self._host_written.update(dict.fromkeys(host_ids, done))
 
     def swap_in(self, pairs) -> None:
         """Copy host blocks to device blocks: ``[(host_block, device_block), ...]``; the forward
@@ -211,8 +210,7 @@ class SwapExecutor:
                 self._decode_into(layer, parts, dev_idx)
                 self._ready[li] = s.record("in")
             done = s.record("in")
-        for h in host_ids[k:]:
-            self._host_read[h] = done
+        self._host_read.update(dict.fromkeys(host_ids[k:], done))
 
     def prefetch(self, host_blocks: Sequence[int]) -> None:
         """Overlap mode: start copying ``host_blocks`` (a swapped request's, likely swapped in next
