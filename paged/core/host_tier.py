@@ -225,9 +225,8 @@ class HostTier:
         out = [(gpu, cpu) for cpu, gpu in self._out.items()]
         tin, evicted = self._in, self._evicted
         self._out, self._in, self._evicted = {}, [], 0
-        if self._deferred:
-            self.free.extend(self._deferred)
-            self._deferred = []
+        self.free.extend(self._deferred)
+        self._deferred = []
         return out, tin, evicted
 
     # ---- checks --------------------------------------------------------------------------

@@ -160,10 +160,7 @@ class KVCacheParts:
     # ---- prefix cache ------------------------------------------------------------------
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix; only when no block is in use."""
-        dropped = self.pool.reset()
-        if self.host is not None:
-            dropped += self.host.reset()
-        return dropped
+        return self.pool.reset() + (self.host.reset() if self.host is not None else 0)
 
     def uncache_blocks(self, block_ids: Iterable[int]) -> int:
         """Drop the prefix-cache entries of GPU blocks ``block_ids`` whose K/V was never written

@@ -121,8 +121,7 @@ class Batch:
 
     def chunks(self) -> list[ScheduledChunk]:
         """A view per entry (for readers; executors read the columns)."""
-        return [ScheduledChunk(r, s, n, x, t) for r, s, n, x, t in
-                zip(self.requests, self.starts, self.num_tokens, self.samples, self.tables)]
+        return list(map(ScheduledChunk, self.requests, self.starts, self.num_tokens, self.samples, self.tables))
 
     @property
     def request_ids(self) -> list[str]:
