@@ -150,9 +150,7 @@ def take_snapshot(kv: PagedCache, requests: Mapping | None = None, *, step: int 
     state[ref == 1] = STATE_USED
     state[ref > 1] = STATE_SHARED
     w = np.fromiter(writing, np.int64)
-    if len(w):
-        w = w[ref[w] > 0]
-        state[w] = STATE_WRITING
+    state[w[ref[w] > 0]] = STATE_WRITING
     # per request: tables (GPU), swapped, waiting
     reqs = requests or {}
     tables = {r: kv.block_table(r) for r in kv.request_ids()}
@@ -165,12 +163,11 @@ def take_snapshot(kv: PagedCache, requests: Mapping | None = None, *, step: int 
     np.cumsum(lens, out=indptr[1:])
     blocks = np.fromiter((b for r in ids for b in tables.get(r, ())), np.int32, int(indptr[-1]))
     owner, logical = np.full(n, -1, np.int32), np.full(n, -1, np.int32)
-    if len(blocks):
-        rows = np.repeat(np.arange(len(ids), dtype=np.int32), lens)
-        pos = np.arange(len(blocks), dtype=np.int32) - indptr[rows]
-        first = np.unique(blocks, return_index=True)[1]
-        owner[blocks[first]] = rows[first]
-        logical[blocks[first]] = pos[first]
+    rows = np.repeat(np.arange(len(ids), dtype=np.int32), lens)
+    pos = np.arange(len(blocks), dtype=np.int32) - indptr[rows]
+    first = np.unique(blocks, return_index=True)[1]  # each block's first holder
+    owner[blocks[first]] = rows[first]
+    logical[blocks[first]] = pos[first]
     step = kv.recorder.step if step is None else step
     if last_use is not None:
         used_at = np.maximum(used_at, last_use[:n].astype(np.int32))
@@ -183,8 +180,7 @@ def take_snapshot(kv: PagedCache, requests: Mapping | None = None, *, step: int 
             continue
         status[i] = _STATUS.get(q.status.value, STATUS_FINISHED)
         computed[i], ntok[i], nprompt[i] = q.num_computed_tokens, q.num_tokens, q.num_prompt_tokens
-    running_blocks = blocks[np.repeat(status == STATUS_RUNNING, lens)] if len(blocks) else blocks
-    used_at[running_blocks] = step
+    used_at[blocks[np.repeat(status == STATUS_RUNNING, lens)]] = step
     snap = KVSnapshot(step, kv.block_size, state, ref, owner, logical, filled, hashed, hkey, used_at,
                       ids, status, computed, ntok, nprompt, indptr, blocks,
                       kv.num_cpu_blocks, kv.num_cpu_blocks - kv.num_free_cpu_blocks, swapped)
