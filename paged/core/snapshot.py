@@ -136,14 +136,13 @@ def take_snapshot(kv: PagedCache, requests: Mapping | None = None, *, step: int 
     ref, filled = np.zeros(n, np.int32), np.zeros(n, np.int32)
     hashed, hkey = np.zeros(n, bool), np.zeros(n, np.uint32)
     used_at = np.full(n, -1, np.int32)
-    if m:
-        ref[lo:lo + m] = np.fromiter(map(attrgetter("ref_cnt"), live), np.int32, m)
-        filled[lo:lo + m] = np.fromiter(map(attrgetter("num_filled"), live), np.int32, m)
-        hashes = list(map(attrgetter("block_hash"), live))
-        hashed[lo:lo + m] = np.fromiter((h is not None for h in hashes), bool, m)
-        for i in np.flatnonzero(hashed[lo:lo + m]):
-            hkey[lo + i] = hash_key(hashes[i])
-        used_at[lo:lo + m] = np.fromiter(map(attrgetter("alloc_step"), live), np.int32, m)
+    ref[lo:lo + m] = np.fromiter(map(attrgetter("ref_cnt"), live), np.int32, m)
+    filled[lo:lo + m] = np.fromiter(map(attrgetter("num_filled"), live), np.int32, m)
+    hashes = list(map(attrgetter("block_hash"), live))
+    hashed[lo:lo + m] = np.fromiter((h is not None for h in hashes), bool, m)
+    for i in np.flatnonzero(hashed[lo:lo + m]):
+        hkey[lo + i] = hash_key(hashes[i])
+    used_at[lo:lo + m] = np.fromiter(map(attrgetter("alloc_step"), live), np.int32, m)
     filled[(ref == 0) & ~hashed] = 0
     state = np.full(n, STATE_FREE, np.int8)
     state[(ref == 0) & hashed] = STATE_CACHED
