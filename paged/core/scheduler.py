@@ -91,12 +91,8 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None:
             raise UnknownRequestError(f"unknown request id {request_id!r} (finished, aborted or never added)")
-        if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
-        elif request.status is RequestStatus.SWAPPED:
-            self.swapped.remove(request)
-        else:
-            self.waiting.remove(request)
+        queues = {RequestStatus.RUNNING: self.running, RequestStatus.SWAPPED: self.swapped}
+        queues.get(request.status, self.waiting).remove(request)  # the one queue holding it
         self._finish(request, status)
         return request
 
