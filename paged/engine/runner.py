@@ -108,7 +108,8 @@ class ModelRunner:
             for i in owners]  # int4 group: kernels.int4_group's default, as the engine's byte budget assumes
         self._ref_count = ref_count  # read-only: a window's shared blocks keep their staging
         self.layers = mk(num_blocks, self.device)
-        self.layer_caches = [self.layers[k] for k in cache_index(share, cfg.num_layers)]
+        self.swap_layer_of = cache_index(share, cfg.num_layers)  # per model layer: the cache layer it reads
+        self.layer_caches = [self.layers[k] for k in self.swap_layer_of]
         self.shared = frozenset(share or ())
         self.cpu_layers = mk(num_cpu_blocks, "cpu") if num_cpu_blocks and not swap_compression else []
         self.staged = self.layers[0].staging is not None
@@ -120,8 +121,6 @@ class ModelRunner:
         self.swap = SwapExecutor.build(self.layers, num_cpu_blocks, mode=swap_mode, compression=swap_compression,
                                        host_layers=self.cpu_layers)
         self.cpu_layers = self.swap.host_layers
-        owner = {id(c): i for i, c in enumerate(self.layers)}
-        self.swap_layer_of = [owner[id(c)] for c in self.layer_caches]
 
     def _split_tables(self, fmt, block_size: int) -> list:
         """Per model layer, a split format's constants: the model's RoPE rows (``+pre`` keys), and
