@@ -324,8 +324,7 @@ def compaction_snapshots(num_blocks: int = 192, block_size: int = 4, num_request
 def runs_frame(demo: CompactionDemo) -> pd.DataFrame:
     """One row per running request: own blocks and their runs before and after the pass."""
     def own(snap: KVSnapshot) -> dict[str, list[int]]:
-        tables = [(rid, snap.table(rid).tolist()) for rid in demo.order]
-        return dict(own_blocks(tables))
+        return dict(own_blocks([(rid, snap.table(rid).tolist()) for rid in demo.order]))
 
     b, a = own(demo.before), own(demo.after)
     return pd.DataFrame([dict(request_id=r, own_blocks=len(b[r]), runs_before=count_runs(b[r]),
