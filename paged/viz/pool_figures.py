@@ -204,9 +204,7 @@ def tables_data(snap: KVSnapshot, max_requests: int = 16, highlight: str | None 
             text[row][j] = str(b)
             hover[row][j] = (f"{rid} logical {j} → block {b}<br>ref {int(snap.ref_count[b])} · "
                              f"filled {int(snap.filled[b])}/{snap.block_size} · {STATE_NAMES[snap.state[b]]}")
-    if not labels:
-        labels = ["(no request holds blocks)"]
-    return dict(z=_json_grid(z), text=text, hover=hover, y=labels, x=list(range(width)))
+    return dict(z=_json_grid(z), text=text, hover=hover, y=labels or ["(no request holds blocks)"], x=list(range(width)))
 
 
 def block_tables(snap: KVSnapshot, max_requests: int = 16, highlight: str | None = None) -> go.Figure:
