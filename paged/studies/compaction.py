@@ -274,9 +274,8 @@ def compaction_sim_table(requests: int = 400, *, model: str = "llama-2-7b", gpu:
                               output_tokens=rng.integers(32, 512, requests)))
     rows = []
     for on in (False, True):
-        cfg = SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, enable_block_compaction=on,
-                        compaction_threshold=threshold, compaction_interval=interval, prompt_seed=seed)
-        sim = Simulator(cfg)
+        sim = Simulator(SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, enable_block_compaction=on,
+                                  compaction_threshold=threshold, compaction_interval=interval, prompt_seed=seed))
         r = sim.run(trace)
         s = r.steps
         copies = int(s["num_compaction_copies"].sum())

@@ -94,8 +94,7 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, first_pos: int) -> torch.T
     """Causal softmax attention weights ``[Hq, n, T]`` of query rows ``q`` ``[n, Hq, D]`` (at
     positions ``first_pos ..``) over keys ``k`` ``[T, H, D]`` (GQA: query head h reads KV head h // G)."""
     g = q.shape[1] // k.shape[1]
-    kx = k.repeat_interleave(g, dim=1)
-    s = torch.einsum("nhd,thd->hnt", q, kx) / math.sqrt(q.shape[-1])
+    s = torch.einsum("nhd,thd->hnt", q, k.repeat_interleave(g, dim=1)) / math.sqrt(q.shape[-1])
     pos = torch.arange(first_pos, first_pos + q.shape[0])
     s = s.masked_fill(torch.arange(k.shape[0])[None, None, :] > pos[None, :, None], float("-inf"))
     return torch.softmax(s, -1)
@@ -326,7 +325,6 @@ def sharing_verdict(df: pd.DataFrame, target_pct: float = 30.0) -> str:
     if not len(at):
         return f"no measured config saves {target_pct:.0f}% (add larger ks)"
     r = at.sort_values("kld_mean").iloc[0]
-    base_ppl = r["ppl_base"]
     return (f"{r['memory_saved_pct']:.0f}% less KV memory ({r['k']} shared layers, picked by {r['order']}) costs "
-            f"ΔNLL {r['delta_nll']:+.2f} nats (PPL {base_ppl:.1f} -> {r['ppl_q']:.1f}), KLD {r['kld_mean']:.2f}, "
+            f"ΔNLL {r['delta_nll']:+.2f} nats (PPL {r['ppl_base']:.1f} -> {r['ppl_q']:.1f}), KLD {r['kld_mean']:.2f}, "
             f"same top-1 {r['same_top1_pct']:.0f}%; attention-map JS distance vs one-pair KLD: Spearman {rho:+.2f}")

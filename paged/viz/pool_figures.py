@@ -104,13 +104,12 @@ def grid_data(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokenize
     per = rows * bcols
     lo = page * per
     hi = min(lo + per, snap.num_blocks)
-    ids = np.arange(lo, hi)
     z = np.full(per, NAN)
     z[:hi - lo] = snap.state[lo:hi]
     decode = tokenizer is not None and snap.token_ids is not None
     text = []
     rid = snap.request_ids
-    for b in ids.tolist():
+    for b in range(lo, hi):
         o = int(snap.owner[b])
         t = (f"block {b} · {STATE_NAMES[snap.state[b]]}<br>owner {rid[o] if o >= 0 else '-'}"
              f" · logical {int(snap.logical[b])}<br>ref {int(snap.ref_count[b])} · filled {int(snap.filled[b])}"

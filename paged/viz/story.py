@@ -51,7 +51,6 @@ def story_figure(steps, moments=None, current: int | None = None, title: str | N
 
 class StoryView:
     """The story strip: a Player, the summary and the key-moments figure (widgets only).
-
     ``source`` has ``rows`` / ``steps_frame()`` / ``requests_frame()`` and ``label`` (a run or a
     recording); ``refresh()`` re-reads it. The player covers steps 1..len(rows)."""
 
