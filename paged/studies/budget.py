@@ -43,9 +43,7 @@ def kv_bytes(layers: int, tokens: int | np.ndarray, kv_heads: int, head_dim: int
 
 def model_spec(model: str | ModelSpec) -> ModelSpec:
     """A preset by name (LLaMA-65B included), or the spec given."""
-    if isinstance(model, str) and model.lower() == LLAMA_65B.name:
-        return LLAMA_65B
-    return get_model(model)
+    return LLAMA_65B if isinstance(model, str) and model.lower() == LLAMA_65B.name else get_model(model)
 
 
 def model_choices() -> list[str]:

@@ -296,9 +296,7 @@ def similarity_rank_correlation(df: pd.DataFrame, cost: str = "kld_mean", simila
     """Spearman rank correlation between a similarity column and a cost column over the
     one-pair rows of :func:`sharing_study` (positive: more distant maps cost more)."""
     p = df[df["kind"] == "pair"]
-    if len(p) < 3:
-        return float("nan")
-    return float(p[similarity].rank().corr(p[cost].rank()))
+    return float(p[similarity].rank().corr(p[cost].rank())) if len(p) >= 3 else float("nan")
 
 
 _CLAIM_COLUMNS = ["order", "k", "share_with", "memory_saved_pct", "kv_bytes_per_token", "delta_nll", "kld_mean",
