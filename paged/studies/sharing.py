@@ -207,9 +207,8 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
         raise ConfigError(f"orders must be drawn from ('cost', 'similarity'), got {bad}")
     if any(not 1 <= k <= len(pairs) for k in ks):
         raise ConfigError(f"every k in ks must lie in 1..{len(pairs)} (the pairs measured), got {list(ks)}")
-    raw = load_texts() if texts is None else dict(texts)
-    chunks = make_chunks(raw, lm.tokenizer, context_length, max_chunks=max_chunks,
-                         max_model_len=lm.max_model_len, bos=bos)
+    chunks = make_chunks(load_texts() if texts is None else dict(texts), lm.tokenizer, context_length,
+                         max_chunks=max_chunks, max_model_len=lm.max_model_len, bos=bos)
     rows_sl = scored_slice(context_length)
     dev = next(m.parameters()).device
     bar = None

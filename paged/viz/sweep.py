@@ -204,8 +204,7 @@ class SweepView:
         return out
 
     def _title(self) -> str:
-        head = self.title or self.metric
-        return f"{head}: {self.points} points" + (f", {self.failed} failed" if self.failed else "")
+        return f"{self.title or self.metric}: {self.points} points" + (f", {self.failed} failed" if self.failed else "")
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Take one point's rows (the ``on_result`` of ``paged.sweep``); draw if a frame is due."""
