@@ -134,8 +134,7 @@ def _dense_grid_data(snap: KVSnapshot, rows: int, bcols: int, k: int, highlight:
     """grid_data of a pool drawn k blocks per cell (density of blocks holding KV)."""
     n, cells = snap.num_blocks, bcols // k
     total = rows * cells
-    pad = total * k - n
-    state = np.concatenate([snap.state, np.full(pad, -1, np.int8)]).reshape(total, k)
+    state = np.concatenate([snap.state, np.full(total * k - n, -1, np.int8)]).reshape(total, k)
     held = ((state == STATE_USED) | (state == STATE_SHARED) | (state == STATE_WRITING)).sum(1)
     shared = (state == STATE_SHARED).sum(1)
     cached = (state == STATE_CACHED).sum(1)
