@@ -43,9 +43,7 @@ def kv_bytes(layers: int, tokens: int | np.ndarray, kv_heads: int, head_dim: int
 
 def model_spec(model: str | ModelSpec) -> ModelSpec:
     """A preset by name (LLaMA-65B included), or the spec given."""
-    if isinstance(model, str) and model.lower() == LLAMA_65B.name:
-        return LLAMA_65B
-    return get_model(model)
+    return LLAMA_65B if isinstance(model, str) and model.lower() == LLAMA_65B.name else get_model(model)
 
 
 def model_choices() -> list[str]:
@@ -89,10 +87,8 @@ def tokens_for_waste(waste: float, reserved: int) -> float:
 
 def batch_budget(model: str | ModelSpec, context: int, batch: int, kv_format: str = "fp16",
                  gpu: str = "a100-80gb", tensor_parallel: int = 1) -> dict[str, float]:
-    """One configuration in numbers, per GPU: KV bytes per token, request and batch, and the GPU's room for it.
-
-    ``kv_room_bytes`` = HBM x 0.9 - weights/tp (vLLM's default utilisation; activations ignored), floored at 0.
-    """
+    """One configuration in numbers, per GPU: KV bytes per token, request and batch, and the GPU's room for it:
+    ``kv_room_bytes`` = HBM x 0.9 - weights/tp (vLLM's default utilisation; activations ignored), floored at 0."""
     m, g = model_spec(model), get_gpu(gpu)
     per_tok = m.kv_bytes_per_token(kv_format, tensor_parallel)
     per_request = float(request_kv_bytes(m, context, kv_format, tensor_parallel))
@@ -134,10 +130,8 @@ def layout_formula(m: ModelSpec, context: int, kv_format: str = "fp16", tensor_p
 
 
 def check_claims() -> pd.DataFrame:
-    """Figures that circulate in articles about KV caches, recomputed by this package.
-
-    Columns: claim, published, computed, verdict. Each computed value comes from the functions above.
-    """
+    """Figures that circulate in articles about KV caches, recomputed by this package (columns: claim,
+    published, computed, verdict; each computed value comes from the functions above)."""
     l2 = get_model("llama-2-70b")
     rows = []
     gb70 = float(request_kv_bytes(l2, 4096, "fp16")) / GB

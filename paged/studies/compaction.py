@@ -274,9 +274,8 @@ def compaction_sim_table(requests: int = 400, *, model: str = "llama-2-7b", gpu:
                               output_tokens=rng.integers(32, 512, requests)))
     rows = []
     for on in (False, True):
-        cfg = SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, enable_block_compaction=on,
-                        compaction_threshold=threshold, compaction_interval=interval, prompt_seed=seed)
-        sim = Simulator(cfg)
+        sim = Simulator(SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, enable_block_compaction=on,
+                                  compaction_threshold=threshold, compaction_interval=interval, prompt_seed=seed))
         r = sim.run(trace)
         s = r.steps
         copies = int(s["num_compaction_copies"].sum())
@@ -324,8 +323,7 @@ def compaction_snapshots(num_blocks: int = 192, block_size: int = 4, num_request
 def runs_frame(demo: CompactionDemo) -> pd.DataFrame:
     """One row per running request: own blocks and their runs before and after the pass."""
     def own(snap: KVSnapshot) -> dict[str, list[int]]:
-        tables = [(rid, snap.table(rid).tolist()) for rid in demo.order]
-        return dict(own_blocks(tables))
+        return dict(own_blocks([(rid, snap.table(rid).tolist()) for rid in demo.order]))
 
     b, a = own(demo.before), own(demo.after)
     return pd.DataFrame([dict(request_id=r, own_blocks=len(b[r]), runs_before=count_runs(b[r]),

@@ -110,17 +110,13 @@ def kv_format_comparison(loaded, formats: Sequence[str] = ("auto", "fp16", "bf16
     return pd.DataFrame(rows)
 
 
-# ----------------------------------------------------------------------------------------------
-# The report
-# ----------------------------------------------------------------------------------------------
-
+# ---- the report ------------------------------------------------------------------------------
 def md_table(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
     """A DataFrame as a markdown table (floats as ``floatfmt``; each column keeps its type)."""
     cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):  # keeps each column's type (iterrows upcasts ints)
-        lines.append("| " + " | ".join(format(v, floatfmt) if isinstance(v, float) else str(v) for v in row) + " |")
-    return "\n".join(lines)
+    rows = ["| " + " | ".join(format(v, floatfmt) if isinstance(v, float) else str(v) for v in row) + " |"
+            for row in df.itertuples(index=False)]  # keeps each column's type (iterrows upcasts ints)
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols), *rows])
 
 
 def simulation_report(mem: pd.DataFrame, intf: pd.DataFrame, seconds: float) -> str:

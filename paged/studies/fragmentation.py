@@ -89,8 +89,7 @@ def block_size_sweep(block_sizes: Sequence[int] = (1, 8, 16, 32, 64, 128, 256), 
     """Paged runs of ``trace`` per block size: token share, internal fragmentation, batch, throughput."""
     rows = []
     for b in block_sizes:
-        r = run_allocators(trace, ("paged",), model=model, gpu=gpu, block_size=int(b), **config)["paged"]
-        s = r.summary
+        s = run_allocators(trace, ("paged",), model=model, gpu=gpu, block_size=int(b), **config)["paged"].summary
         rows.append({"block_size": int(b), "token_share": s["kv_token_usage_mean"],
                      "internal_fragmentation": s["kv_internal_fragmentation_mean"],
                      "mean_batch": s["mean_batch_size"], "throughput_req_s": s["throughput_req_s"],

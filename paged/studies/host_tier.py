@@ -139,16 +139,13 @@ def engine_tier_study(model: str | None = None, *, num_requests: int = 48, num_p
     from paged.engine import LLM, SamplingParams
 
     loaded = study_model(model, device=device, prefix="paged-tier-")
-    vocab = loaded.config.vocab_size
-    prompts = _workload(num_requests, num_prefixes, prefix_blocks * block_size, min(vocab, 32000), prefix_zipf,
-                        seed)
+    prompts = _workload(num_requests, num_prefixes, prefix_blocks * block_size,
+                        min(loaded.config.vocab_size, 32000), prefix_zipf, seed)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     rows, first = [], None
     for name, over in (variants or ENGINE_VARIANTS).items():
-        kw = dict(block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs, sampling_seed=seed,
-                  num_cpu_blocks=num_cpu_blocks if over.get("enable_host_tier") else 0, **over)
-        llm = LLM(loaded, **kw)
-        eng = llm.engine
+        eng = LLM(loaded, block_size=block_size, num_blocks=num_blocks, max_num_seqs=max_num_seqs, sampling_seed=seed,
+                  num_cpu_blocks=num_cpu_blocks if over.get("enable_host_tier") else 0, **over).engine
         steps, outs = [], {}
         t0 = time.perf_counter()
         for w in range(0, len(prompts), max_num_seqs):

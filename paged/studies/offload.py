@@ -142,9 +142,7 @@ def streaming_study(model: str = "llama-2-70b", gpu: str = "a100-80gb", tensor_p
 
 def _vs_seed(best: float) -> str:
     """How a best throughput ratio reads against the seed's "2-3x"."""
-    if best < 2.0:
-        return "below the seed's 2-3x"
-    return "within the seed's 2-3x" if best <= 3.0 else "above the seed's 2-3x"
+    return f"{'below' if best < 2.0 else 'within' if best <= 3.0 else 'above'} the seed's 2-3x"
 
 
 def verdicts(offload: pd.DataFrame | None = None, streaming: pd.DataFrame | None = None) -> list[str]:

@@ -153,8 +153,7 @@ def make(notebook: str, root: Path | None = None) -> list[Path]:
         from paged.errors import ConfigError
         raise ConfigError(f"no precomputed results for notebook {notebook!r}; choose one of {sorted(MAKERS)}")
     t0 = time.perf_counter()
-    frames = MAKERS[notebook]()
-    paths = save(notebook, frames, root)
+    paths = save(notebook, MAKERS[notebook](), root)
     info = dict(date=time.strftime("%Y-%m-%d"), seconds=round(time.perf_counter() - t0, 1),
                 command=f"python -m paged.studies.precomputed {notebook}")
     ((root or DATA_DIR) / f"{notebook}_made.json").write_text(json.dumps(info, indent=1))

@@ -139,9 +139,8 @@ def engine_swap_study(model: str | None = None, *, num_requests: int = 12, promp
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     rows, ref = [], None
     for name, over in (variants or ENGINE_VARIANTS).items():
-        llm = LLM(loaded, block_size=block_size, num_blocks=pool, max_num_seqs=max_num_seqs, sampling_seed=seed,
-                  enable_prefix_caching=False, **over)
-        eng = llm.engine
+        eng = LLM(loaded, block_size=block_size, num_blocks=pool, max_num_seqs=max_num_seqs, sampling_seed=seed,
+                  enable_prefix_caching=False, **over).engine
         for i, p in enumerate(prompts):
             eng.add_request(str(i), p, params)
         outs, tbt, preempt, blocks = {}, [], 0, 0

@@ -94,8 +94,7 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, first_pos: int) -> torch.T
     """Causal softmax attention weights ``[Hq, n, T]`` of query rows ``q`` ``[n, Hq, D]`` (at
     positions ``first_pos ..``) over keys ``k`` ``[T, H, D]`` (GQA: query head h reads KV head h // G)."""
     g = q.shape[1] // k.shape[1]
-    kx = k.repeat_interleave(g, dim=1)
-    s = torch.einsum("nhd,thd->hnt", q, kx) / math.sqrt(q.shape[-1])
+    s = torch.einsum("nhd,thd->hnt", q, k.repeat_interleave(g, dim=1)) / math.sqrt(q.shape[-1])
     pos = torch.arange(first_pos, first_pos + q.shape[0])
     s = s.masked_fill(torch.arange(k.shape[0])[None, None, :] > pos[None, :, None], float("-inf"))
     return torch.softmax(s, -1)
@@ -208,9 +207,8 @@ def sharing_study(model=None, texts: Mapping[str, str] | None = None, context_le
         raise ConfigError(f"orders must be drawn from ('cost', 'similarity'), got {bad}")
     if any(not 1 <= k <= len(pairs) for k in ks):
         raise ConfigError(f"every k in ks must lie in 1..{len(pairs)} (the pairs measured), got {list(ks)}")
-    raw = load_texts() if texts is None else dict(texts)
-    chunks = make_chunks(raw, lm.tokenizer, context_length, max_chunks=max_chunks,
-                         max_model_len=lm.max_model_len, bos=bos)
+    chunks = make_chunks(load_texts() if texts is None else dict(texts), lm.tokenizer, context_length,
+                         max_chunks=max_chunks, max_model_len=lm.max_model_len, bos=bos)
     rows_sl = scored_slice(context_length)
     dev = next(m.parameters()).device
     bar = None
@@ -297,9 +295,7 @@ def similarity_rank_correlation(df: pd.DataFrame, cost: str = "kld_mean", simila
     """Spearman rank correlation between a similarity column and a cost column over the
     one-pair rows of :func:`sharing_study` (positive: more distant maps cost more)."""
     p = df[df["kind"] == "pair"]
-    if len(p) < 3:
-        return float("nan")
-    return float(p[similarity].rank().corr(p[cost].rank()))
+    return float(p[similarity].rank().corr(p[cost].rank())) if len(p) >= 3 else float("nan")
 
 
 _CLAIM_COLUMNS = ["order", "k", "share_with", "memory_saved_pct", "kv_bytes_per_token", "delta_nll", "kld_mean",
@@ -326,7 +322,6 @@ def sharing_verdict(df: pd.DataFrame, target_pct: float = 30.0) -> str:
     if not len(at):
         return f"no measured config saves {target_pct:.0f}% (add larger ks)"
     r = at.sort_values("kld_mean").iloc[0]
-    base_ppl = r["ppl_base"]
     return (f"{r['memory_saved_pct']:.0f}% less KV memory ({r['k']} shared layers, picked by {r['order']}) costs "
-            f"ΔNLL {r['delta_nll']:+.2f} nats (PPL {base_ppl:.1f} -> {r['ppl_q']:.1f}), KLD {r['kld_mean']:.2f}, "
+            f"ΔNLL {r['delta_nll']:+.2f} nats (PPL {r['ppl_base']:.1f} -> {r['ppl_q']:.1f}), KLD {r['kld_mean']:.2f}, "
             f"same top-1 {r['same_top1_pct']:.0f}%; attention-map JS distance vs one-pair KLD: Spearman {rho:+.2f}")

@@ -103,9 +103,7 @@ def _label_positions(xs: Sequence[int], max_len: int, near: float = 0.3) -> list
 def preallocation_figure(lengths: Sequence[int] | np.ndarray, max_len: int = 4096, block_size: int = 16,
                          bytes_per_token: float = 1.0) -> go.Figure:
     """Memory of a set of requests: tokens held vs empty slots, reserving ``max_len`` each vs paging.
-
-    ``lengths`` are tokens per request (prompt + output); bytes_per_token scales slots to bytes (1 = slots).
-    """
+    ``lengths`` are tokens per request (prompt + output); bytes_per_token scales slots to bytes (1 = slots)."""
     L = np.minimum(np.asarray(lengths, dtype=np.float64), max_len)
     held = L.sum() * bytes_per_token
     contiguous = len(L) * max_len * bytes_per_token
@@ -140,10 +138,8 @@ def formula_text(b: dict) -> str:
 def budget_panel(model: str = "llama-2-70b", context: int = 4096, batch: int = 8, kv_format: str = "fp16",
                  gpu: str = "a100-80gb", tensor_parallel: int = 1):
     """Sliders (model, context, batch, KV format, GPU, tensor parallelism) over the figures and the formula.
-
     Returns an ``ipywidgets.VBox``; each change redraws both ``LivePlot``s inside ``batch_update`` (not plotly's
-    FigureWidget: on a busy machine its model misses anywidget's start-up window and stays empty; see liveplot).
-    """
+    FigureWidget: on a busy machine its model misses anywidget's start-up window and stays empty; see liveplot)."""
     import ipywidgets as W
 
     ctl = dict(

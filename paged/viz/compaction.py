@@ -52,7 +52,6 @@ def compaction_grids(demo: CompactionDemo, cols: int | None = None, page: int = 
         bare_grid_axes(fig, [-0.5, d["cols"] - 0.5], row=row, col=1)
     fig.add_traces(legend_squares((("free", FREE_COLOR), ("cached-free", CACHED_COLOR),
                                    ("live: colour = owner", OWNER_COLORS[0]))))
-    rows = grid_data(demo.before, cols, page)["rows"]
     return styled(fig, f"block compaction: {demo.before.num_blocks} blocks of {demo.before.block_size} tokens, "
-                  f"{p.num_requests} running requests", max(420, 2 * (22 * rows + 60) + 80), legend_y=-0.05,
+                  f"{p.num_requests} running requests", max(420, 2 * (22 * d["rows"] + 60) + 80), legend_y=-0.05,
                   margin=(30, 10, 70, 30), plot_bgcolor="white")

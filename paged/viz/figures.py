@@ -136,7 +136,6 @@ def _has_tail(values: Sequence[np.ndarray]) -> bool:
 
 def latency_distributions(runs: Mapping[str, tuple], unit: str = "ms", kind: str | None = None) -> go.Figure:
     """TTFT and TBT distributions. `runs`: label -> (requests frame with ttft_s, TBT samples in s).
-
     `kind="ecdf"` (the default for two or more runs): one empirical CDF per run, on a log axis
     when the samples span more than 10x, so overlapping runs and long tails both stay visible.
     `kind="histogram"` (the default for one run, as the live view draws): a count histogram per

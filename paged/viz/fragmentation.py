@@ -47,12 +47,11 @@ def reserved_vs_held_figure(results: Mapping[str, object], max_points: int = 400
         d = held_and_reserved(r.steps, int(r.summary["kv_capacity_tokens"]))
         if len(d) > max_points:  # keep the figure light: every n-th step
             d = d.iloc[:: int(np.ceil(len(d) / max_points))]
-        cap = r.summary["kv_capacity_tokens"] / 1e3
         fig.add_trace(go.Scatter(x=d["time_s"], y=d["reserved"] / 1e3, name="reserved", legendgroup="r",
                                  showlegend=i == 1, line=dict(color=RESERVED), fill="tozeroy"), row=i, col=1)
         fig.add_trace(go.Scatter(x=d["time_s"], y=d["held"] / 1e3, name="holding tokens", legendgroup="h",
                                  showlegend=i == 1, line=dict(color=HELD), fill="tozeroy"), row=i, col=1)
-        fig.update_yaxes(title_text="k slots", range=[0, cap * 1.05], row=i, col=1)
+        fig.update_yaxes(title_text="k slots", range=[0, r.summary["kv_capacity_tokens"] / 1e3 * 1.05], row=i, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(keys), col=1)
     return styled(fig, "Reserved KV slots vs slots holding tokens, same trace and memory", 170 * len(keys) + 110,
                   margin=(60, 20, 80, 50), legend=dict(orientation="h", y=1.08, x=0.6))

@@ -104,13 +104,12 @@ def grid_data(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokenize
     per = rows * bcols
     lo = page * per
     hi = min(lo + per, snap.num_blocks)
-    ids = np.arange(lo, hi)
     z = np.full(per, NAN)
     z[:hi - lo] = snap.state[lo:hi]
     decode = tokenizer is not None and snap.token_ids is not None
     text = []
     rid = snap.request_ids
-    for b in ids.tolist():
+    for b in range(lo, hi):
         o = int(snap.owner[b])
         t = (f"block {b} · {STATE_NAMES[snap.state[b]]}<br>owner {rid[o] if o >= 0 else '-'}"
              f" · logical {int(snap.logical[b])}<br>ref {int(snap.ref_count[b])} · filled {int(snap.filled[b])}"
@@ -135,8 +134,7 @@ def _dense_grid_data(snap: KVSnapshot, rows: int, bcols: int, k: int, highlight:
     """grid_data of a pool drawn k blocks per cell (density of blocks holding KV)."""
     n, cells = snap.num_blocks, bcols // k
     total = rows * cells
-    pad = total * k - n
-    state = np.concatenate([snap.state, np.full(pad, -1, np.int8)]).reshape(total, k)
+    state = np.concatenate([snap.state, np.full(total * k - n, -1, np.int8)]).reshape(total, k)
     held = ((state == STATE_USED) | (state == STATE_SHARED) | (state == STATE_WRITING)).sum(1)
     shared = (state == STATE_SHARED).sum(1)
     cached = (state == STATE_CACHED).sum(1)
@@ -204,9 +202,7 @@ def tables_data(snap: KVSnapshot, max_requests: int = 16, highlight: str | None 
             text[row][j] = str(b)
             hover[row][j] = (f"{rid} logical {j} → block {b}<br>ref {int(snap.ref_count[b])} · "
                              f"filled {int(snap.filled[b])}/{snap.block_size} · {STATE_NAMES[snap.state[b]]}")
-    if not labels:
-        labels = ["(no request holds blocks)"]
-    return dict(z=_json_grid(z), text=text, hover=hover, y=labels, x=list(range(width)))
+    return dict(z=_json_grid(z), text=text, hover=hover, y=labels or ["(no request holds blocks)"], x=list(range(width)))
 
 
 def block_tables(snap: KVSnapshot, max_requests: int = 16, highlight: str | None = None) -> go.Figure:

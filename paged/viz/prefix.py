@@ -38,9 +38,8 @@ def eviction_figure(sweep: pd.DataFrame) -> go.Figure:
     """Hit rate against pool size; the dashed line is the size of all system prompts together."""
     fig = go.Figure(go.Scatter(x=sweep["pool_tokens"], y=100 * sweep["hit_rate"], mode="lines+markers",
                                name="hit rate", line=dict(color="#2a9d8f")))
-    total = float(sweep["prefix_tokens_total"].iloc[0])
-    fig.add_vline(x=total, line_dash="dash", line_color="grey", annotation_text="all system prompts",
-                  annotation_position="top left")
+    fig.add_vline(x=float(sweep["prefix_tokens_total"].iloc[0]), line_dash="dash", line_color="grey",
+                  annotation_text="all system prompts", annotation_position="top left")
     return styled(fig, "LRU eviction: a smaller pool forgets shared prefixes", 360, x="KV pool (tokens)",
                   y="prefix-cache hit rate (% of prompt tokens)", xaxis_type="log", yaxis_range=[0, 100])
 

@@ -250,8 +250,7 @@ def engine_shares(table: pd.DataFrame):
     """Engine token shares per block size against the contiguous counterfactual (`engine_share_table`)."""
     t = table.sort_values("block_size")
     paged = ", ".join(f"{v:.0%} with blocks of {int(b)}" for b, v in zip(t["block_size"], t["token_share_paged"]))
-    worst = t["token_share_paged"].min()
-    best = t["token_share_paged"].max()
+    worst, best = t["token_share_paged"].min(), t["token_share_paged"].max()
     trend = ("falls as the blocks grow" if t["token_share_paged"].is_monotonic_decreasing and worst < best
              else "does not fall steadily with block size here")
     cont = t["token_share_contiguous_max"].iloc[0]

@@ -51,13 +51,11 @@ def pareto(df: pd.DataFrame, context_length: int | None = None, metric: str = "k
 def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, metric: str = "kld_mean",
                       title: str = "KV formats: KLD vs bits per value (licence text, ctx 512)") -> go.Figure:
     """Our formats and llama.cpp's cache types on one KLD (log) vs bits axis, with our Pareto front.
-
     ``ours``: rows with ``format``, ``bits`` (or ``bits_per_value``), ``metric`` and optionally
     ``kld_se`` (error bars) and ``group`` (one marker series per group, e.g. "front" vs
     "earlier formats"); ``llama``: rows with ``format``, ``bits_per_value``, ``metric`` and
     ``rotation`` (``"on"``: llama.cpp's default Hadamard rotation, ``"off"``:
-    ``LLAMA_ATTN_ROT_DISABLE=1``), drawn as two series. The front is the lower-left hull of ours.
-    """
+    ``LLAMA_ATTN_ROT_DISABLE=1``), drawn as two series. The front is the lower-left hull of ours."""
     d = ours.rename(columns={"bits": "bits_per_value"}) if "bits_per_value" not in ours else ours
     d = d[d[metric] > 0].sort_values("bits_per_value")
     fig = go.Figure()
@@ -81,10 +79,10 @@ def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, 
                                 textposition="bottom center", line=dict(width=1),
                                 hovertemplate="llama.cpp %{text}<br>%{x:.3g} bits/value<br>" + metric
                                 + " %{y:.3g}<extra></extra>")
-    fig.update_layout(title=title, xaxis_title="bits per value (K and V mean; scales, zeros, staging at 2k context)",
-                      yaxis_title="mean KL divergence vs fp32 (log)" if metric == "kld_mean" else metric,
-                      yaxis=dict(type="log", dtick=1), height=500)
-    return fig
+    return fig.update_layout(title=title,
+                             xaxis_title="bits per value (K and V mean; scales, zeros, staging at 2k context)",
+                             yaxis_title="mean KL divergence vs fp32 (log)" if metric == "kld_mean" else metric,
+                             yaxis=dict(type="log", dtick=1), height=500)
 
 
 def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFrame) -> go.Figure:

@@ -94,8 +94,7 @@ class StudyPanel:
                                   divergence_tokens=self.divergence_tokens, progress=False)
         finally:
             self.button.disabled = False
-        took = time.perf_counter() - t0
-        self.status.value = f"{html.escape(what)}: done in {took:.0f} s"
+        self.status.value = f"{html.escape(what)}: done in {time.perf_counter() - t0:.0f} s"
         d = prose.all_rows(self.df)
         self.out.outputs = ()
         for shown in (fit_table(d, [c for c in TABLE_COLUMNS if c in d.columns]), prose.format_errors(self.df),

@@ -42,8 +42,7 @@ class ScenarioPanel:
         if self.dash is not None:
             self.dash.pause()
         name = self.choice.value
-        run = scenario_run(self.base, name)
-        self.dash = Dashboard(run, views=SCENARIOS[name].views, title=f"scenario: {name}")
+        self.dash = Dashboard(scenario_run(self.base, name), views=SCENARIOS[name].views, title=f"scenario: {name}")
         self.out.clear_output()
         with self.out:
             display(self.dash)

@@ -45,7 +45,6 @@ def nice_step(span: float, ticks: int = 8) -> int:
 
 def count_axis(max_value: float | None = None, *, ticks: int = 8) -> dict:
     """Axis properties for a count (blocks, tokens, requests, steps): integer ticks only.
-
     `max_value` known (a static figure): a fixed integer step from 0. Unknown or still growing
     (a live view, `None`): the autorange always includes 0..INTEGER_SPAN, where plotly's own
     tick steps are whole numbers, so no 0.5 or 0.383 ever shows."""

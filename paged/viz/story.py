@@ -23,8 +23,7 @@ def story_figure(steps, moments=None, current: int | None = None, title: str | N
     """Block usage (%) per step, a marker per key moment (hover for what happened; one legend
     entry per kind present, traces in ``paged.story.MOMENTS`` order after the usage line), and a
     vertical line at ``current``. x is the 1-based step index."""
-    if moments is None:
-        moments = story.key_moments(steps)
+    moments = story.key_moments(steps) if moments is None else moments
     n = len(steps)
     usage = 100 * steps["kv_cache_usage_perc"].to_numpy(float) if n else np.zeros(0)
     fig = go.Figure(go.Scatter(x=np.arange(1, n + 1), y=usage, mode="lines", name="blocks in use (%)",
@@ -52,7 +51,6 @@ def story_figure(steps, moments=None, current: int | None = None, title: str | N
 
 class StoryView:
     """The story strip: a Player, the summary and the key-moments figure (widgets only).
-
     ``source`` has ``rows`` / ``steps_frame()`` / ``requests_frame()`` and ``label`` (a run or a
     recording); ``refresh()`` re-reads it. The player covers steps 1..len(rows)."""
 
@@ -111,8 +109,7 @@ class StoryView:
         self._show(int(change["new"]))
 
     def _show(self, step: int) -> None:
-        n = len(self.source.rows)
-        if not 1 <= step <= n:
+        if not 1 <= step <= len(self.source.rows):
             return
         self.current = step
         self._show_step(step)

@@ -111,9 +111,8 @@ def parallel_coordinates(df: pd.DataFrame, dims: Sequence[str], color: str, titl
 
 def _is_count(s: pd.Series) -> bool:
     """A column of counts: integers, or a ``num_...`` column (float once a failed point left a NaN in it)."""
-    if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
-        return False
-    return pd.api.types.is_integer_dtype(s) or str(s.name).startswith("num_")
+    return (pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
+            and (pd.api.types.is_integer_dtype(s) or str(s.name).startswith("num_")))
 
 
 def pareto(df: pd.DataFrame, x: str, y: str, *, maximize: Sequence[str] = (), minimize: Sequence[str] = (),
@@ -205,8 +204,7 @@ class SweepView:
         return out
 
     def _title(self) -> str:
-        head = self.title or self.metric
-        return f"{head}: {self.points} points" + (f", {self.failed} failed" if self.failed else "")
+        return f"{self.title or self.metric}: {self.points} points" + (f", {self.failed} failed" if self.failed else "")
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Take one point's rows (the ``on_result`` of ``paged.sweep``); draw if a frame is due."""

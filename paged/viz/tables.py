@@ -42,8 +42,7 @@ def number(v, digits: int = 3) -> str:
 
 
 def _header(name) -> str:
-    text = " ".join(map(str, name)) if isinstance(name, tuple) else str(name)
-    return text.replace("_", " ")
+    return (" ".join(map(str, name)) if isinstance(name, tuple) else str(name)).replace("_", " ")
 
 
 def fit_table(df: pd.DataFrame, columns: Sequence[str] | None = None, *, digits: int = 3, index: bool | None = None,

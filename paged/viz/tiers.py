@@ -74,6 +74,5 @@ def sharing_figure(df: pd.DataFrame) -> go.Figure:
                                  hovertemplate="%{text}<br>JS %{x:.3f}, KLD %{y:.3f}<extra></extra>"), 1, 2)
     fig.update_xaxes(title_text="KV memory saved (%)", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="JS distance of attention maps", row=1, col=2)
-    fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=1)
-    fig.update_yaxes(title_text="KLD vs unshared", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="KLD vs unshared", type="log")  # both panels
     return styled(fig, "cross-layer KV sharing on SmolLM2-135M", 440, margin=None)
