@@ -35,9 +35,8 @@ class RingBuffer:
         self.n = 0
 
     def push(self, row: dict) -> None:
-        i = self.n % self.capacity
         for c, a in self.data.items():
-            a[i] = row[c]
+            a[self.n % self.capacity] = row[c]
         self.n += 1
 
     def frame(self) -> dict[str, np.ndarray]:

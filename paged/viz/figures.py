@@ -26,8 +26,7 @@ def usage_series(steps) -> dict:
     """x = step; block usage and token share of the pool (%), from STEP_COLUMNS."""
     x = np.asarray(steps["step"], float)
     blocks = 100 * np.asarray(steps["kv_cache_usage_perc"], float)
-    tokens = blocks * np.asarray(steps["token_usage"], float)
-    return dict(x=x, blocks=blocks, tokens=tokens)
+    return dict(x=x, blocks=blocks, tokens=blocks * np.asarray(steps["token_usage"], float))
 
 
 def usage_over_time(steps, contiguous=None, labels: tuple[str, str] = ("paged", "contiguous")) -> go.Figure:

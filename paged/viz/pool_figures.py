@@ -187,8 +187,7 @@ def block_grid(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokeniz
 def tables_data(snap: KVSnapshot, max_requests: int = 16, highlight: str | None = None) -> dict:
     """Rows = requests (running first), columns = logical block index, z = physical block state."""
     order = np.argsort(snap.status, kind="stable")[:max_requests]
-    lens = np.diff(snap.table_indptr)
-    width = max(1, int(lens[order].max()) if len(order) else 1)
+    width = max(1, int(np.diff(snap.table_indptr)[order].max()) if len(order) else 1)
     z = np.full((max(1, len(order)), width), NAN)
     text = [[""] * width for _ in range(max(1, len(order)))]
     hover = [[""] * width for _ in range(max(1, len(order)))]
