@@ -55,7 +55,7 @@ class FramePacer:
     frame's cost have both passed since it ended, so drawing takes about `draw_share` of the wall
     time, at most `fps` frames a second. ``with pacer.timed(): draw()`` measures a frame."""
 
-    def __init__(self, fps: float, draw_share: float) -> None:
+    def __init__(self, fps: float, draw_share: float = 0.1) -> None:
         self.fps, self.draw_share = fps, draw_share
         self.draw_seconds = 0.0  # total time spent drawing frames
         self._last = self._cost = 0.0

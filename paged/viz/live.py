@@ -43,8 +43,7 @@ class Dashboard:
     def __init__(self, run, views: Sequence[str] = ("grid", "tables", "usage", "timeline"), *, fps: float = 15.0,
                  steps_per_second: float | None = None, history: int = 4096, cols: int | None = None,
                  max_requests: int = 12, settings: dict[str, Any] | None = None,
-                 workload: tuple[Callable, dict] | None = None, title: str | None = None,
-                 draw_share: float = 0.1) -> None:
+                 workload: tuple[Callable, dict] | None = None, title: str | None = None) -> None:
         bad = [v for v in views if v not in VIEWS]
         if bad:
             from paged.errors import ConfigError
@@ -55,7 +54,7 @@ class Dashboard:
         self.frames = 0
         self.selected: str | None = None
         self.page = 0
-        self.pacer = FramePacer(fps, draw_share)
+        self.pacer = FramePacer(fps)
         self._story_at = 0.0
         self._task: asyncio.Task | None = None
         self._playing = False

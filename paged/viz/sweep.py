@@ -159,8 +159,7 @@ class SweepView:
 
     def __init__(self, metric: str, *, x: str | None = None, y: str | None = None,
                  dims: Sequence[str] | None = None, kinds: Sequence[str] | None = None, agg: str = "mean",
-                 grid: Mapping[str, Any] | None = None, fps: float = 4.0, draw_share: float = 0.1,
-                 title: str | None = None) -> None:
+                 grid: Mapping[str, Any] | None = None, fps: float = 4.0, title: str | None = None) -> None:
         kinds = tuple(kinds) if kinds is not None else (("heatmap",) if x and y else ()) + ("parcoords",)
         bad = [k for k in kinds if k not in KINDS]
         if bad or not kinds:
@@ -171,7 +170,7 @@ class SweepView:
             raise ConfigError(f"agg must be one of {_AGG}, got {agg!r}")
         self.metric, self.x, self.y, self.agg, self.kinds, self.title = metric, x, y, agg, kinds, title
         self.dims = list(dims) if dims is not None else [c for c in (x, y) if c] + [metric]
-        self.pacer = FramePacer(fps, draw_share)
+        self.pacer = FramePacer(fps)
         grid = grid if isinstance(grid, Mapping) else {}
         self._values = {k: (list(v) if isinstance(v, (list, tuple, range)) else [v]) for k, v in grid.items()}
         self.rows: list[dict[str, Any]] = []
