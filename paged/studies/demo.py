@@ -161,8 +161,7 @@ def engine_section(out: str, model: str, *, engine_requests: int, engine_blocks:
     cols = ["step", "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_preempted", "kv_cache_usage_perc",
             "token_usage", "num_running", "num_waiting", "step_time_s"]
     return [
-        f"## A real model through the paged cache on this machine ({loaded.config.name or model})",
-        "",
+        f"## A real model through the paged cache on this machine ({loaded.config.name or model})", "",
         f"{summary['requests']} chat requests sharing one system prompt, greedy, at most {max_tokens} new tokens, "
         f"in a pool of {summary['kv_blocks']} blocks of {summary['block_size']} tokens (too small for all at once). "
         "SmolLM2-135M-Instruct is stored with 4-bit weights (Q4_1); K/V come from that model.", "",

@@ -76,13 +76,12 @@ class StoryView:
     def refresh(self, current: int | None = None) -> None:
         """Re-read the records: moments, summary, the player's range and the figure (redrawn whole)."""
         steps = self.source.steps_frame()
-        req = self.source.requests_frame()
         self.moments = story.key_moments(steps)
         n = len(steps)
         self.player.max = max(n, 1)
         self.current = current if current is not None else self.current
         self.figure.replace_figure(story_figure(steps, self.moments, self.current))
-        sentences = story.summary(steps, req, getattr(self.source, "label", "run"))
+        sentences = story.summary(steps, self.source.requests_frame(), getattr(self.source, "label", "run"))
         items = "".join(f"<li>{html.escape(s)}</li>" for s in sentences)
         head = "What happened" if getattr(self.source, "done", True) else "So far"
         self.summary.value = f"<div class='paged-summary'><b>{head}</b><ul>{items}</ul></div>" if n else ""
