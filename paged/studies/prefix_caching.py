@@ -34,11 +34,10 @@ def constant_hash(parent, token_ids, extra_keys) -> int:
     return 0
 
 
-def shared_prompt_requests(tokenizer, num_requests: int = 8, num_system_prompts: int = 1,
-                           system_prompts: Sequence[str] = SYSTEM_PROMPTS) -> list[list[int]]:
+def shared_prompt_requests(tokenizer, num_requests: int = 8, num_system_prompts: int = 1) -> list[list[int]]:
     """Token-id prompts: request i = system prompt ``i % num_system_prompts`` + its own question."""
-    k = max(1, min(num_system_prompts, len(system_prompts)))
-    return [tokenizer.encode(f"{system_prompts[i % k]}\nUser: Explain {TOPICS[i % len(TOPICS)]}.\nAssistant:")
+    k = max(1, min(num_system_prompts, len(SYSTEM_PROMPTS)))
+    return [tokenizer.encode(f"{SYSTEM_PROMPTS[i % k]}\nUser: Explain {TOPICS[i % len(TOPICS)]}.\nAssistant:")
             for i in range(num_requests)]
 
 

@@ -217,8 +217,7 @@ def block_tables(snap: KVSnapshot, max_requests: int = 16, highlight: str | None
     return fig.update_yaxes(autorange="reversed", type="category")
 
 
-def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int | None = None,
-                    title: str | None = None) -> go.Figure:
+def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int | None = None) -> go.Figure:
     """A contiguous cache drawn like a block pool: cells of `cell_tokens` slots, reserved vs holding tokens."""
     cells = snap.cell_states(cell_tokens)[:MAX_CELLS]
     rows, cols = grid_shape(len(cells), cols)
@@ -228,7 +227,7 @@ def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int |
                                   hovertemplate="cell %{x},%{y}: %{z}<extra></extra>"))
     fig.add_traces(_legend_traces(CONTIGUOUS_STATES))
     pct = 100 * snap.num_filled / snap.num_reserved if snap.num_reserved else 0.0
-    fig.update_layout(title=title or f"contiguous reservations: {snap.num_reserved:,} slots reserved, "
+    fig.update_layout(title=f"contiguous reservations: {snap.num_reserved:,} slots reserved, "
                       f"{snap.num_filled:,} hold tokens ({pct:.0f}%)",
                       height=heatmap_height(rows, row_px=_row_px(rows), top=50, bottom=60),
                       margin=dict(l=30, r=10, t=50, b=60), legend=dict(orientation="h", y=0, yanchor="top"),
