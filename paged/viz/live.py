@@ -112,7 +112,7 @@ class Dashboard:
         t = f"{last['time_s'] + last['step_time_s']:.2f} s" if last else "-"
         state = 'done' if r.done else 'running' if self._playing or self._stepping else 'paused'
         shown = f" · showing step {self.viewing}" if self.viewing is not None else ""
-        self.panel.show_status(
+        self.panel.status.value = (
             f"<b>{html.escape(self.title or r.label)}</b> · {html.escape(r.backend)}<br>"
             f"step {len(r.rows)} · {r.label} clock {t} · {state}{shown}"
             f" · frames drawn {self.frames} (≤ {self.fps:g}/s)")

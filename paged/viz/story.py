@@ -68,7 +68,7 @@ class StoryView:
         self.summary = W.HTML()
         self.figure = LivePlot(story_figure(source.steps_frame()))
         self.figure.on_click(lambda x, y, trace: self.jump(x))
-        self.player.observe(self._on_value, "value")
+        self.player.observe(lambda change: self._show(int(change["new"])), "value")
         self.current: int | None = None
         self.moments = story.key_moments(source.steps_frame())
         self.widgets = (self.player, self.summary, self.figure)
@@ -103,9 +103,6 @@ class StoryView:
             self._show(step)
         else:
             self.player.value = step  # the observer shows it
-
-    def _on_value(self, change) -> None:
-        self._show(int(change["new"]))
 
     def _show(self, step: int) -> None:
         if not 1 <= step <= len(self.source.rows):

@@ -194,16 +194,14 @@ class SweepView:
             df = pd.DataFrame(columns=[*dict.fromkeys([*self.dims, self.metric, *(c for c in (self.x, self.y) if c)]),
                                        "status"])
         out = {}
-        title = self._title()
+        title = (f"{self.title or self.metric}: {self.points} points"
+                 + (f", {self.failed} failed" if self.failed else ""))
         if "heatmap" in self.kinds:
             out["heatmap"] = heatmap(df, self.x, self.y, self.metric, self.agg, self._values.get(self.x),
                                      self._values.get(self.y), title=title)
         if "parcoords" in self.kinds:
             out["parcoords"] = parallel_coordinates(df, self.dims, self.metric, title=title)
         return out
-
-    def _title(self) -> str:
-        return f"{self.title or self.metric}: {self.points} points" + (f", {self.failed} failed" if self.failed else "")
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Take one point's rows (the ``on_result`` of ``paged.sweep``); draw if a frame is due."""
