@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pandas as pd
-import pytest
 
 from paged.studies import prefix_caching as P
 from paged.viz import prefix as PV
@@ -30,8 +29,6 @@ def test_figures_from_tables() -> None:
                       "hit_rate": [0.0, 0.4]})
     fig = PV.caching_figure(t)
     assert list(fig.data[0].y) == [200, 120] and list(fig.data[1].y) == [0, 80]
-    st = pd.DataFrame({"step": [1, 2], "prefix_cache_queries": [0, 100], "prefix_cache_hits": [0, 40]})
-    assert list(PV.hit_rate_over_steps({"on": st}).data[0].y) == pytest.approx([0.0, 40.0])
 
 
 class _Tok:

@@ -131,7 +131,6 @@ def _builders():
         ("fragmentation.block_size_figure", lambda: FV.block_size_figure(sweep)),
         ("fragmentation.engine_usage_figure", lambda: FV.engine_usage_figure(est)),
         ("prefix.caching_figure", lambda: PV.caching_figure(ctab)),
-        ("prefix.hit_rate_over_steps", lambda: PV.hit_rate_over_steps({"on": st})),
         ("prefix.eviction_figure", lambda: PV.eviction_figure(esweep)),
         ("preemption.modes_figure", lambda: RV.modes_figure({"reference": mst.assign(num_preempted=0), "swap": mst})),
         ("preemption.cost_figure", lambda: RV.cost_figure(RS.cost_table("llama-2-70b", "a100-80gb", (256, 4096),

@@ -316,8 +316,7 @@ def compaction_snapshots(num_blocks: int = 192, block_size: int = 4, num_request
     order = [r.request_id for r in sched.running]
     before = kv.snapshot(sched.requests)
     kv.compact(order, drop_cached=drop_cached)
-    after = kv.snapshot(sched.requests)
-    return CompactionDemo(before, after, kv.last_compaction, order)
+    return CompactionDemo(before, kv.snapshot(sched.requests), kv.last_compaction, order)
 
 
 def runs_frame(demo: CompactionDemo) -> pd.DataFrame:

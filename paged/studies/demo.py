@@ -160,17 +160,15 @@ def engine_section(out: str, model: str, *, engine_requests: int, engine_blocks:
     formats.to_csv(os.path.join(out, "kv_formats.csv"), index=False)
     cols = ["step", "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_preempted", "kv_cache_usage_perc",
             "token_usage", "num_running", "num_waiting", "step_time_s"]
-    every = max(1, len(steps) // 12)
     return [
-        f"## A real model through the paged cache on this machine ({loaded.config.name or model})",
-        "",
+        f"## A real model through the paged cache on this machine ({loaded.config.name or model})", "",
         f"{summary['requests']} chat requests sharing one system prompt, greedy, at most {max_tokens} new tokens, "
         f"in a pool of {summary['kv_blocks']} blocks of {summary['block_size']} tokens (too small for all at once). "
         "SmolLM2-135M-Instruct is stored with 4-bit weights (Q4_1); K/V come from that model.", "",
         md_table(pd.DataFrame([summary])), "",
         "Every step, sampled (full log in `engine_steps.csv`): block usage vs token usage is internal "
         "fragmentation; rows with both prefill and decode tokens are chunked prefill sharing a step with decodes.",
-        "", md_table(steps[cols].iloc[::every]), "",
+        "", md_table(steps[cols].iloc[::max(1, len(steps) // 12)]), "",
         "First answers (all in `engine_answers.csv`):", "",
         *[f"- **{q}** " + " ".join(a.split())[:240] for q, a in texts.head(3).itertuples(index=False)], "",
         "## KV formats on the same prompts", "",

@@ -159,10 +159,9 @@ def engine_tier_study(model: str | None = None, *, num_requests: int = 48, num_p
         wall = time.perf_counter() - t0
         st = telemetry.steps_frame(steps)
         first = outs if first is None else first
-        block_bytes = eng.runner.swap.device_block_bytes()
         gen = sum(len(v) for v in outs.values())
         rows.append({"variant": name, "num_gpu_blocks": num_blocks, "num_cpu_blocks": eng.kv_manager.num_cpu_blocks,
-                     **tier_metrics(st, block_bytes),
+                     **tier_metrics(st, eng.runner.swap.device_block_bytes()),
                      "prefill_tokens_computed": int(st["num_prefill_tokens"].sum()),
                      "wall_s": wall, "throughput_tok_s": gen / wall, "outputs_match_first": outs == first,
                      "blocks_in_use_at_end": eng.kv_manager.num_used_blocks})

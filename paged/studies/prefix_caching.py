@@ -34,11 +34,10 @@ def constant_hash(parent, token_ids, extra_keys) -> int:
     return 0
 
 
-def shared_prompt_requests(tokenizer, num_requests: int = 8, num_system_prompts: int = 1,
-                           system_prompts: Sequence[str] = SYSTEM_PROMPTS) -> list[list[int]]:
+def shared_prompt_requests(tokenizer, num_requests: int = 8, num_system_prompts: int = 1) -> list[list[int]]:
     """Token-id prompts: request i = system prompt ``i % num_system_prompts`` + its own question."""
-    k = max(1, min(num_system_prompts, len(system_prompts)))
-    return [tokenizer.encode(f"{system_prompts[i % k]}\nUser: Explain {TOPICS[i % len(TOPICS)]}.\nAssistant:")
+    k = max(1, min(num_system_prompts, len(SYSTEM_PROMPTS)))
+    return [tokenizer.encode(f"{SYSTEM_PROMPTS[i % k]}\nUser: Explain {TOPICS[i % len(TOPICS)]}.\nAssistant:")
             for i in range(num_requests)]
 
 
@@ -54,8 +53,7 @@ def compare_caching(loaded_model, prompts, max_tokens: int = 8, settings: Sequen
                             ("caching on", {"enable_prefix_caching": True}))
     rows, frames, ref = [], {}, None
     for label, kw in settings:
-        llm = paged.LLM(loaded_model, **{**engine, **kw})
-        toks, st, wall = generate_greedy(llm, prompts, max_tokens)
+        toks, st, wall = generate_greedy(paged.LLM(loaded_model, **{**engine, **kw}), prompts, max_tokens)
         ref = toks if ref is None else ref
         q, h = int(st["prefix_cache_queries"].iloc[-1]), int(st["prefix_cache_hits"].iloc[-1])
         rows.append({"setting": label, "prefill_tokens_computed": int(st["num_prefill_tokens"].sum()),
@@ -103,8 +101,7 @@ def collision_demo(block_size: int = 4, hash_fn: Callable = constant_hash) -> pd
     for rid, toks in (("B", list(range(101, 101 + 2 * block_size + 1))),
                       ("C", list(range(1, block_size + 1)) + list(range(201, 201 + block_size + 1)))):
         r = Request(rid, toks, 1)
-        key = hash_fn(kv.hasher.seed(r.extra_keys), tuple(toks[:block_size]), ())
-        indexed = kv.pool.lookup(key)
+        indexed = kv.pool.lookup(hash_fn(kv.hasher.seed(r.extra_keys), tuple(toks[:block_size]), ()))
         verified = kv.find_cached_prefix(r)
         rows.append({"request": rid, "first block tokens": tuple(toks[:block_size]),
                      "hash index returns block": indexed.block_id if indexed is not None else None,

@@ -106,8 +106,7 @@ def js_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     p, q = p.double(), q.double()
     m = 0.5 * (p + q)
     kl = lambda a: torch.xlogy(a, a).sum(-1) - torch.xlogy(a, m).sum(-1)  # noqa: E731  (0 log 0 = 0)
-    jsd = (0.5 * (kl(p) + kl(q)) / math.log(2)).clamp(0.0, 1.0)
-    return jsd.sqrt()
+    return (0.5 * (kl(p) + kl(q)) / math.log(2)).clamp(0.0, 1.0).sqrt()
 
 
 def _pair_similarity(base: SharedKVAttention, i: int) -> dict[str, float]:

@@ -35,9 +35,8 @@ class RingBuffer:
         self.n = 0
 
     def push(self, row: dict) -> None:
-        i = self.n % self.capacity
         for c, a in self.data.items():
-            a[i] = row[c]
+            a[self.n % self.capacity] = row[c]
         self.n += 1
 
     def frame(self) -> dict[str, np.ndarray]:
@@ -56,7 +55,7 @@ class FramePacer:
     frame's cost have both passed since it ended, so drawing takes about `draw_share` of the wall
     time, at most `fps` frames a second. ``with pacer.timed(): draw()`` measures a frame."""
 
-    def __init__(self, fps: float, draw_share: float) -> None:
+    def __init__(self, fps: float, draw_share: float = 0.1) -> None:
         self.fps, self.draw_share = fps, draw_share
         self.draw_seconds = 0.0  # total time spent drawing frames
         self._last = self._cost = 0.0

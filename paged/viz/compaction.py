@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from paged.core.snapshot import STATE_CACHED, STATE_FREE, KVSnapshot
+from paged.core.snapshot import STATE_CACHED, KVSnapshot
 from .figures import grid_data
 from .pool_figures import bare_grid_axes, legend_squares, state_heatmap
 from .sizing import styled
@@ -32,7 +32,6 @@ def _owner_z(snap: KVSnapshot, d: dict) -> np.ndarray:
     state, owner = snap.state[lo:hi], snap.owner[lo:hi]
     codes = np.where(owner >= 0, 2 + owner % len(OWNER_COLORS), 0).astype(float)
     codes[(owner < 0) & (state == STATE_CACHED)] = 1
-    codes[(owner < 0) & (state == STATE_FREE)] = 0
     z[:hi - lo] = codes
     return z.reshape(rows, cols)
 

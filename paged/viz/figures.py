@@ -26,8 +26,7 @@ def usage_series(steps) -> dict:
     """x = step; block usage and token share of the pool (%), from STEP_COLUMNS."""
     x = np.asarray(steps["step"], float)
     blocks = 100 * np.asarray(steps["kv_cache_usage_perc"], float)
-    tokens = blocks * np.asarray(steps["token_usage"], float)
-    return dict(x=x, blocks=blocks, tokens=tokens)
+    return dict(x=x, blocks=blocks, tokens=blocks * np.asarray(steps["token_usage"], float))
 
 
 def usage_over_time(steps, contiguous=None, labels: tuple[str, str] = ("paged", "contiguous")) -> go.Figure:
@@ -77,11 +76,9 @@ def _timeline_traces(s: dict, showlegend: bool = True) -> list[tuple[go.BaseTrac
     ]
 
 
-def step_timeline(steps, title: str = "steps: prefill and decode tokens, step time",
-                  token_max: float | None = None, ms_max: float | None = None) -> go.Figure:
+def step_timeline(steps, title: str = "steps: prefill and decode tokens, step time") -> go.Figure:
     """Stacked prefill/decode tokens per step (bars), step time (line, right axis), preemption
-    (red x) and swap (purple triangle) markers. `token_max` / `ms_max` fix the two y ranges (to
-    compare timelines on one scale; `compare_step_timelines` does it for you)."""
+    (red x) and swap (purple triangle) markers (`compare_step_timelines`: several on one scale)."""
     s = timeline_series(steps)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for tr, sec in _timeline_traces(s):
@@ -89,12 +86,7 @@ def step_timeline(steps, title: str = "steps: prefill and decode tokens, step ti
     styled(fig, title, 340, legend_y=-0.2, margin=(60, 60, 50, 40), barmode="stack", bargap=0.05)
     fig.update_xaxes(title_text="step", **count_axis())
     fig.update_yaxes(title_text="tokens in the step", secondary_y=False, **count_axis())
-    fig.update_yaxes(title_text="step time (ms)", secondary_y=True, rangemode="tozero")
-    if token_max is not None:
-        fig.update_yaxes(range=[0, 1.05 * token_max], autorange=False, secondary_y=False)
-    if ms_max is not None:
-        fig.update_yaxes(range=[0, 1.15 * ms_max], autorange=False, secondary_y=True)
-    return fig
+    return fig.update_yaxes(title_text="step time (ms)", secondary_y=True, rangemode="tozero")
 
 
 def compare_step_timelines(frames: Mapping[str, object], title: str = "step timelines on one scale",

@@ -8,7 +8,6 @@ the miss map (pure: DataFrames -> ``go.Figure``), and ``ServerView``, the live d
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -165,7 +164,7 @@ def status_panel(source: Any) -> str:
 class ServerView:
     """Live figures over a ``ServerSource`` (and optionally an engine run on the same workload): the prefix
     forest, usage/hit rate beside our engine, the status line; ``refresh()`` once, ``play()`` in an asyncio
-    task, ``run_for(seconds)`` blocking. Without ipywidgets/anywidget the figures are static."""
+    task. Without ipywidgets/anywidget the figures are static."""
 
     def __init__(self, source: Any, engine_run: Any = None, *, engine_label: str = "ours", fps: float = 2.0,
                  max_nodes: int = 400) -> None:
@@ -204,14 +203,6 @@ class ServerView:
         if self.status is not None:
             self.status.value = status_panel(self.source)
         self.frames += 1
-
-    def run_for(self, seconds: float) -> None:
-        """Redraw at ``fps`` for ``seconds`` (blocking; for scripts and headless notebooks)."""
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            self.refresh()
-            time.sleep(max(0.0, min(1.0 / self.fps, end - time.monotonic())))
-        self.refresh()
 
     def play(self) -> None:
         """Redraw at ``fps`` in the notebook's event loop until ``stop()``."""

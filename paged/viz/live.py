@@ -43,8 +43,7 @@ class Dashboard:
     def __init__(self, run, views: Sequence[str] = ("grid", "tables", "usage", "timeline"), *, fps: float = 15.0,
                  steps_per_second: float | None = None, history: int = 4096, cols: int | None = None,
                  max_requests: int = 12, settings: dict[str, Any] | None = None,
-                 workload: tuple[Callable, dict] | None = None, title: str | None = None,
-                 draw_share: float = 0.1) -> None:
+                 workload: tuple[Callable, dict] | None = None, title: str | None = None) -> None:
         bad = [v for v in views if v not in VIEWS]
         if bad:
             from paged.errors import ConfigError
@@ -55,7 +54,7 @@ class Dashboard:
         self.frames = 0
         self.selected: str | None = None
         self.page = 0
-        self.pacer = FramePacer(fps, draw_share)
+        self.pacer = FramePacer(fps)
         self._story_at = 0.0
         self._task: asyncio.Task | None = None
         self._playing = False
@@ -113,7 +112,7 @@ class Dashboard:
         t = f"{last['time_s'] + last['step_time_s']:.2f} s" if last else "-"
         state = 'done' if r.done else 'running' if self._playing or self._stepping else 'paused'
         shown = f" · showing step {self.viewing}" if self.viewing is not None else ""
-        self.panel.show_status(
+        self.panel.status.value = (
             f"<b>{html.escape(self.title or r.label)}</b> · {html.escape(r.backend)}<br>"
             f"step {len(r.rows)} · {r.label} clock {t} · {state}{shown}"
             f" · frames drawn {self.frames} (≤ {self.fps:g}/s)")

@@ -140,11 +140,6 @@ class LivePlot(anywidget.AnyWidget):
         self.send_figure()
         return self
 
-    def update_yaxes(self, *args, **kwargs) -> "LivePlot":
-        self.figure.update_yaxes(*args, **kwargs)
-        self.send_figure()
-        return self
-
     @contextlib.contextmanager
     def batch_update(self) -> Iterator["LivePlot"]:
         """Edits inside go to the browser as one message when the outermost block ends."""

@@ -140,9 +140,6 @@ class ControlPanel:
             self.play.value, self.play.description, self.play.icon = False, "play", "play"
             self.play.observe(self._on_play, "value")
 
-    def show_status(self, html: str) -> None:
-        self.status.value = html
-
     def clear_tokens(self) -> None:
         """Forget the block shown under the panel (a reset starts a new run)."""
         self.tokens.value = TOKENS_HINT

@@ -187,8 +187,7 @@ def block_grid(snap: KVSnapshot, cols: int | None = None, page: int = 0, tokeniz
 def tables_data(snap: KVSnapshot, max_requests: int = 16, highlight: str | None = None) -> dict:
     """Rows = requests (running first), columns = logical block index, z = physical block state."""
     order = np.argsort(snap.status, kind="stable")[:max_requests]
-    lens = np.diff(snap.table_indptr)
-    width = max(1, int(lens[order].max()) if len(order) else 1)
+    width = max(1, int(np.diff(snap.table_indptr)[order].max()) if len(order) else 1)
     z = np.full((max(1, len(order)), width), NAN)
     text = [[""] * width for _ in range(max(1, len(order)))]
     hover = [[""] * width for _ in range(max(1, len(order)))]
@@ -218,8 +217,7 @@ def block_tables(snap: KVSnapshot, max_requests: int = 16, highlight: str | None
     return fig.update_yaxes(autorange="reversed", type="category")
 
 
-def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int | None = None,
-                    title: str | None = None) -> go.Figure:
+def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int | None = None) -> go.Figure:
     """A contiguous cache drawn like a block pool: cells of `cell_tokens` slots, reserved vs holding tokens."""
     cells = snap.cell_states(cell_tokens)[:MAX_CELLS]
     rows, cols = grid_shape(len(cells), cols)
@@ -229,7 +227,7 @@ def contiguous_grid(snap: ContiguousSnapshot, cell_tokens: int = 16, cols: int |
                                   hovertemplate="cell %{x},%{y}: %{z}<extra></extra>"))
     fig.add_traces(_legend_traces(CONTIGUOUS_STATES))
     pct = 100 * snap.num_filled / snap.num_reserved if snap.num_reserved else 0.0
-    fig.update_layout(title=title or f"contiguous reservations: {snap.num_reserved:,} slots reserved, "
+    fig.update_layout(title=f"contiguous reservations: {snap.num_reserved:,} slots reserved, "
                       f"{snap.num_filled:,} hold tokens ({pct:.0f}%)",
                       height=heatmap_height(rows, row_px=_row_px(rows), top=50, bottom=60),
                       margin=dict(l=30, r=10, t=50, b=60), legend=dict(orientation="h", y=0, yanchor="top"),

@@ -1,13 +1,11 @@
-"""Figures of the prefix-caching study (``paged.studies.prefix_caching``): its tables and step
-frames -> ``go.Figure``."""
+"""Figures of the prefix-caching study (``paged.studies.prefix_caching``): its tables -> ``go.Figure``."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .sizing import count_axis, styled
+from .sizing import styled
 
 
 def caching_figure(table: pd.DataFrame) -> go.Figure:
@@ -22,18 +20,6 @@ def caching_figure(table: pd.DataFrame) -> go.Figure:
     return styled(fig, "Prompt tokens: computed vs reused", 360, y="tokens", margin=(60, 20, 50, 40), barmode="stack")
 
 
-def hit_rate_over_steps(frames: dict[str, pd.DataFrame]) -> go.Figure:
-    """Cumulative hit rate (hits / queries, tokens) per step, one line per run."""
-    fig = go.Figure()
-    for label, st in frames.items():
-        q = np.maximum(np.asarray(st["prefix_cache_queries"], float), 1)
-        fig.add_trace(go.Scatter(x=st["step"], y=100 * np.asarray(st["prefix_cache_hits"], float) / q, name=label,
-                                 mode="lines+markers"))
-    styled(fig, "Prefix-cache hit rate so far (tokens)", 340, x="step", y="% of prompt tokens", margin=(60, 20, 50, 40),
-           yaxis_range=[0, 100])
-    return fig.update_xaxes(**count_axis(max([float(st["step"].max()) for st in frames.values() if len(st)] or [0.0])))
-
-
 def eviction_figure(sweep: pd.DataFrame) -> go.Figure:
     """Hit rate against pool size; the dashed line is the size of all system prompts together."""
     fig = go.Figure(go.Scatter(x=sweep["pool_tokens"], y=100 * sweep["hit_rate"], mode="lines+markers",
@@ -44,4 +30,4 @@ def eviction_figure(sweep: pd.DataFrame) -> go.Figure:
                   y="prefix-cache hit rate (% of prompt tokens)", xaxis_type="log", yaxis_range=[0, 100])
 
 
-__all__ = ["caching_figure", "eviction_figure", "hit_rate_over_steps"]
+__all__ = ["caching_figure", "eviction_figure"]

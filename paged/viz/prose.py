@@ -151,8 +151,7 @@ def front_goals(front: pd.DataFrame, llama: pd.DataFrame, goals: Sequence[tuple[
             continue
         best = d.loc[d["kld_mean"].idxmin()]
         per = served[served["format"] == best["format"]].set_index("protocol")["kld_mean"]
-        worst = float(per.max())
-        verdict = "**met**" if worst <= kld else "**not met**"
+        verdict = "**met**" if float(per.max()) <= kld else "**not met**"
         where = ", ".join(f"{v:.3g} ({p})" for p, v in per.items())
         vs = "; ".join(f"{times(best['kld_mean'] / on[f])} llama.cpp's {f.split('/')[0]} ({on[f]:.3g})"
                        for f in ("q4_0/q4_0", "q5_1/q5_1") if f in on)
@@ -234,8 +233,7 @@ def paper_gap(table: pd.DataFrame):
     t = table.reset_index(drop=True)
     parts = [f"{a}: {s:.1%} (paper {p:.1%}, {'+' if d >= 0 else '−'}{abs(d):.1f} points)" for a, s, p, d in
              zip(t["allocator"], t["token_share_of_pool"], t["paper_token_share"], t["difference_pts"])]
-    paged = float(t["token_share_of_pool"].iloc[-1])
-    ratios = paged / t["token_share_of_pool"].iloc[:-1].to_numpy()
+    ratios = float(t["token_share_of_pool"].iloc[-1]) / t["token_share_of_pool"].iloc[:-1].to_numpy()
     fast = ""
     if "paged_speedup" in t:
         sp = t["paged_speedup"].iloc[:-1].to_numpy(float)

@@ -59,8 +59,7 @@ def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, 
     d = ours.rename(columns={"bits": "bits_per_value"}) if "bits_per_value" not in ours else ours
     d = d[d[metric] > 0].sort_values("bits_per_value")
     fig = go.Figure()
-    groups = d.groupby("group", sort=False) if "group" in d else [("ours", d)]
-    for name, g in groups:
+    for name, g in (d.groupby("group", sort=False) if "group" in d else [("ours", d)]):
         err = dict(type="data", array=g.kld_se, visible=True) if "kld_se" in g and metric == "kld_mean" else None
         fig.add_scatter(x=g.bits_per_value, y=g[metric], mode="markers+text", text=g.format, name=str(name),
                         textposition="top center", error_y=err,

@@ -68,7 +68,7 @@ class StoryView:
         self.summary = W.HTML()
         self.figure = LivePlot(story_figure(source.steps_frame()))
         self.figure.on_click(lambda x, y, trace: self.jump(x))
-        self.player.observe(self._on_value, "value")
+        self.player.observe(lambda change: self._show(int(change["new"])), "value")
         self.current: int | None = None
         self.moments = story.key_moments(source.steps_frame())
         self.widgets = (self.player, self.summary, self.figure)
@@ -76,13 +76,12 @@ class StoryView:
     def refresh(self, current: int | None = None) -> None:
         """Re-read the records: moments, summary, the player's range and the figure (redrawn whole)."""
         steps = self.source.steps_frame()
-        req = self.source.requests_frame()
         self.moments = story.key_moments(steps)
         n = len(steps)
         self.player.max = max(n, 1)
         self.current = current if current is not None else self.current
         self.figure.replace_figure(story_figure(steps, self.moments, self.current))
-        sentences = story.summary(steps, req, getattr(self.source, "label", "run"))
+        sentences = story.summary(steps, self.source.requests_frame(), getattr(self.source, "label", "run"))
         items = "".join(f"<li>{html.escape(s)}</li>" for s in sentences)
         head = "What happened" if getattr(self.source, "done", True) else "So far"
         self.summary.value = f"<div class='paged-summary'><b>{head}</b><ul>{items}</ul></div>" if n else ""
@@ -104,9 +103,6 @@ class StoryView:
             self._show(step)
         else:
             self.player.value = step  # the observer shows it
-
-    def _on_value(self, change) -> None:
-        self._show(int(change["new"]))
 
     def _show(self, step: int) -> None:
         if not 1 <= step <= len(self.source.rows):

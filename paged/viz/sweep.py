@@ -159,8 +159,7 @@ class SweepView:
 
     def __init__(self, metric: str, *, x: str | None = None, y: str | None = None,
                  dims: Sequence[str] | None = None, kinds: Sequence[str] | None = None, agg: str = "mean",
-                 grid: Mapping[str, Any] | None = None, fps: float = 4.0, draw_share: float = 0.1,
-                 title: str | None = None) -> None:
+                 grid: Mapping[str, Any] | None = None, fps: float = 4.0, title: str | None = None) -> None:
         kinds = tuple(kinds) if kinds is not None else (("heatmap",) if x and y else ()) + ("parcoords",)
         bad = [k for k in kinds if k not in KINDS]
         if bad or not kinds:
@@ -171,7 +170,7 @@ class SweepView:
             raise ConfigError(f"agg must be one of {_AGG}, got {agg!r}")
         self.metric, self.x, self.y, self.agg, self.kinds, self.title = metric, x, y, agg, kinds, title
         self.dims = list(dims) if dims is not None else [c for c in (x, y) if c] + [metric]
-        self.pacer = FramePacer(fps, draw_share)
+        self.pacer = FramePacer(fps)
         grid = grid if isinstance(grid, Mapping) else {}
         self._values = {k: (list(v) if isinstance(v, (list, tuple, range)) else [v]) for k, v in grid.items()}
         self.rows: list[dict[str, Any]] = []
@@ -195,16 +194,14 @@ class SweepView:
             df = pd.DataFrame(columns=[*dict.fromkeys([*self.dims, self.metric, *(c for c in (self.x, self.y) if c)]),
                                        "status"])
         out = {}
-        title = self._title()
+        title = (f"{self.title or self.metric}: {self.points} points"
+                 + (f", {self.failed} failed" if self.failed else ""))
         if "heatmap" in self.kinds:
             out["heatmap"] = heatmap(df, self.x, self.y, self.metric, self.agg, self._values.get(self.x),
                                      self._values.get(self.y), title=title)
         if "parcoords" in self.kinds:
             out["parcoords"] = parallel_coordinates(df, self.dims, self.metric, title=title)
         return out
-
-    def _title(self) -> str:
-        return f"{self.title or self.metric}: {self.points} points" + (f", {self.failed} failed" if self.failed else "")
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Take one point's rows (the ``on_result`` of ``paged.sweep``); draw if a frame is due."""
