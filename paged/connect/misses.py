@@ -192,13 +192,10 @@ class MissLedger:
         return REFUSED, "a block with this hash is cached, but after a different parent (recomputed prefix)", step, by
 
     # ---- results ---------------------------------------------------------------------------------------
-    def frame(self, misses_only: bool = False) -> "pd.DataFrame":
-        """``MISS_COLUMNS``: one row per looked-up block of every admission (``misses_only``: no hits)."""
+    def frame(self) -> "pd.DataFrame":
+        """``MISS_COLUMNS``: one row per looked-up block of every admission."""
         import pandas as pd
-        df = pd.DataFrame(self.rows, columns=MISS_COLUMNS)
-        if misses_only:
-            df = df[~df["status"].isin([HIT, HIT_HOST])].reset_index(drop=True)
-        return df
+        return pd.DataFrame(self.rows, columns=MISS_COLUMNS)
 
     def summary(self) -> "pd.DataFrame":
         """Blocks and tokens per status (first admissions only: what the hit rate counts)."""

@@ -42,8 +42,7 @@ from .wire import MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockS
 class EngineSpeaker:
     """Publishes an engine's cache events and metrics (see the module docstring)."""
 
-    def __init__(self, engine: Any, events: Any = None, metrics_port: int | None = None,
-                 metrics_host: str = "127.0.0.1") -> None:
+    def __init__(self, engine: Any, events: Any = None, metrics_port: int | None = None) -> None:
         settings = events_settings(events)
         self.engine = engine
         self.int_hashes = True
@@ -61,8 +60,8 @@ class EngineSpeaker:
                         os.path.basename(str(getattr(loaded, "source", "model")))) or "model"
                 self.metrics = MetricsExporter(name, block_size=kv.block_size, num_gpu_blocks=kv.num_blocks,
                                                cache_dtype=getattr(cfg, "kv_cache_dtype", "auto"),
-                                               enable_prefix_caching=kv.enable_prefix_caching, port=metrics_port,
-                                               host=metrics_host)
+                                               enable_prefix_caching=kv.enable_prefix_caching,
+                                               port=metrics_port)
         except BaseException:
             self.close()
             raise
@@ -195,8 +194,8 @@ def _close_quietly(publisher: KVEventPublisher | None, metrics: MetricsExporter 
                 x.close()
 
 
-def publish(llm_or_engine: Any, kv_events_endpoint: Any = None, metrics_port: int | None = None,
-          metrics_host: str = "127.0.0.1") -> EngineSpeaker:
+def publish(llm_or_engine: Any, kv_events_endpoint: Any = None,
+            metrics_port: int | None = None) -> EngineSpeaker:
     """Make a running ``paged.LLM`` / ``LLMEngine`` speak vLLM's protocols: its prefix cache as KV events
     on ``kv_events_endpoint`` (a ZMQ endpoint, or a dict of vLLM's ``KVEventsConfig`` keys) and its
     counters as Prometheus metrics under vLLM's names on ``metrics_port`` (0: any free port). The
@@ -207,5 +206,4 @@ def publish(llm_or_engine: Any, kv_events_endpoint: Any = None, metrics_port: in
     if kv_events_endpoint is None and metrics_port is None:
         raise ConfigError("give kv_events_endpoint (a ZMQ endpoint such as 'tcp://*:5557') or metrics_port "
                           "(0: any free port), or both")
-    return EngineSpeaker(getattr(llm_or_engine, "engine", llm_or_engine), kv_events_endpoint, metrics_port,
-                         metrics_host)
+    return EngineSpeaker(getattr(llm_or_engine, "engine", llm_or_engine), kv_events_endpoint, metrics_port)

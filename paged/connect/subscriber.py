@@ -78,13 +78,12 @@ class KVEventSubscriber:
     SUBSCRIBE_DELAY = 0.1  # seconds connect() waits after the handshake for the subscription to arrive
 
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
-                 timeout: float = 5.0, connect_timeout: float = 10.0, context: zmq.Context | None = None,
-                 warn: bool = True) -> None:
+                 timeout: float = 5.0, connect_timeout: float = 10.0, warn: bool = True) -> None:
         self.endpoint = normalize_endpoint(endpoint)
         self.replay_endpoint = normalize_endpoint(replay_endpoint) if replay_endpoint else None
         self.topic = topic
         self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
-        self._ctx = context or zmq.Context.instance()
+        self._ctx = zmq.Context.instance()
         self._sub: zmq.Socket | None = None
         self._mon: zmq.Socket | None = None
         self._warn = warn
