@@ -66,7 +66,7 @@ def gguf_field(reader: Any, key: str, default: Any = None) -> Any:
     return default if f is None else f.contents()
 
 
-def gguf_config(reader: Any, name: str = "") -> ModelConfig:
+def gguf_config(reader: Any) -> ModelConfig:
     arch = gguf_field(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ModelLoadError(
@@ -93,10 +93,9 @@ def gguf_config(reader: Any, name: str = "") -> ModelConfig:
     elif st not in (None, "none"):
         raise ModelLoadError(f"GGUF rope scaling {st!r} is not supported (linear, llama3 via rope_freqs)")
     names = {t.name for t in reader.tensors}
-    freq_factors = None
-    if "rope_freqs.weight" in names:
-        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
-        freq_factors = tuple(float(x) for x in np.asarray(t.data, dtype=np.float32).reshape(-1))
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    freq_factors = None if freqs is None else tuple(
+        float(x) for x in np.asarray(freqs.data, dtype=np.float32).reshape(-1))
     eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
     bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
@@ -112,7 +111,7 @@ def gguf_config(reader: Any, name: str = "") -> ModelConfig:
         max_position_embeddings=int(gguf_field(reader, f"{arch}.context_length", 2048)),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
-        architecture=str(arch), name=name or str(gguf_field(reader, "general.name", "")),
+        architecture=str(arch), name=str(gguf_field(reader, "general.name", "")),
     )
 
 

@@ -82,7 +82,4 @@ def hf_weights(path: str) -> dict[str, torch.Tensor]:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ModelLoadError(f"{path!r} has no *.safetensors files (pytorch .bin is not supported)")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(f))
-    return out
+    return {k: v for f in files for k, v in load_file(f).items()}

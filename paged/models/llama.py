@@ -159,10 +159,10 @@ class LlamaForCausalLM(nn.Module):
         return packed.linear(hidden, self.lm_weight, None, self._lm_pack).float()
 
     # ---- weights -------------------------------------------------------------
-    def load_weights(self, weights: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy HF-named tensors (``layers.{i}.self_attn.q_proj.weight`` ...) into the
-        fused parameters. ``model.`` prefixes are stripped. With ``strict`` every
-        parameter must be covered and no unknown tensor may remain."""
+        fused parameters. ``model.`` prefixes are stripped. Every parameter must be
+        covered and no unknown tensor may remain."""
         w = {k.removeprefix("model."): v for k, v in weights.items()}
         used: set[str] = set()
 
@@ -202,5 +202,5 @@ class LlamaForCausalLM(nn.Module):
             put(layer.post_attention_layernorm.weight, take(p + "post_attention_layernorm.weight"),
                 p + "post_attention_layernorm")
         leftover = sorted(k for k in w if k not in used and "rotary_emb" not in k)
-        if strict and leftover:
+        if leftover:
             raise ValueError(f"checkpoint has tensors the model does not use: {leftover[:5]}")
