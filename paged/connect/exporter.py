@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from paged.errors import ConfigError
 
@@ -90,7 +90,6 @@ class MetricsExporter:
 
     def text(self) -> str:
         """The exposition text (what /metrics serves)."""
-        from prometheus_client import generate_latest
         return generate_latest(self.registry).decode()
 
     def close(self) -> None:

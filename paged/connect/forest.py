@@ -73,7 +73,6 @@ class PrefixForest:
         self.unknown_removed = 0     # removals of hashes never seen stored (joined late, or lost batches)
         self.other_media = 0         # events for another medium, not applied
         self.block_size: int | None = None
-        self._order: list[BlockHash] = []
 
     # ---- applying events -------------------------------------------------------------------------
     def apply(self, event: KVEvent, t: float) -> list[Node]:
@@ -98,9 +97,8 @@ class PrefixForest:
                 pnode = self.nodes.get(parent)
                 # a parent never seen (joined late) still means at least one block above
                 depth = pnode.depth + 1 if pnode is not None else int(parent is not None)
-                node = Node(len(self._order), h, parent, tokens, depth, t, t, lora_name=event.lora_name)
+                node = Node(len(self.nodes), h, parent, tokens, depth, t, t, lora_name=event.lora_name)
                 self.nodes[h] = node
-                self._order.append(h)
                 self.children.setdefault(parent, {}).setdefault(tokens, []).append(h)
             else:  # a re-store after an eviction, or a re-report of a live block (removed_s is None already)
                 node.times_stored += 1
@@ -163,8 +161,7 @@ class PrefixForest:
         decoded tokens (with ``tokenizer``)."""
         import pandas as pd
         rows = []
-        for h in self._order:
-            n = self.nodes[h]
+        for h, n in self.nodes.items():
             if not include_removed and not n.live:
                 continue
             p = self.nodes.get(n.parent)

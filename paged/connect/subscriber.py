@@ -239,7 +239,6 @@ class KVEventSubscriber:
 
     def _catch_up(self, start: int, stop: int, joined: bool) -> list[Batch]:
         """Batches ``start .. stop - 1`` from the replay socket; what it cannot give is counted lost."""
-        want = stop - start
         got: list[Batch] = []
         if self.replay_endpoint is not None:
             try:
@@ -247,7 +246,7 @@ class KVEventSubscriber:
             except ConnectError as e:
                 self._note(str(e))
         got = self._replayed(got)
-        lost = want - len(got)
+        lost = stop - start - len(got)
         if lost:
             self.status.lost += lost
             what = f"joined at sequence {stop}" if joined else f"sequence gap {start}..{stop - 1}"
