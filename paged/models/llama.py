@@ -69,8 +69,7 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.nkv, self.hd)
         if not getattr(attn, "accepts_strided", False):
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = attn(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return self.o_proj(attn(self.layer_idx, q, k, v).reshape(t, self.q_size))
 
 
 class MLP(nn.Module):

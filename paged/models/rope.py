@@ -98,6 +98,4 @@ class RotaryEmbedding(torch.nn.Module):
         cos = self.cos[positions].unsqueeze(-2)
         sin = self.sin[positions].unsqueeze(-2)
         qf, kf = q.float(), k.float()
-        q2 = qf * cos + rotate_half(qf) * sin
-        k2 = kf * cos + rotate_half(kf) * sin
-        return q2.to(q.dtype), k2.to(k.dtype)
+        return (qf * cos + rotate_half(qf) * sin).to(q.dtype), (kf * cos + rotate_half(kf) * sin).to(k.dtype)

@@ -59,9 +59,8 @@ class Tokenizer:
         if not self.chat_template:
             raise ModelLoadError("this tokenizer has no chat template")
         import jinja2
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt)
+        template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt)
 
 
 def tokenizer_from_gguf(reader: Any) -> Tokenizer:
