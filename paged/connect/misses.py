@@ -166,8 +166,7 @@ class MissLedger:
         """(status, detail, step of the deciding event, request it was for) of a block not hit."""
         hist = [x for x in self._history.get(h, ()) if x[0] < lookup_seq]
         if not hist:
-            others = self._content.get(key, set()) - {h}
-            if others:
+            if self._content.get(key, set()) - {h}:  # other hashes for the same tokens
                 return SALTED, "the same tokens are cached under other extra keys (cache_salt or adapter)", None, None
             return NEVER_SEEN, "", None, None
         seq, step, what, by = hist[-1]
