@@ -66,7 +66,7 @@ class EngineSpeaker:
             self.close()
             raise
         self._pending: list[KVEvent] = []
-        self._chain_rid: Any = None                      # request of the BlockStored being built
+        self._chain_rid: Any = None                      # request of the last pending BlockStored (GPU)
         self._host: dict[int, Any] = {}                  # CPU block -> hash published as CPU-stored
         self._gpu: set = set()                           # hashes published as GPU-stored (as the pool keys them)
         self._preemptions = 0
@@ -83,19 +83,17 @@ class EngineSpeaker:
         if kind == ev.CACHE_BLOCK and self.publisher is not None:
             self._stored(rid, bid)
         elif kind == ev.EVICT and self.publisher is not None:
-            self._removed(bid, MEDIUM_GPU)
+            self._removed(bid)
         elif kind == ev.TIER_OUT and self.publisher is not None:
             self._tier_out(bid, value)
         elif kind in (ev.TIER_IN, ev.HOST_EVICT):
             h = self._host.pop(value, None)
             if h is not None and self.publisher is not None:
-                self._chain_rid = None
                 self._pending.append(BlockRemoved((h,), MEDIUM_CPU))
         elif kind == ev.RESET:
             self._host.clear()
             self._gpu.clear()
             if self.publisher is not None:
-                self._chain_rid = None
                 self._pending.append(AllBlocksCleared())
                 self.flush()
             self.update_metrics()
@@ -124,12 +122,11 @@ class EngineSpeaker:
             self._pending.append(BlockStored((h,), parent, tuple(block.token_ids), len(block.token_ids), MEDIUM_GPU))
             self._chain_rid = rid
 
-    def _removed(self, bid: int, medium: str) -> None:
+    def _removed(self, bid: int) -> None:
         block = self.engine.kv.pool.blocks[bid]
         if block.block_hash is not None:
             self._gpu.discard(block.block_hash)
-            self._chain_rid = None
-            self._pending.append(BlockRemoved((self._h(block.block_hash),), medium))
+            self._pending.append(BlockRemoved((self._h(block.block_hash),), MEDIUM_GPU))
 
     def _tier_out(self, bid: int, cpu: int) -> None:
         block = self.engine.kv.pool.blocks[bid]
@@ -137,7 +134,6 @@ class EngineSpeaker:
             return
         self._gpu.discard(block.block_hash)
         h, parent = self._h(block.block_hash), self._h(self._parent_hash(None, block))
-        self._chain_rid = None
         self._pending += [BlockRemoved((h,), MEDIUM_GPU),
                           BlockStored((h,), parent, tuple(block.token_ids), len(block.token_ids), MEDIUM_CPU)]
         self._host[cpu] = h
