@@ -149,21 +149,18 @@ class PrefixForest:
                 out.extend([None] * (len(token_ids) // bs - i))
                 break
             nodes = [self.nodes[h] for h in cands]
-            live = [n for n in nodes if (n.live if t is None else n.live_at(t))]
-            node = live[0] if live else nodes[-1]
+            node = next((n for n in nodes if (n.live if t is None else n.live_at(t))), nodes[-1])
             out.append(node)
             parent = node.block_hash
         return out
 
-    def frame(self, now: float, tokenizer: Any = None, include_removed: bool = True) -> "pd.DataFrame":
+    def frame(self, now: float, tokenizer: Any = None) -> "pd.DataFrame":
         """One row per node: ids, parent id, depth, state ('live', 'evicted', 'cleared'), age_s
         (since first stored), times stored/removed, stored/removed times, a short hash and the
         decoded tokens (with ``tokenizer``)."""
         import pandas as pd
         rows = []
         for h, n in self.nodes.items():
-            if not include_removed and not n.live:
-                continue
             p = self.nodes.get(n.parent)
             state = "live" if n.live else ("cleared" if n.how_removed == CLEARED else "evicted")
             text = None
