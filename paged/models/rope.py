@@ -57,8 +57,7 @@ class RotaryEmbedding(torch.nn.Module):
         self._build(max_positions)
 
     def _build(self, n: int) -> None:
-        t = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)
-        freqs = torch.outer(t, self.inv_freq)
+        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)

@@ -133,8 +133,7 @@ def tokenizer_from_hf_dir(path: str) -> Tokenizer | None:
         return tok.token_to_id(v) if isinstance(v, str) else None
 
     # tokenizer.json post-processors may add BOS themselves; we add none ourselves.
-    wrapper = Tokenizer(tok, tid("bos_token"), tid("eos_token"), add_bos=False,
-                        chat_template=cfg.get("chat_template"))
+    wrapper = Tokenizer(tok, tid("bos_token"), tid("eos_token"), chat_template=cfg.get("chat_template"))
 
     def encode(text: str, add_special_tokens: bool = True) -> list[int]:
         return tok.encode(text, add_special_tokens=add_special_tokens).ids
