@@ -99,18 +99,14 @@ def gguf_config(reader: Any) -> ModelConfig:
     eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
     bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
-        vocab_size=vocab, hidden_size=hidden,
-        intermediate_size=int(req("feed_forward_length")),
-        num_layers=int(req("block_count")), num_heads=n_head, num_kv_heads=n_kv,
-        head_dim=head_dim,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(req("feed_forward_length")),
+        num_layers=int(req("block_count")), num_heads=n_head, num_kv_heads=n_kv, head_dim=head_dim,
         rms_norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=scaling, rope_freq_factors=freq_factors,
-        qkv_bias="blk.0.attn_q.bias" in names,
+        rope_scaling=scaling, rope_freq_factors=freq_factors, qkv_bias="blk.0.attn_q.bias" in names,
         tie_word_embeddings="output.weight" not in names,
         max_position_embeddings=int(gguf_field(reader, f"{arch}.context_length", 2048)),
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=() if eos is None else (int(eos),),
+        bos_token_id=None if bos is None else int(bos), eos_token_ids=() if eos is None else (int(eos),),
         architecture=str(arch), name=str(gguf_field(reader, "general.name", "")),
     )
 

@@ -71,9 +71,8 @@ def tokenizer_from_gguf(reader: Any) -> Tokenizer:
 
     kind = gguf_field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ModelLoadError(
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
-            "pass prompts as token-id lists")
+        raise ModelLoadError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
+                             "pass prompts as token-id lists")
     pre = gguf_field(reader, "tokenizer.ggml.pre", "default")
     tokens: list[str] = list(gguf_field(reader, "tokenizer.ggml.tokens"))
     types = gguf_field(reader, "tokenizer.ggml.token_type")
@@ -92,9 +91,8 @@ def tokenizer_from_gguf(reader: Any) -> Tokenizer:
     elif pre in ("default", "gpt2", "gpt-2"):
         tok.pre_tokenizer = byte_level
     else:
-        raise ModelLoadError(
-            f"GGUF pre-tokenizer {pre!r} is not supported (smollm, llama-bpe, gpt2); "
-            "pass prompts as token-id lists")
+        raise ModelLoadError(f"GGUF pre-tokenizer {pre!r} is not supported (smollm, llama-bpe, gpt2); "
+                             "pass prompts as token-id lists")
     tok.decoder = decoders.ByteLevel()
     if types is not None:
         # both stay one token in text; only control tokens are skipped by skip_special_tokens
