@@ -283,7 +283,6 @@ class FastGGUFReader:
         if align <= 0 or align & (align - 1):
             raise ValueError(f"GGUF alignment {align} is not a power of two")
         self.data_offset = start = pos + (-pos % align)
-        size = len(buf)
         data = np.memmap(path, mode="r")
         self.tensors: list[GGUFTensor] = []
         for name, dims, qt, off in infos:
@@ -292,7 +291,7 @@ class FastGGUFReader:
             block, type_size = GGML_QUANT_SIZES[qtype]
             n_bytes = n_el * type_size // block
             a = start + off
-            if a + n_bytes > size:
+            if a + n_bytes > len(buf):
                 raise ValueError(f"GGUF tensor {name!r} runs past the end of the file")
             shape = tuple(reversed(dims))
             # a plain ndarray view of the map (a np.memmap subclass pays bookkeeping on every slice)

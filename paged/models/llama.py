@@ -178,7 +178,6 @@ class LlamaForCausalLM(nn.Module):
             with torch.no_grad():
                 param.copy_(value.to(param.dtype))
 
-        cfg = self.config
         put(self.embed_tokens.weight, take("embed_tokens.weight"), "embed_tokens.weight")
         put(self.norm.weight, take("norm.weight"), "norm.weight")
         if self.lm_head is not None:
@@ -190,7 +189,7 @@ class LlamaForCausalLM(nn.Module):
             a = layer.self_attn
             qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], 0)
             put(a.qkv_proj.weight, qkv, p + "qkv_proj.weight")
-            if cfg.qkv_bias:
+            if self.config.qkv_bias:
                 b = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"], 0)
                 put(a.qkv_proj.bias, b, p + "qkv_proj.bias")
             put(a.o_proj.weight, take(p + "self_attn.o_proj.weight"), p + "o_proj.weight")
