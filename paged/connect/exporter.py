@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from paged.errors import ConfigError
 
@@ -77,14 +77,12 @@ class MetricsExporter:
                 counter.inc(value - self._last[name])
                 self._last[name] = value
 
-    def finished(self, rows: Iterable[dict], reasons: Iterable[str] | None = None) -> None:
+    def finished(self, rows: Iterable[dict]) -> None:
         """Count finished requests (``paged.telemetry`` request rows) and observe their latencies."""
-        reasons = list(reasons) if reasons is not None else None
-        for i, row in enumerate(rows):
+        for row in rows:
             self.prompt_tokens.inc(row["num_prompt_tokens"])
             self.generation_tokens.inc(row["num_output_tokens"])
-            reason = reasons[i] if reasons is not None else "length"
-            self._success.labels(**self._labels, finished_reason=reason).inc()
+            self._success.labels(**self._labels, finished_reason="length").inc()
             for hist, key in ((self.ttft, "ttft_s"), (self.e2e, "e2e_s")):
                 v = row.get(key)
                 if v is not None and not math.isnan(v):
@@ -92,7 +90,6 @@ class MetricsExporter:
 
     def text(self) -> str:
         """The exposition text (what /metrics serves)."""
-        from prometheus_client import generate_latest
         return generate_latest(self.registry).decode()
 
     def close(self) -> None:

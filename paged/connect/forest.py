@@ -73,7 +73,6 @@ class PrefixForest:
         self.unknown_removed = 0     # removals of hashes never seen stored (joined late, or lost batches)
         self.other_media = 0         # events for another medium, not applied
         self.block_size: int | None = None
-        self._order: list[BlockHash] = []
 
     # ---- applying events -------------------------------------------------------------------------
     def apply(self, event: KVEvent, t: float) -> list[Node]:
@@ -98,9 +97,8 @@ class PrefixForest:
                 pnode = self.nodes.get(parent)
                 # a parent never seen (joined late) still means at least one block above
                 depth = pnode.depth + 1 if pnode is not None else int(parent is not None)
-                node = Node(len(self._order), h, parent, tokens, depth, t, t, lora_name=event.lora_name)
+                node = Node(len(self.nodes), h, parent, tokens, depth, t, t, lora_name=event.lora_name)
                 self.nodes[h] = node
-                self._order.append(h)
                 self.children.setdefault(parent, {}).setdefault(tokens, []).append(h)
             else:  # a re-store after an eviction, or a re-report of a live block (removed_s is None already)
                 node.times_stored += 1
@@ -151,22 +149,18 @@ class PrefixForest:
                 out.extend([None] * (len(token_ids) // bs - i))
                 break
             nodes = [self.nodes[h] for h in cands]
-            live = [n for n in nodes if (n.live if t is None else n.live_at(t))]
-            node = live[0] if live else nodes[-1]
+            node = next((n for n in nodes if (n.live if t is None else n.live_at(t))), nodes[-1])
             out.append(node)
             parent = node.block_hash
         return out
 
-    def frame(self, now: float, tokenizer: Any = None, include_removed: bool = True) -> "pd.DataFrame":
+    def frame(self, now: float, tokenizer: Any = None) -> "pd.DataFrame":
         """One row per node: ids, parent id, depth, state ('live', 'evicted', 'cleared'), age_s
         (since first stored), times stored/removed, stored/removed times, a short hash and the
         decoded tokens (with ``tokenizer``)."""
         import pandas as pd
         rows = []
-        for h in self._order:
-            n = self.nodes[h]
-            if not include_removed and not n.live:
-                continue
+        for h, n in self.nodes.items():
             p = self.nodes.get(n.parent)
             state = "live" if n.live else ("cleared" if n.how_removed == CLEARED else "evicted")
             text = None

@@ -84,7 +84,6 @@ def fetch_metrics(url: str, timeout: float = 5.0) -> MetricsSample:
     except urllib.error.HTTPError as e:
         raise ConnectError(f"{url} answered HTTP {e.code}; is it a vLLM server's /metrics?") from None
     except (urllib.error.URLError, OSError, TimeoutError) as e:
-        reason = getattr(e, "reason", e)
-        raise ConnectError(f"cannot reach {url} within {timeout:g} s ({reason}); is the server running "
-                           "and the port right?") from None
+        raise ConnectError(f"cannot reach {url} within {timeout:g} s ({getattr(e, 'reason', e)}); "
+                           "is the server running and the port right?") from None
     return parse_metrics(text)

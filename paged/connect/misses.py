@@ -47,8 +47,7 @@ class MissLedger:
     admission)."""
 
     def __init__(self, engine: Any) -> None:
-        engine = getattr(engine, "engine", engine)
-        self.engine = engine
+        self.engine = engine = getattr(engine, "engine", engine)
         kv = engine.kv
         self.block_size = kv.block_size
         self.policy = getattr(getattr(engine, "config", None), "eviction", None) or type(kv.pool.cached_free).__name__
@@ -130,17 +129,15 @@ class MissLedger:
         tokens = req.token_ids[:req.num_tokens]
         num_full, hits = len(tokens) // bs, start // bs
         base = {"request_id": rid, "admission": n, "step": step}
-        rows = []
         table = kv.block_table(rid)
         host_ids = self._tier_in.pop(rid, set())
 
         def add(i: int, status: str, detail: str = "", event_step: Any = None, by: Any = None) -> None:
-            rows.append({**base, "block": i, "num_tokens": min(bs, len(tokens) - i * bs), "status": status,
-                         "detail": detail, "event_step": event_step, "by_request": by})
+            self.rows.append({**base, "block": i, "num_tokens": min(bs, len(tokens) - i * bs),
+                              "status": status, "detail": detail, "event_step": event_step, "by_request": by})
         if not kv.enable_prefix_caching:
             for i in range(-(-len(tokens) // bs)):
                 add(i, PARTIAL if i >= num_full else CACHING_OFF)
-            self.rows.extend(rows)
             return
         hashes: list = []
         kv.hasher.extend(hashes, tokens, req.extra_keys, len(tokens))
@@ -150,8 +147,7 @@ class MissLedger:
         first_miss = None
         for i in range(num_full):
             if i < hits:
-                from_host = i < len(table) and table[i] in host_ids
-                add(i, HIT_HOST if from_host else HIT)
+                add(i, HIT_HOST if i < len(table) and table[i] in host_ids else HIT)
                 continue
             status, detail, est, by = self._why(hashes[i], plain[i], tokens, i, lookup_seq)
             if first_miss is None:
@@ -164,15 +160,13 @@ class MissLedger:
                 add(i, AFTER_MISS, f"the lookup stopped at block {first_miss}; this block is {what}", est, by)
         if len(tokens) % bs:
             add(num_full, PARTIAL, f"{len(tokens) % bs} of {bs} tokens")
-        self.rows.extend(rows)
 
     def _why(self, h: Hashable, key: Hashable, tokens: Sequence[int], i: int,
              lookup_seq: int) -> tuple[str, str, Any, Any]:
         """(status, detail, step of the deciding event, request it was for) of a block not hit."""
         hist = [x for x in self._history.get(h, ()) if x[0] < lookup_seq]
         if not hist:
-            others = self._content.get(key, set()) - {h}
-            if others:
+            if self._content.get(key, set()) - {h}:  # other hashes for the same tokens
                 return SALTED, "the same tokens are cached under other extra keys (cache_salt or adapter)", None, None
             return NEVER_SEEN, "", None, None
         seq, step, what, by = hist[-1]
@@ -192,13 +186,10 @@ class MissLedger:
         return REFUSED, "a block with this hash is cached, but after a different parent (recomputed prefix)", step, by
 
     # ---- results ---------------------------------------------------------------------------------------
-    def frame(self, misses_only: bool = False) -> "pd.DataFrame":
-        """``MISS_COLUMNS``: one row per looked-up block of every admission (``misses_only``: no hits)."""
+    def frame(self) -> "pd.DataFrame":
+        """``MISS_COLUMNS``: one row per looked-up block of every admission."""
         import pandas as pd
-        df = pd.DataFrame(self.rows, columns=MISS_COLUMNS)
-        if misses_only:
-            df = df[~df["status"].isin([HIT, HIT_HOST])].reset_index(drop=True)
-        return df
+        return pd.DataFrame(self.rows, columns=MISS_COLUMNS)
 
     def summary(self) -> "pd.DataFrame":
         """Blocks and tokens per status (first admissions only: what the hit rate counts)."""
@@ -227,8 +218,8 @@ def explain_server_prompt(forest: "PrefixForest", token_ids: Sequence[int], sent
             if live:
                 status, detail = CACHED, f"node {node.node_id}, stored {node.times_stored}x"
             else:
-                last = node.last_change_before(sent_s) if sent_s is not None else (
-                    (node.removed_s, node.how_removed) if node.removed_s is not None else None)
+                last = ((node.removed_s, node.how_removed) if sent_s is None  # not live now: removed_s is set
+                        else node.last_change_before(sent_s))
                 if last is None:
                     est = node.first_stored_s
                     status, detail = STORED_LATER, f"first stored at {est:.3f} s"

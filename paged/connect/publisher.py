@@ -29,8 +29,7 @@ class KVEventPublisher:
     """See the module docstring. ``seq``: the number the next batch gets."""
 
     def __init__(self, endpoint: str = "tcp://*:5557", *, replay_endpoint: str | None = None, topic: str = "",
-                 buffer_steps: int = 10_000, hwm: int = 100_000, data_parallel_rank: int = 0,
-                 context: zmq.Context | None = None) -> None:
+                 buffer_steps: int = 10_000, hwm: int = 100_000) -> None:
         if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise ConfigError(f"kv events endpoint {endpoint!r} must be tcp://HOST:PORT (tcp://*:PORT binds), "
                               "ipc://PATH or inproc://NAME")
@@ -40,8 +39,7 @@ class KVEventPublisher:
         if not isinstance(buffer_steps, int) or buffer_steps < 1:
             raise ConfigError(f"buffer_steps must be a positive integer, got {buffer_steps!r}")
         self.endpoint, self.replay_endpoint, self.topic = endpoint, replay_endpoint, topic
-        self.data_parallel_rank = data_parallel_rank
-        self._ctx = context or zmq.Context.instance()
+        self._ctx = zmq.Context.instance()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._lock = threading.Lock()
         self.seq = 0
@@ -76,7 +74,7 @@ class KVEventPublisher:
     def publish(self, events: Iterable[KVEvent], ts: float | None = None) -> int:
         """Send one batch; returns its sequence number."""
         events = list(events)
-        payload = encode_batch(time.time() if ts is None else ts, events, self.data_parallel_rank)
+        payload = encode_batch(time.time() if ts is None else ts, events)
         with self._lock:
             seq = self.seq
             self.seq += 1

@@ -104,7 +104,7 @@ def chrome_trace(source: Any, path: str | Path | None = None) -> dict:
                        args=dict(usage_pct=100 * r["kv_cache_usage_perc"], live_blocks=r["live_blocks"])))
         ev.append(dict(ph="C", pid=1, name="requests", ts=t,
                        args=dict(running=r["num_running"], waiting=r["num_waiting"])))
-        if hr is not None and not (isinstance(hr, float) and math.isnan(hr)):
+        if _clean(hr) is not None:
             ev.append(dict(ph="C", pid=1, name="prefix hit rate", ts=t, args=dict(hit_rate_pct=100 * hr)))
     for b in source.wire:
         kinds = [e.get("type") for e in b["events"]]

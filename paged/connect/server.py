@@ -6,11 +6,10 @@
                                     replay=srv.replay_endpoint)
     # stopped: its whole process group, SIGTERM then SIGKILL
 
-The server runs as ``nice -n 10 python -m vllm.entrypoints.openai.api_server`` in its own process
-group (and, unless ``new_session=False``, its own session), HTTP on 127.0.0.1 only, KV events on
-ipc:// sockets in a private temporary
-directory (vLLM binds tcp only on every interface, ``tcp://*:PORT``; ipc stays on this machine),
-its output in a log file. ``paged`` never imports vllm: this module only starts a process.
+The server runs as ``nice -n 10 python -m vllm.entrypoints.openai.api_server`` in its own process group
+(and, unless ``new_session=False``, its own session), HTTP on 127.0.0.1 only, KV events on ipc:// sockets
+in a private temporary directory (vLLM binds tcp only on every interface, ``tcp://*:PORT``; ipc stays on
+this machine), its output in a log file. ``paged`` never imports vllm: this module only starts a process.
 Facts from /work/shared/VLLM_CPU.md: block sizes must be multiples of 32 on CPU;
 ``--enforce-eager`` skips ~30 s of compilation; start-up takes 1-3 minutes on a loaded 2-core VM.
 """
@@ -97,9 +96,8 @@ class Client:
         answers, in order (a failed request fails the future)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max(1, concurrency) + 1, thread_name_prefix="paged-vllm-client")
-        pool = self._pool
-        futures = [pool.submit(self.complete, p, max_tokens, **kw) for p in prompts]
-        return pool.submit(lambda: [f.result() for f in futures])
+        futures = [self._pool.submit(self.complete, p, max_tokens, **kw) for p in prompts]
+        return self._pool.submit(lambda: [f.result() for f in futures])
 
     def reset_prefix_cache(self, timeout: float = 30.0) -> None:
         """POST /reset_prefix_cache (needs ``VLLM_SERVER_DEV_MODE=1`` on the server; ours sets it)."""
@@ -113,7 +111,7 @@ class VLLMServer(Client):
                  max_model_len: int = 512, dtype: str = "float32", kv_cache_space_gib: int = 1,
                  enable_prefix_caching: bool = True, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, served_model_name: str = "smollm2",
-                 port: int | None = None, topic: str = "kv-events", extra_args: Sequence[str] = (),
+                 port: int | None = None, topic: str = "kv-events",
                  env: dict[str, str] | None = None, nice: int = 10, startup_timeout: float = 420.0,
                  log_path: str | os.PathLike[str] | None = None, python: str | os.PathLike[str] | None = None,
                  new_session: bool = True) -> None:
@@ -140,7 +138,6 @@ class VLLMServer(Client):
                             ("--max-num-batched-tokens", max_num_batched_tokens)):
             if value is not None:
                 args += [flag, str(value)]
-        args += list(extra_args)
         self.args = (["nice", "-n", str(nice)] if nice else []) + args
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib), "VLLM_SERVER_DEV_MODE": "1",
                     "VLLM_LOGGING_LEVEL": "INFO", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -157,7 +154,7 @@ class VLLMServer(Client):
         return self._dir
 
     # ---- life cycle ---------------------------------------------------------------------------------
-    def start(self, wait: bool = True) -> "VLLMServer":
+    def start(self) -> "VLLMServer":
         if self.proc is not None:
             return self
         self._log = open(self.log_path, "wb")
@@ -167,8 +164,7 @@ class VLLMServer(Client):
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=str(self._dir), **group)
         self._t_start = time.monotonic()
-        if wait:
-            self.wait_ready()
+        self.wait_ready()
         return self
 
     def wait_ready(self) -> float:
@@ -189,15 +185,12 @@ class VLLMServer(Client):
                 why = f"did not answer /health within {self.startup_timeout:g} s"
                 break
             time.sleep(1.0)
-        tail = self.log_tail()
+        try:
+            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
+        except OSError:
+            tail = ""
         self.cleanup()
         raise ConnectError(f"the vLLM server {why}:\n{tail}")
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the server's process group, SIGKILL what is left after ``timeout`` (idempotent)."""
@@ -233,8 +226,7 @@ class VLLMServer(Client):
 
 def output_ids(answer: dict) -> list[int]:
     """The generated token ids of a /v1/completions answer (``return_token_ids``)."""
-    choice = answer["choices"][0]
-    ids = choice.get("token_ids")
+    ids = answer["choices"][0].get("token_ids")
     if ids is None:
         raise ConnectError("the answer has no token_ids; this vLLM does not support return_token_ids")
     return list(ids)

@@ -267,10 +267,10 @@ class ServerSource(RecordFrames):
         with self.lock:
             return pd.DataFrame(list(self.server_rows), columns=list(SERVER_COLUMNS))
 
-    def forest_frame(self, include_removed: bool = True):
+    def forest_frame(self):
         """``PrefixForest.frame`` now, tokens decoded with the source's tokenizer."""
         with self.lock:
-            return self.forest.frame(self.now, self.tokenizer, include_removed)
+            return self.forest.frame(self.now, self.tokenizer)
 
     def close(self) -> None:
         """Stop polling and close the sockets (idempotent); the records stay."""

@@ -42,8 +42,7 @@ from .wire import MEDIUM_CPU, MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockS
 class EngineSpeaker:
     """Publishes an engine's cache events and metrics (see the module docstring)."""
 
-    def __init__(self, engine: Any, events: Any = None, metrics_port: int | None = None,
-                 metrics_host: str = "127.0.0.1") -> None:
+    def __init__(self, engine: Any, events: Any = None, metrics_port: int | None = None) -> None:
         settings = events_settings(events)
         self.engine = engine
         self.int_hashes = True
@@ -61,13 +60,13 @@ class EngineSpeaker:
                         os.path.basename(str(getattr(loaded, "source", "model")))) or "model"
                 self.metrics = MetricsExporter(name, block_size=kv.block_size, num_gpu_blocks=kv.num_blocks,
                                                cache_dtype=getattr(cfg, "kv_cache_dtype", "auto"),
-                                               enable_prefix_caching=kv.enable_prefix_caching, port=metrics_port,
-                                               host=metrics_host)
+                                               enable_prefix_caching=kv.enable_prefix_caching,
+                                               port=metrics_port)
         except BaseException:
             self.close()
             raise
         self._pending: list[KVEvent] = []
-        self._chain_rid: Any = None                      # request of the BlockStored being built
+        self._chain_rid: Any = None                      # request of the last pending BlockStored (GPU)
         self._host: dict[int, Any] = {}                  # CPU block -> hash published as CPU-stored
         self._gpu: set = set()                           # hashes published as GPU-stored (as the pool keys them)
         self._preemptions = 0
@@ -84,19 +83,17 @@ class EngineSpeaker:
         if kind == ev.CACHE_BLOCK and self.publisher is not None:
             self._stored(rid, bid)
         elif kind == ev.EVICT and self.publisher is not None:
-            self._removed(bid, MEDIUM_GPU)
+            self._removed(bid)
         elif kind == ev.TIER_OUT and self.publisher is not None:
             self._tier_out(bid, value)
         elif kind in (ev.TIER_IN, ev.HOST_EVICT):
             h = self._host.pop(value, None)
             if h is not None and self.publisher is not None:
-                self._chain_rid = None
                 self._pending.append(BlockRemoved((h,), MEDIUM_CPU))
         elif kind == ev.RESET:
             self._host.clear()
             self._gpu.clear()
             if self.publisher is not None:
-                self._chain_rid = None
                 self._pending.append(AllBlocksCleared())
                 self.flush()
             self.update_metrics()
@@ -125,12 +122,11 @@ class EngineSpeaker:
             self._pending.append(BlockStored((h,), parent, tuple(block.token_ids), len(block.token_ids), MEDIUM_GPU))
             self._chain_rid = rid
 
-    def _removed(self, bid: int, medium: str) -> None:
+    def _removed(self, bid: int) -> None:
         block = self.engine.kv.pool.blocks[bid]
         if block.block_hash is not None:
             self._gpu.discard(block.block_hash)
-            self._chain_rid = None
-            self._pending.append(BlockRemoved((self._h(block.block_hash),), medium))
+            self._pending.append(BlockRemoved((self._h(block.block_hash),), MEDIUM_GPU))
 
     def _tier_out(self, bid: int, cpu: int) -> None:
         block = self.engine.kv.pool.blocks[bid]
@@ -138,7 +134,6 @@ class EngineSpeaker:
             return
         self._gpu.discard(block.block_hash)
         h, parent = self._h(block.block_hash), self._h(self._parent_hash(None, block))
-        self._chain_rid = None
         self._pending += [BlockRemoved((h,), MEDIUM_GPU),
                           BlockStored((h,), parent, tuple(block.token_ids), len(block.token_ids), MEDIUM_CPU)]
         self._host[cpu] = h
@@ -195,8 +190,8 @@ def _close_quietly(publisher: KVEventPublisher | None, metrics: MetricsExporter 
                 x.close()
 
 
-def publish(llm_or_engine: Any, kv_events_endpoint: Any = None, metrics_port: int | None = None,
-          metrics_host: str = "127.0.0.1") -> EngineSpeaker:
+def publish(llm_or_engine: Any, kv_events_endpoint: Any = None,
+            metrics_port: int | None = None) -> EngineSpeaker:
     """Make a running ``paged.LLM`` / ``LLMEngine`` speak vLLM's protocols: its prefix cache as KV events
     on ``kv_events_endpoint`` (a ZMQ endpoint, or a dict of vLLM's ``KVEventsConfig`` keys) and its
     counters as Prometheus metrics under vLLM's names on ``metrics_port`` (0: any free port). The
@@ -207,5 +202,4 @@ def publish(llm_or_engine: Any, kv_events_endpoint: Any = None, metrics_port: in
     if kv_events_endpoint is None and metrics_port is None:
         raise ConfigError("give kv_events_endpoint (a ZMQ endpoint such as 'tcp://*:5557') or metrics_port "
                           "(0: any free port), or both")
-    return EngineSpeaker(getattr(llm_or_engine, "engine", llm_or_engine), kv_events_endpoint, metrics_port,
-                         metrics_host)
+    return EngineSpeaker(getattr(llm_or_engine, "engine", llm_or_engine), kv_events_endpoint, metrics_port)

@@ -78,13 +78,12 @@ class KVEventSubscriber:
     SUBSCRIBE_DELAY = 0.1  # seconds connect() waits after the handshake for the subscription to arrive
 
     def __init__(self, endpoint: str, *, replay_endpoint: str | None = None, topic: str = "",
-                 timeout: float = 5.0, connect_timeout: float = 10.0, context: zmq.Context | None = None,
-                 warn: bool = True) -> None:
+                 timeout: float = 5.0, connect_timeout: float = 10.0, warn: bool = True) -> None:
         self.endpoint = normalize_endpoint(endpoint)
         self.replay_endpoint = normalize_endpoint(replay_endpoint) if replay_endpoint else None
         self.topic = topic
         self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
-        self._ctx = context or zmq.Context.instance()
+        self._ctx = zmq.Context.instance()
         self._sub: zmq.Socket | None = None
         self._mon: zmq.Socket | None = None
         self._warn = warn
@@ -93,8 +92,8 @@ class KVEventSubscriber:
         self._pending: list[Batch] = []                      # caught up at connect, handed out by the next poll
 
     # ---- life cycle ---------------------------------------------------------------------------------
-    def connect(self, wait: bool = True) -> "KVEventSubscriber":
-        """Open the SUB socket; with ``wait`` block until a ZMTP handshake with the publisher
+    def connect(self) -> "KVEventSubscriber":
+        """Open the SUB socket and block until a ZMTP handshake with the publisher
         (ConnectError after ``connect_timeout`` seconds, the socket closed again)."""
         if self._sub is not None:
             return self
@@ -106,27 +105,26 @@ class KVEventSubscriber:
         self._mon = sub.get_monitor_socket()
         self._sub = sub
         sub.connect(self.endpoint)
-        if wait:
-            deadline = time.monotonic() + self.connect_timeout
-            refused = handshake_failed = 0
-            while not self.status.connected:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.close()
-                    if handshake_failed:
-                        raise ConnectError(f"something answers at {self.endpoint} but does not speak ZMQ (an HTTP "
-                                           "port?); give the port of vLLM's --kv-events-config endpoint")
-                    raise ConnectError(
-                        f"no KV-event publisher at {self.endpoint} (connection {'refused' if refused else 'not made'} "
-                        f"for {self.connect_timeout:g} s); start vLLM with --kv-events-config "
-                        "'{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:PORT\"}' "
-                        "and connect to tcp://HOST:PORT")
-                if self._mon.poll(int(min(left, 0.2) * 1000)):
-                    kind = self._monitor_once()
-                    refused += kind == zmq.EVENT_CONNECT_RETRIED
-                    handshake_failed += kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                                                 zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-            time.sleep(self.SUBSCRIBE_DELAY)  # ZMQ's slow joiner: the subscription reaches the PUB just after
+        deadline = time.monotonic() + self.connect_timeout
+        refused = handshake_failed = 0
+        while not self.status.connected:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                if handshake_failed:
+                    raise ConnectError(f"something answers at {self.endpoint} but does not speak ZMQ (an "
+                                       "HTTP port?); give the port of vLLM's --kv-events-config endpoint")
+                raise ConnectError(
+                    f"no KV-event publisher at {self.endpoint} (connection {'refused' if refused else 'not made'} "
+                    f"for {self.connect_timeout:g} s); start vLLM with --kv-events-config "
+                    "'{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:PORT\"}' "
+                    "and connect to tcp://HOST:PORT")
+            if self._mon.poll(int(min(left, 0.2) * 1000)):
+                kind = self._monitor_once()
+                refused += kind == zmq.EVENT_CONNECT_RETRIED
+                handshake_failed += kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                                             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        time.sleep(self.SUBSCRIBE_DELAY)  # ZMQ's slow joiner: the subscription reaches the PUB just after
         if self.replay_endpoint is not None:  # join: what the publisher still buffers, before live messages
             try:
                 history = self._replayed(self.replay(0))
@@ -170,9 +168,7 @@ class KVEventSubscriber:
             raise ConnectError("the subscriber is closed; call connect() first")
         out, self._pending = self._pending, []
         self._drain_monitor()
-        if out:
-            timeout = 0.0
-        if not self._sub.poll(int(max(timeout, 0.0) * 1000)):
+        if not self._sub.poll(0 if out else int(max(timeout, 0.0) * 1000)):
             self._drain_monitor()
             return out
         for _ in range(max_messages):
@@ -243,7 +239,6 @@ class KVEventSubscriber:
 
     def _catch_up(self, start: int, stop: int, joined: bool) -> list[Batch]:
         """Batches ``start .. stop - 1`` from the replay socket; what it cannot give is counted lost."""
-        want = stop - start
         got: list[Batch] = []
         if self.replay_endpoint is not None:
             try:
@@ -251,7 +246,7 @@ class KVEventSubscriber:
             except ConnectError as e:
                 self._note(str(e))
         got = self._replayed(got)
-        lost = want - len(got)
+        lost = stop - start - len(got)
         if lost:
             self.status.lost += lost
             what = f"joined at sequence {stop}" if joined else f"sequence gap {start}..{stop - 1}"
@@ -260,10 +255,8 @@ class KVEventSubscriber:
         return got
 
     def _replayed(self, batches: list[Batch]) -> list[Batch]:
-        """``batches`` from the replay socket, one per sequence number in order, marked and counted replayed."""
+        """``batches`` from the replay socket, one per sequence number in order, counted replayed."""
         got = sorted({b.seq: b for b in batches}.values(), key=lambda b: b.seq)
-        for b in got:
-            b.replayed = True
         self.status.replayed += len(got)
         return got
 

@@ -61,17 +61,13 @@ class TapRecorder(ev.Recorder):
         self.hears = ev.EVERY_KIND if self.keep or self.kinds is None else self.kinds
 
 
-def _holders(engine: Any) -> list[Any]:
-    kv = engine.kv
-    return [h for h in (engine, kv, kv.pool, getattr(kv, "host", None), engine.scheduler) if h is not None]
-
-
 def install(engine: Any, listener: Listener, kinds: AbstractSet[str] | None = None) -> TapRecorder:
     """Add ``listener`` to ``engine``'s event stream (an ``LLMEngine`` or ``Simulator``: anything
     with ``recorder``, ``kv`` and ``scheduler``), for the event ``kinds`` only (None: all); returns the tap."""
     old = engine.recorder
     tap = old if isinstance(old, TapRecorder) else TapRecorder(old)
-    for h in _holders(engine):
+    kv = engine.kv
+    for h in [h for h in (engine, kv, kv.pool, getattr(kv, "host", None), engine.scheduler) if h is not None]:
         if getattr(h, "recorder", None) is not old and getattr(h, "recorder", None) is not tap:
             raise RuntimeError(f"{type(h).__name__} holds another recorder than the engine's; cannot tap it")
         h.recorder = tap

@@ -90,7 +90,6 @@ class Batch:
     topic: str = ""
     unknown: Counter = field(default_factory=Counter)
     malformed: int = 0
-    replayed: bool = False        # caught up through the replay socket
     after_restart: bool = False   # the first batch after the publisher's sequence restarted
 
 
@@ -220,9 +219,7 @@ def to_int_hash(h: BlockHash) -> int:
 
 def hash_text(h: BlockHash | None) -> str:
     """A short printable form of a hash (16 hex digits)."""
-    if h is None:
-        return "-"
-    return f"{h & ((1 << 64) - 1):016x}" if isinstance(h, int) else h.hex()[-16:]
+    return "-" if h is None else f"{h & ((1 << 64) - 1):016x}" if isinstance(h, int) else h.hex()[-16:]
 
 
 def _map_hashes(m: dict, f) -> dict:

@@ -35,8 +35,7 @@ def dense_logits(model: torch.nn.Module, token_ids: list[list[int]]) -> list[tor
     ids = torch.tensor([t for seq in token_ids for t in seq], dtype=torch.long, device=dev)
     pos = torch.tensor([p for seq in token_ids for p in range(len(seq))], dtype=torch.long, device=dev)
     qsl = [0, *itertools.accumulate(len(seq) for seq in token_ids)]
-    hidden = model(ids, pos, DenseCausalAttention(qsl))
-    logits = model.compute_logits(hidden)
+    logits = model.compute_logits(model(ids, pos, DenseCausalAttention(qsl)))
     return [logits[s:e] for s, e in zip(qsl[:-1], qsl[1:])]
 
 
@@ -44,5 +43,4 @@ def dense_logits(model: torch.nn.Module, token_ids: list[list[int]]) -> list[tor
 def mean_nll(model: torch.nn.Module, token_ids: list[int]) -> float:
     """Mean next-token negative log-likelihood (nats) of one sequence."""
     logits = dense_logits(model, [token_ids])[0][:-1]
-    target = torch.tensor(token_ids[1:], device=logits.device)
-    return float(F.cross_entropy(logits, target))
+    return float(F.cross_entropy(logits, torch.tensor(token_ids[1:], device=logits.device)))

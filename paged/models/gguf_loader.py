@@ -66,7 +66,7 @@ def gguf_field(reader: Any, key: str, default: Any = None) -> Any:
     return default if f is None else f.contents()
 
 
-def gguf_config(reader: Any, name: str = "") -> ModelConfig:
+def gguf_config(reader: Any) -> ModelConfig:
     arch = gguf_field(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ModelLoadError(
@@ -93,26 +93,21 @@ def gguf_config(reader: Any, name: str = "") -> ModelConfig:
     elif st not in (None, "none"):
         raise ModelLoadError(f"GGUF rope scaling {st!r} is not supported (linear, llama3 via rope_freqs)")
     names = {t.name for t in reader.tensors}
-    freq_factors = None
-    if "rope_freqs.weight" in names:
-        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
-        freq_factors = tuple(float(x) for x in np.asarray(t.data, dtype=np.float32).reshape(-1))
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    freq_factors = None if freqs is None else tuple(
+        float(x) for x in np.asarray(freqs.data, dtype=np.float32).reshape(-1))
     eos = gguf_field(reader, "tokenizer.ggml.eos_token_id")
     bos = gguf_field(reader, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
-        vocab_size=vocab, hidden_size=hidden,
-        intermediate_size=int(req("feed_forward_length")),
-        num_layers=int(req("block_count")), num_heads=n_head, num_kv_heads=n_kv,
-        head_dim=head_dim,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(req("feed_forward_length")),
+        num_layers=int(req("block_count")), num_heads=n_head, num_kv_heads=n_kv, head_dim=head_dim,
         rms_norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=scaling, rope_freq_factors=freq_factors,
-        qkv_bias="blk.0.attn_q.bias" in names,
+        rope_scaling=scaling, rope_freq_factors=freq_factors, qkv_bias="blk.0.attn_q.bias" in names,
         tie_word_embeddings="output.weight" not in names,
         max_position_embeddings=int(gguf_field(reader, f"{arch}.context_length", 2048)),
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=() if eos is None else (int(eos),),
-        architecture=str(arch), name=name or str(gguf_field(reader, "general.name", "")),
+        bos_token_id=None if bos is None else int(bos), eos_token_ids=() if eos is None else (int(eos),),
+        architecture=str(arch), name=str(gguf_field(reader, "general.name", "")),
     )
 
 
@@ -288,7 +283,6 @@ class FastGGUFReader:
         if align <= 0 or align & (align - 1):
             raise ValueError(f"GGUF alignment {align} is not a power of two")
         self.data_offset = start = pos + (-pos % align)
-        size = len(buf)
         data = np.memmap(path, mode="r")
         self.tensors: list[GGUFTensor] = []
         for name, dims, qt, off in infos:
@@ -297,7 +291,7 @@ class FastGGUFReader:
             block, type_size = GGML_QUANT_SIZES[qtype]
             n_bytes = n_el * type_size // block
             a = start + off
-            if a + n_bytes > size:
+            if a + n_bytes > len(buf):
                 raise ValueError(f"GGUF tensor {name!r} runs past the end of the file")
             shape = tuple(reversed(dims))
             # a plain ndarray view of the map (a np.memmap subclass pays bookkeeping on every slice)

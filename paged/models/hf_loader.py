@@ -51,8 +51,7 @@ def hf_config(path: str) -> tuple[ModelConfig, int]:
     theta, scaling = _rope(c)
     eos = c.get("eos_token_id")
     eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
-    max_pos = int(c.get("max_position_embeddings", 2048))
-    max_len = max_pos
+    max_pos = max_len = int(c.get("max_position_embeddings", 2048))
     window = c.get("sliding_window")
     if window and (mt == "mistral" or c.get("use_sliding_window", False)):
         max_len = min(max_len, int(window))
@@ -82,7 +81,4 @@ def hf_weights(path: str) -> dict[str, torch.Tensor]:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ModelLoadError(f"{path!r} has no *.safetensors files (pytorch .bin is not supported)")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(f))
-    return out
+    return {k: v for f in files for k, v in load_file(f).items()}

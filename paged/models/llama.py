@@ -69,8 +69,7 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.nkv, self.hd)
         if not getattr(attn, "accepts_strided", False):
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = attn(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return self.o_proj(attn(self.layer_idx, q, k, v).reshape(t, self.q_size))
 
 
 class MLP(nn.Module):
@@ -159,10 +158,10 @@ class LlamaForCausalLM(nn.Module):
         return packed.linear(hidden, self.lm_weight, None, self._lm_pack).float()
 
     # ---- weights -------------------------------------------------------------
-    def load_weights(self, weights: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy HF-named tensors (``layers.{i}.self_attn.q_proj.weight`` ...) into the
-        fused parameters. ``model.`` prefixes are stripped. With ``strict`` every
-        parameter must be covered and no unknown tensor may remain."""
+        fused parameters. ``model.`` prefixes are stripped. Every parameter must be
+        covered and no unknown tensor may remain."""
         w = {k.removeprefix("model."): v for k, v in weights.items()}
         used: set[str] = set()
 
@@ -179,7 +178,6 @@ class LlamaForCausalLM(nn.Module):
             with torch.no_grad():
                 param.copy_(value.to(param.dtype))
 
-        cfg = self.config
         put(self.embed_tokens.weight, take("embed_tokens.weight"), "embed_tokens.weight")
         put(self.norm.weight, take("norm.weight"), "norm.weight")
         if self.lm_head is not None:
@@ -191,7 +189,7 @@ class LlamaForCausalLM(nn.Module):
             a = layer.self_attn
             qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], 0)
             put(a.qkv_proj.weight, qkv, p + "qkv_proj.weight")
-            if cfg.qkv_bias:
+            if self.config.qkv_bias:
                 b = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"], 0)
                 put(a.qkv_proj.bias, b, p + "qkv_proj.bias")
             put(a.o_proj.weight, take(p + "self_attn.o_proj.weight"), p + "o_proj.weight")
@@ -202,5 +200,5 @@ class LlamaForCausalLM(nn.Module):
             put(layer.post_attention_layernorm.weight, take(p + "post_attention_layernorm.weight"),
                 p + "post_attention_layernorm")
         leftover = sorted(k for k in w if k not in used and "rotary_emb" not in k)
-        if strict and leftover:
+        if leftover:
             raise ValueError(f"checkpoint has tensors the model does not use: {leftover[:5]}")

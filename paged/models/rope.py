@@ -57,8 +57,7 @@ class RotaryEmbedding(torch.nn.Module):
         self._build(max_positions)
 
     def _build(self, n: int) -> None:
-        t = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)
-        freqs = torch.outer(t, self.inv_freq)
+        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
@@ -98,6 +97,4 @@ class RotaryEmbedding(torch.nn.Module):
         cos = self.cos[positions].unsqueeze(-2)
         sin = self.sin[positions].unsqueeze(-2)
         qf, kf = q.float(), k.float()
-        q2 = qf * cos + rotate_half(qf) * sin
-        k2 = kf * cos + rotate_half(kf) * sin
-        return q2.to(q.dtype), k2.to(k.dtype)
+        return (qf * cos + rotate_half(qf) * sin).to(q.dtype), (kf * cos + rotate_half(kf) * sin).to(k.dtype)

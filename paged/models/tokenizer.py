@@ -59,9 +59,8 @@ class Tokenizer:
         if not self.chat_template:
             raise ModelLoadError("this tokenizer has no chat template")
         import jinja2
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt)
+        template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt)
 
 
 def tokenizer_from_gguf(reader: Any) -> Tokenizer:
@@ -72,9 +71,8 @@ def tokenizer_from_gguf(reader: Any) -> Tokenizer:
 
     kind = gguf_field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ModelLoadError(
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
-            "pass prompts as token-id lists")
+        raise ModelLoadError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2'); "
+                             "pass prompts as token-id lists")
     pre = gguf_field(reader, "tokenizer.ggml.pre", "default")
     tokens: list[str] = list(gguf_field(reader, "tokenizer.ggml.tokens"))
     types = gguf_field(reader, "tokenizer.ggml.token_type")
@@ -93,9 +91,8 @@ def tokenizer_from_gguf(reader: Any) -> Tokenizer:
     elif pre in ("default", "gpt2", "gpt-2"):
         tok.pre_tokenizer = byte_level
     else:
-        raise ModelLoadError(
-            f"GGUF pre-tokenizer {pre!r} is not supported (smollm, llama-bpe, gpt2); "
-            "pass prompts as token-id lists")
+        raise ModelLoadError(f"GGUF pre-tokenizer {pre!r} is not supported (smollm, llama-bpe, gpt2); "
+                             "pass prompts as token-id lists")
     tok.decoder = decoders.ByteLevel()
     if types is not None:
         # both stay one token in text; only control tokens are skipped by skip_special_tokens
@@ -134,8 +131,7 @@ def tokenizer_from_hf_dir(path: str) -> Tokenizer | None:
         return tok.token_to_id(v) if isinstance(v, str) else None
 
     # tokenizer.json post-processors may add BOS themselves; we add none ourselves.
-    wrapper = Tokenizer(tok, tid("bos_token"), tid("eos_token"), add_bos=False,
-                        chat_template=cfg.get("chat_template"))
+    wrapper = Tokenizer(tok, tid("bos_token"), tid("eos_token"), chat_template=cfg.get("chat_template"))
 
     def encode(text: str, add_special_tokens: bool = True) -> list[int]:
         return tok.encode(text, add_special_tokens=add_special_tokens).ids
