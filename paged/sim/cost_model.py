@@ -198,10 +198,7 @@ class CostModel:
 
     def transfer_seconds(self, s: StepShape) -> float:
         """Swap and copy seconds when nothing overlaps (what adds to the forward without overlap)."""
-        t = self._link(s)
-        if s.copy_bytes:
-            t += 2 * s.copy_bytes / self.effective_bandwidth
-        return t
+        return self._link(s) + (2 * s.copy_bytes / self.effective_bandwidth if s.copy_bytes else 0.0)
 
     def _with_swap(self, gpu: float, s: StepShape) -> float:
         """The forward's GPU seconds ``gpu`` combined with the step's swaps and copies."""
@@ -210,15 +207,13 @@ class CostModel:
         if not self.swap_overlap or not s.swap_bytes:
             return gpu + self.transfer_seconds(s)
         x = self._link(s)
-        copies = 2 * s.copy_bytes / self.effective_bandwidth
-        return max(gpu, x) + min(gpu, x) / self.model.num_layers + copies
+        return max(gpu, x) + min(gpu, x) / self.model.num_layers + 2 * s.copy_bytes / self.effective_bandwidth
 
     # -- prediction -----------------------------------------------------------------------------
     def breakdown(self, s: StepShape) -> StepBreakdown:
         f, b = self.roofline_parts(s)
         P, W = self.effective_flops, self.effective_bandwidth
-        lin = float(max(f[0] / P, b[0] / W)) if self._layers is None else self.linear_seconds(float(s.q.sum()),
-                                                                                             s.num_sampled)
+        lin = self.linear_seconds(float(s.q.sum()), s.num_sampled)
         attn = float(np.maximum(f[1:] / P, b[1:] / W).sum())
         ovh = self.step_overhead_s + self.per_seq_s * s.num_seqs + self.per_token_s * float(s.q.sum())
         comm = self.comm_seconds(s)
@@ -234,11 +229,7 @@ class CostModel:
         P, W = self.effective_flops, self.effective_bandwidth
         q, c = s.q, s.ctx
         T = float(q.sum())
-        if self._layers is None:
-            f_lin = T * self._lin_flops_per_tok + s.num_sampled * self._head_flops_per_tok
-            t = float(max(f_lin / P, self._weight_bytes / W))
-        else:
-            t = self.linear_seconds(T, s.num_sampled)
+        t = self.linear_seconds(T, s.num_sampled)
         f = self._attn_flops_per_tok / P * q * (c + (q + 1.0) * 0.5)
         b = (self._kv_bytes / W) * (c + q)
         t += float(np.maximum(f, b).sum())
@@ -278,12 +269,12 @@ class CostModel:
 
     # -- calibration ----------------------------------------------------------------------------
     def fit(self, shapes: Sequence[StepShape], seconds: Sequence[float], holdout_fraction: float = 0.25,
-            seed: int = 0, ridge_grid: Sequence[float] | None = None) -> FitReport:
+            seed: int = 0) -> FitReport:
         """This model calibrated to measured steps: :func:`paged.sim.calibration.fit` (closed form only)."""
         if self.linear is not None:
             raise ConfigError("fit calibrates the closed-form roofline; build the CostModel with linear=None "
                               "(a measured linear part needs no fit)")
-        return calibration.fit(self, shapes, seconds, holdout_fraction, seed, ridge_grid)
+        return calibration.fit(self, shapes, seconds, holdout_fraction, seed)
 
 
 def swap_bytes_ratio(compression: str | None, head_dim: int, kv_format: str | KVFormat = "fp16",
