@@ -41,7 +41,7 @@ from paged.errors import ConfigError, InvalidRequestError, PagedError
 from paged.sim.arrivals import Arrivals, SyntheticPrompts
 from paged.sim.baselines import ContiguousKVCacheManager
 from paged.sim.config import ALLOCATORS, DEFAULT_SWAP_SPACE_GIB, SimConfig, build_cost_model
-from paged.sim.cost_model import CostModel, swap_bytes_ratio
+from paged.sim.cost_model import CostModel, read_calibration, shapes_from_frame, swap_bytes_ratio
 from paged.sim.executor import RooflineExecutor
 from paged.sim.specs import get_kv_format, get_model, kv_cache_sizing
 from paged.sim.summary import summarize
@@ -136,8 +136,6 @@ class Simulator:
         self.cost = cost_model or build_cost_model(cfg, model, self.kv_format.name)
         self.calibration_report = None
         if cfg.calibration and cost_model is None:
-            from paged.sim.cost_model import read_calibration, shapes_from_frame
-
             shapes, secs = shapes_from_frame(read_calibration(cfg.calibration))
             self.calibration_report = self.cost.fit(shapes, secs, seed=cfg.prompt_seed)
             self.cost = self.calibration_report.model

@@ -293,7 +293,7 @@ def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int = 204
 def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int = 16,
                     kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1,
                     gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048,
-                    max_num_seqs: int = 256, activation_bytes: float | None = None) -> KVSizing:
+                    max_num_seqs: int = 256) -> KVSizing:
     """Split one GPU's memory: ``utilization x HBM = weights/tp + activations + KV blocks``."""
     model, gpu = get_model(model), get_gpu(gpu)
     if not 0 < gpu_memory_utilization <= 1:
@@ -302,8 +302,7 @@ def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int 
         raise ConfigError(f"block_size and tensor_parallel must be positive, got {block_size}, {tensor_parallel}")
     budget = gpu.hbm_bytes * gpu_memory_utilization
     weights = model.weight_bytes() / tensor_parallel
-    act = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tensor_parallel) \
-        if activation_bytes is None else activation_bytes
+    act = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tensor_parallel)
     kv = budget - weights - act
     per_block = model.kv_layout(kv_format, tensor_parallel, block_size).page_bytes  # all layers, or one group's
     if 0 < kv < per_block:

@@ -27,7 +27,7 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
     span = max(t1 - t0, 1e-12)
     out_tok = int(fin["output_tokens"].sum())
     in_tok = int(fin["prompt_tokens"].sum())
-    busy = st["kv_cache_usage_perc"] > 0
+    busy = st["kv_cache_usage_perc"].to_numpy() > 0
     w = st["step_time_s"].to_numpy()
     tbt_a = np.frombuffer(tbt, dtype=np.float64) if len(tbt) else np.empty(0)
     nan = float("nan")
@@ -39,8 +39,7 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
 
     def wmean(x: np.ndarray) -> float:
         """Time-weighted mean of ``x`` over the steps with blocks in use."""
-        m = busy.to_numpy()
-        return float(np.average(x[m], weights=w[m])) if m.any() and w[m].sum() > 0 else 0.0
+        return float(np.average(x[busy], weights=w[busy])) if busy.any() and w[busy].sum() > 0 else 0.0
 
     token_usage, block_usage = st["token_usage"].to_numpy(), st["kv_cache_usage_perc"].to_numpy()
     tok_use, blk_use = wmean(token_usage), wmean(block_usage)
