@@ -116,9 +116,8 @@ def sweep(study: "str | Study | Callable[..., Any]", grid: Grid, *, backend: Lit
         bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="pt", desc=s.name, leave=False)
     try:
         if on_result is not None:
-            for r in results:
-                if r is not None:
-                    on_result(r)
+            for r in filter(None, results):
+                on_result(r)
         for i, rows in runner.run(s, todo):
             for r in rows:
                 r["point"] = keys[i] if ps is not None else None

@@ -78,11 +78,6 @@ def default_ray_temp_dir() -> str:
     return os.environ.get("PAGED_RAY_TMPDIR") or str(Path(tempfile.gettempdir()) / "paged-ray")
 
 
-def _package_root() -> str:
-    import paged
-    return str(Path(paged.__file__).resolve().parent.parent)
-
-
 @contextmanager
 def _pythonpath(paths: Sequence[str]) -> Iterator[None]:
     """PYTHONPATH with ``paths`` first while Ray starts: its raylet, and so every worker it
@@ -115,13 +110,14 @@ def start_local_ray(num_cpus: int | None = None, *, temp_dir: str | None = None,
     ``num_cpus``: the machine's cores by default; no dashboard; files under ``temp_dir``
     (default ``default_ray_temp_dir()``); workers import ``paged`` from where this process did
     (plus ``paths``). It stays up for later sweeps; ``ray.shutdown()`` stops it."""
+    import paged
     ray = _import_ray()
     if ray.is_initialized():
         return False
     kw: dict[str, Any] = {"num_cpus": num_cpus or os.cpu_count() or 1, "include_dashboard": False,
                           "_temp_dir": temp_dir or default_ray_temp_dir(), **init_kwargs}
     Path(kw["_temp_dir"]).mkdir(parents=True, exist_ok=True)
-    with _pythonpath([_package_root(), *paths]):
+    with _pythonpath([str(Path(paged.__file__).resolve().parent.parent), *paths]):
         ray.init(**kw)
     return True
 

@@ -86,15 +86,13 @@ def expand(grid: Grid) -> list[Point]:
     """The points of ``grid`` (see the module docstring)."""
     if isinstance(grid, Mapping):
         _check_keys(grid, "grid")
-        keys = list(grid)
         values = []
-        for k in keys:
-            v = grid[k]
+        for k, v in grid.items():
             vals = list(v) if _is_values(v) else [v]
             if not vals:
                 raise ConfigError(f"grid[{k!r}] is empty; give at least one value (or drop the key)")
             values.append([_plain(x) for x in vals])
-        return _dedupe(dict(zip(keys, combo)) for combo in itertools.product(*values))
+        return _dedupe(dict(zip(grid, combo)) for combo in itertools.product(*values))
     if isinstance(grid, (list, tuple)):
         points = []
         for i, p in enumerate(grid):
