@@ -14,10 +14,8 @@ params / tp`` (+ LM head for sampled tokens), ``f_i = 4 x layers x heads/tp x he
 
 This is the same decomposition as Sarathi-Serve's analysis (prefill is compute bound, decode is
 memory bound) and vidur's operator split, reduced to closed form; vidur instead fits per-operator
-random forests on profiles (<9% error claimed). ``CostModel.fit`` (:mod:`paged.sim.calibration`)
-calibrates ``overhead``, ``per_seq``, ``per_token``, the effective FLOP/s and bandwidth (via their
-ridge point) to measured step times and reports the held-out error. A step's shape is
-:class:`paged.sim.shapes.StepShape`.
+random forests on profiles (<9% error claimed). ``CostModel.fit`` calibrates its constants to
+measured steps (:mod:`paged.sim.calibration`); a step's shape is :class:`paged.sim.shapes.StepShape`.
 
 With ``kv_block_size`` set, KV reads are slowed by ``paged_attention_efficiency(block_size)``
 (measured paged-vs-contiguous kernel bandwidth from flash-attention PR 2468, see ANCHORS.md), so
@@ -202,8 +200,6 @@ class CostModel:
 
     def _with_swap(self, gpu: float, s: StepShape) -> float:
         """The forward's GPU seconds ``gpu`` combined with the step's swaps and copies."""
-        if not (s.swap_bytes or s.copy_bytes):
-            return gpu
         if not self.swap_overlap or not s.swap_bytes:
             return gpu + self.transfer_seconds(s)
         x = self._link(s)

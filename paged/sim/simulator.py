@@ -1,16 +1,13 @@
 """Discrete-event simulation of a deployment with the engine's own Scheduler and KV-cache manager.
 
 The simulator is a front over one ``StepLoop`` (``paged.core.loop``) with the roofline executor
-(``paged.sim.executor``: the ``CostModel`` turns each plan into a duration; every chunk that samples
-gets a dummy token, so a request ends at its trace output length) on a ``SimulatedClock``. The front
-adds the trace's requests when the clock passes their arrival time, moves the clock to the next
-arrival while nothing runs, and stamps each request's times. Memory decisions (admission,
-preemption, prefix hits, swaps) are therefore exactly those the real engine makes; only time is
-modelled.
+(``paged.sim.executor``) on a ``SimulatedClock``. The front adds the trace's requests when the clock
+passes their arrival time, moves the clock to the next arrival while nothing runs, and stamps each
+request's times. Memory decisions (admission, preemption, prefix hits, swaps) are therefore exactly
+those the real engine makes; only time is modelled.
 
-Prompts are synthesized token ids (seeded; ``paged.sim.arrivals``): requests with the same
-``prefix_id`` share their first ``prefix_tokens`` ids, everything else is random over the
-vocabulary, so prefix-cache hits happen only where the trace says prompts share text.
+Prompts are seeded synthetic token ids (``paged.sim.arrivals``), so prefix-cache hits happen only
+where the trace says prompts share text.
 
 Invariant at the end of every run: every request finished or was rejected at admission, and
 no KV block is in use; the summary reports the latter as ``num_blocks_in_use_at_end`` (tests
