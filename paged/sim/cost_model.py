@@ -49,6 +49,7 @@ from paged.errors import ConfigError
 from paged.sim import calibration
 # the calibration's and the shapes' public names stay importable from here (for now)
 from paged.sim.calibration import FitReport, calibration_frame, read_calibration, shapes_from_frame, shapes_from_steps
+from paged.sim.kernel_costs import KernelRoofline
 from paged.sim.shapes import StepShape, plan_shape, step_shape
 from paged.sim.specs import GPUSpec, KVFormat, ModelSpec, get_gpu, get_model
 
@@ -123,7 +124,6 @@ class CostModel:
         if isinstance(self.linear, str):
             if self.linear != "kernels":
                 raise ConfigError(f"linear must be None, 'kernels' or a profile, got {self.linear!r}")
-            from paged.sim.kernel_costs import KernelRoofline
             return KernelRoofline(self.model, self.gpu, self.tensor_parallel)
         if not hasattr(self.linear, "layer_seconds"):
             raise ConfigError(f"linear={self.linear!r} has no layer_seconds(num_tokens); pass 'kernels' or a "
@@ -167,11 +167,10 @@ class CostModel:
     # -- features -------------------------------------------------------------------------------
     def roofline_parts(self, s: StepShape) -> tuple[np.ndarray, np.ndarray]:
         """FLOPs and bytes of each roofline part: [linear, chunk_0, chunk_1, ...]."""
-        T = float(s.q.sum())
-        f_lin = T * self._lin_flops_per_tok + s.num_sampled * self._head_flops_per_tok
         f = np.empty(len(s.q) + 1)
         b = np.empty(len(s.q) + 1)
-        f[0], b[0] = f_lin, self._weight_bytes
+        f[0] = float(s.q.sum()) * self._lin_flops_per_tok + s.num_sampled * self._head_flops_per_tok
+        b[0] = self._weight_bytes
         f[1:] = self._attn_flops_per_tok * s.q * (s.ctx + (s.q + 1.0) * 0.5)
         b[1:] = (s.ctx + s.q) * self._kv_bytes
         return f, b

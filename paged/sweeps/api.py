@@ -23,10 +23,11 @@ import pandas as pd
 
 from paged.errors import ConfigError, SweepPointError
 
+from .backends import LocalBackend, RayBackend
 from .grid import Grid, expand, point_id
 from .point import META, ROW
 from .registry import Study, get_study
-from .store import PointStore, normalize
+from .store import PointStore, normalize, read_rows
 
 Rows = list[dict[str, Any]]
 
@@ -37,8 +38,6 @@ def default_store_dir() -> Path:
 
 
 def _backend(backend: str, jobs: int, address: str | None, max_retries: int, ray_init: Mapping[str, Any] | None):
-    from .backends import LocalBackend, RayBackend
-
     if backend == "local":
         if address is not None:
             raise ConfigError(f"address={address!r} is for backend='ray'; drop it or pass backend='ray'")
@@ -152,8 +151,6 @@ def sweep(study: "str | Study | Callable[..., Any]", grid: Grid, *, backend: Lit
 
 def load(study: "str | Study", store: "str | os.PathLike | None" = None) -> pd.DataFrame:
     """Every point stored for ``study`` (any grid, any version), as ``sweep`` would return them."""
-    from .store import read_rows
-
     s = get_study(study)
     folder = (default_store_dir() if store is None else Path(store)) / s.name
     if not folder.is_dir():
