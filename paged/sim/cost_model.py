@@ -45,6 +45,7 @@ from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
+from kernels.format_table import bytes_per_token, int4_group, lookup
 from paged.errors import ConfigError
 from paged.sim import calibration
 # the calibration's and the shapes' public names stay importable from here (for now)
@@ -282,7 +283,6 @@ def swap_bytes_ratio(compression: str | None, head_dim: int, kv_format: str | KV
         return 1.0
     if compression not in ("fp8", "int4"):
         raise ConfigError(f"swap_compression must be None, 'fp8' or 'int4', got {compression!r}")
-    from kernels.format_table import bytes_per_token, int4_group, lookup
     fmt = lookup(kv_format.name if isinstance(kv_format, KVFormat) else kv_format)
     if fmt.quantized:
         return 1.0

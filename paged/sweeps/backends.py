@@ -11,9 +11,11 @@ Ray is imported only by ``RayBackend`` (``pip install paged-kv-workbench[ray]``)
 from __future__ import annotations
 
 import itertools
+import multiprocessing as mp
 import os
 import tempfile
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -50,10 +52,6 @@ class LocalBackend:
             for i, params in todo:
                 yield i, execute(study, params, self.name)
             return
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        from concurrent.futures.process import BrokenProcessPool
-
         # fork: works from notebooks and unguarded scripts (the workers run pure Python/numpy)
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         with ProcessPoolExecutor(max_workers=min(self.jobs, len(todo)), mp_context=ctx) as ex:
