@@ -286,8 +286,7 @@ def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int = 204
     intermediates (2 x intermediate / tp) per batched token, and fp32 logits for sampled rows.
     """
     per_tok = (4 * model.hidden_size + 2 * model.intermediate_size / tensor_parallel) * model.dtype_bytes
-    logits = max_num_seqs * model.vocab_size * 4
-    return max_num_batched_tokens * per_tok + logits + fixed_overhead
+    return max_num_batched_tokens * per_tok + max_num_seqs * model.vocab_size * 4 + fixed_overhead
 
 
 def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int = 16,

@@ -77,8 +77,7 @@ class LengthDist:
         return _solve_mu(float(self.mean), float(self.sigma), int(self.lo), int(self.hi))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        x = np.rint(rng.lognormal(self.mu, self.sigma, n))
-        return np.clip(x, self.lo, self.hi).astype(np.int64)
+        return np.clip(np.rint(rng.lognormal(self.mu, self.sigma, n)), self.lo, self.hi).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)

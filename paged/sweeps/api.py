@@ -156,8 +156,7 @@ def load(study: "str | Study", store: "str | os.PathLike | None" = None) -> pd.D
     if not folder.is_dir():
         raise ConfigError(f"no stored points for study {s.name!r} in {folder}; run paged.sweep first "
                           f"or pass the store folder it used")
-    rows = [r for p in sorted(folder.glob("*.parquet")) for r in read_rows(p)]
-    return _frame(rows)
+    return _frame([r for p in sorted(folder.glob("*.parquet")) for r in read_rows(p)])
 
 
 __all__ = ["sweep", "load", "default_store_dir"]

@@ -142,8 +142,7 @@ def _points(dims: list[tuple[str, Any]], u: np.ndarray) -> list[Point]:
 def random_sample(space: Mapping[str, Any], n: int, seed: int = 0) -> list[Point]:
     """``n`` points drawn independently and uniformly from ``space`` (seeded; repeats kept once)."""
     dims, n = _space(space), _check_n(n)
-    u = np.random.default_rng(seed).random((n, len(dims)))
-    return _dedupe(_points(dims, u))
+    return _dedupe(_points(dims, np.random.default_rng(seed).random((n, len(dims)))))
 
 
 def latin_hypercube(space: Mapping[str, Any], n: int, seed: int = 0) -> list[Point]:

@@ -63,9 +63,7 @@ def _pyarrow():
 def normalize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every row with every column of the point (missing -> None), in first-seen order: the
     shape a row has after a round trip through the store."""
-    cols: dict[str, None] = {}
-    for r in rows:
-        cols.update(dict.fromkeys(r))
+    cols = dict.fromkeys(c for r in rows for c in r)
     return [{c: r.get(c) for c in cols} for r in rows]
 
 
