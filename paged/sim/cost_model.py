@@ -227,8 +227,7 @@ class CostModel:
         T = float(q.sum())
         t = self.linear_seconds(T, s.num_sampled)
         f = self._attn_flops_per_tok / P * q * (c + (q + 1.0) * 0.5)
-        b = (self._kv_bytes / W) * (c + q)
-        t += float(np.maximum(f, b).sum())
+        t += float(np.maximum(f, (self._kv_bytes / W) * (c + q)).sum())
         t += self.step_overhead_s + self.per_seq_s * len(q) + self.per_token_s * T
         if self.tensor_parallel > 1:
             t += self.comm_seconds(s)

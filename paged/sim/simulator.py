@@ -53,8 +53,7 @@ class SimulationStuck(PagedError, RuntimeError):
 class SimResult:
     """A finished run.
 
-    - ``summary``: flat dict (what ``python -m paged simulate --json`` prints); usages are
-      time-weighted means over steps with blocks in use.
+    - ``summary``: flat dict (``paged.sim.summary``: what ``python -m paged simulate --json`` prints).
     - ``requests``: one row per trace request, in trace order: ``paged.telemetry.REQUEST_COLUMNS``
       (seconds on the simulated clock; NaN where it never happened), then the trace's own columns
       (``arrival_time``, ``prompt_tokens``, ``output_tokens``, ...) and ``rejected``.
