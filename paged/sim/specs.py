@@ -144,10 +144,9 @@ class ModelSpec:
                            block_size: int = 16) -> int:
         """KV bytes per token on one GPU, all attention cache layers (full and sliding; state layers
         are a fixed cost per request, see ``kv_layout``), as the engine allocates them: attention
-        layers x ``layer_bytes_per_token`` (GQA: ``kernels.format_table.bytes_per_token``, 2 x kv_heads
-        x head_dim x bytes/element plus per-token scales; MLA: the latent + RoPE values).
-        ``block_size`` matters only for ``int4_kivi`` (its per-block K scales). A sliding layer
-        counts here as long as the token is inside its window.
+        layers x ``layer_bytes_per_token`` (see the module's invariants). ``block_size`` matters only
+        for ``int4_kivi`` (its per-block K scales). A sliding layer counts here as long as the token
+        is inside its window.
 
         With tensor parallelism the KV heads are split across GPUs (replicated when
         ``num_kv_heads < tensor_parallel``, as in vLLM); an MLA latent is never split.
