@@ -165,15 +165,14 @@ class Simulator:
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.config.block_size
 
-    def run(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False,
-            max_steps: int | None = None) -> SimResult:
+    def run(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False) -> SimResult:
         """Simulate ``trace`` to completion (see module docstring). ``progress``: tqdm bar or callback."""
-        for _ in self.iter_steps(trace, progress, max_steps):
+        for _ in self.iter_steps(trace, progress):
             pass
         return self.result()
 
-    def iter_steps(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False,
-                   max_steps: int | None = None) -> Iterator[Step]:
+    def iter_steps(self, trace: pd.DataFrame,
+                   progress: bool | Callable[[int], None] = False) -> Iterator[Step]:
         """Simulate ``trace`` one step at a time, yielding each executed step (see class doc).
 
         Time spent by the consumer between steps is not counted in ``wall_s``."""
@@ -181,7 +180,6 @@ class Simulator:
         toks = SyntheticPrompts(self.model.vocab_size, self.config.prompt_seed)
         sched, loop, clock, rejected = self.scheduler, self.loop, self.clock, self._rejected
         wall0 = time.perf_counter()
-        n_steps = 0
         while self._done + len(rejected) < arrivals.n:
             self._admit(arrivals, toks, clock.now())
             if not sched.has_unfinished_requests():
@@ -193,12 +191,9 @@ class Simulator:
                 clock.advance_to(self._idle(step.plan, arrivals, clock.now()))
                 continue
             self._rows.append(step.record)
-            n_steps += 1
             self._wall += time.perf_counter() - wall0
             yield step
             wall0 = time.perf_counter()
-            if max_steps is not None and n_steps >= max_steps:
-                break
         self._wall += time.perf_counter() - wall0
         self._close_bar()
 
