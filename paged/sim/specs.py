@@ -207,7 +207,6 @@ class ModelSpec:
         missing = [k for k in required if k not in cfg]
         if missing:
             raise ConfigError(f"HF config lacks {missing}; only LLaMA-family decoders are supported")
-        dtype = str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16")))
         return cls(
             name=name or str(cfg.get("_name_or_path") or cfg.get("model_type", "hf-model")),
             num_layers=int(cfg["num_hidden_layers"]),
@@ -218,7 +217,7 @@ class ModelSpec:
             vocab_size=int(cfg["vocab_size"]),
             head_dim=int(cfg.get("head_dim") or 0),
             max_model_len=int(cfg.get("max_position_embeddings", 4096)),
-            dtype_bytes=4 if "32" in dtype else 2,
+            dtype_bytes=4 if "32" in str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))) else 2,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
         )

@@ -110,14 +110,11 @@ def _space(space: Mapping[str, Any]) -> list[tuple[str, Any]]:
     _check_keys(space, "space")
     dims = []
     for k, v in space.items():
-        if isinstance(v, Range):
-            dims.append((k, v))
-        elif _is_values(v):
-            if len(v) == 0:
+        if not isinstance(v, Range):  # categorical: a list of values, or one fixed value
+            v = [_plain(x) for x in v] if _is_values(v) else [_plain(v)]
+            if not v:
                 raise ConfigError(f"space[{k!r}] is empty; give at least one value")
-            dims.append((k, [_plain(x) for x in v]))
-        else:
-            dims.append((k, [_plain(v)]))  # a fixed value
+        dims.append((k, v))
     return dims
 
 
