@@ -300,9 +300,8 @@ def paged_attention_efficiency(block_size: int) -> float:
     """Bandwidth of a paged attention kernel relative to a contiguous one (interpolated in log2)."""
     if block_size < 1:
         raise ConfigError(f"block_size must be >= 1, got {block_size}")
-    xs = np.log2([b for b, _ in _PAGE_EFFICIENCY])
-    ys = [e for _, e in _PAGE_EFFICIENCY]
-    return float(np.interp(np.log2(block_size), xs, ys))
+    sizes, shares = zip(*_PAGE_EFFICIENCY)
+    return float(np.interp(np.log2(block_size), np.log2(sizes), shares))
 
 
 __all__ = ["StepShape", "StepBreakdown", "CostModel", "LayerTimes", "FitReport", "paged_attention_efficiency", "swap_bytes_ratio",
