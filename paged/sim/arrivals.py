@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from paged.sim.content_blocks import BLOCK_COLUMN, SMALL_TOKEN_HI, block_tokens, content_block_size
+from paged.sim.trace_files import normalize_trace
 
 __all__ = ["Arrivals", "SyntheticPrompts", "trace_prompts"]
 
@@ -76,8 +77,6 @@ def trace_prompts(trace: pd.DataFrame, vocab_size: int, seed: int = 0) -> list[l
     """Every row's prompt token ids, in arrival order, exactly as the simulator makes them with
     ``seed``: what the torch engine is given (``engine.add_request(rid, ids, ...)``) to replay a
     trace's content, e.g. a Mooncake trace's shared blocks, on a real model."""
-    from paged.sim.workload import normalize_trace
-
     arrivals = Arrivals(normalize_trace(trace))
     toks = SyntheticPrompts(vocab_size, seed)
     return [arrivals.prompt_ids(i, toks) for i in range(arrivals.n)]

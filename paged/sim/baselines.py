@@ -198,8 +198,7 @@ class ContiguousKVCacheManager:
             self._filled[rid] = 0
             self._num_reserved += need
             self.recorder.emit(ev.ALLOCATE, rid, start, need)
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = 0
+            request.num_cached_tokens = max(request.num_cached_tokens, 0)
         if end > res[1]:
             return None  # outgrew its reservation (cannot happen for max/pow2/oracle)
         filled = self._filled[rid]

@@ -71,7 +71,7 @@ class FitReport:
 
 
 def fit(model: "Roofline", shapes: Sequence[StepShape], seconds: Sequence[float], holdout_fraction: float = 0.25,
-        seed: int = 0, ridge_grid: Sequence[float] | None = None) -> FitReport:
+        seed: int = 0) -> FitReport:
     """Fit overhead, per-seq, per-token, effective FLOP/s and bandwidth to measured steps.
 
     For each candidate ridge point ``r = P/W`` (FLOP per byte) the step time is linear in
@@ -93,10 +93,8 @@ def fit(model: "Roofline", shapes: Sequence[StepShape], seconds: Sequence[float]
     S = np.array([s.num_seqs for s in shapes], dtype=np.float64)
     T = np.array([s.q.sum() for s in shapes], dtype=np.float64)
     extra = np.array([model.comm_seconds(s) + model.transfer_seconds(s) for s in shapes])
-    if ridge_grid is None:
-        ridge_grid = np.geomspace(0.01, 1e4, 121)
     best: tuple[float, float, np.ndarray] | None = None
-    for r in ridge_grid:
+    for r in np.geomspace(0.01, 1e4, 121):
         roof = np.array([np.maximum(f, r * b).sum() for f, b in parts])
         X = np.column_stack([np.ones(n), S, T, roof])
         coef = _nnls_rel(X[train], y[train] - extra[train])
@@ -131,15 +129,14 @@ def fit(model: "Roofline", shapes: Sequence[StepShape], seconds: Sequence[float]
     return FitReport(fitted, len(train), n_hold, float(ape[train].mean()), h_mape, h_p90, r2, r)
 
 
-def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
-                      time_field: str = "step_time_s") -> tuple[list[StepShape], np.ndarray]:
+def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0) -> tuple[list[StepShape], np.ndarray]:
     """Engine step records -> (``StepShape`` list, seconds) for ``CostModel.fit``.
 
     Each record (an engine ``StepOutput``) needs ``scheduled`` (chunks with ``start``, ``num_tokens``,
-    ``samples``), ``num_swapped_out_blocks``, ``num_swapped_in_blocks``, ``num_block_copies`` and a
-    time in seconds (``time_field``; ``step_time_s`` of ``paged.engine.StepOutput`` covers
-    scheduling, cache ops, forward and sampling, which is what ``step_time`` predicts). Steps that
-    scheduled nothing are skipped. ``block_bytes`` prices swapped/copied blocks (see ``step_shape``).
+    ``samples``), ``num_swapped_out_blocks``, ``num_swapped_in_blocks``, ``num_block_copies`` and
+    ``step_time_s`` (seconds: scheduling, cache ops, forward and sampling, which is what ``step_time``
+    predicts). Steps that scheduled nothing are skipped. ``block_bytes`` prices swapped/copied blocks
+    (see ``step_shape``).
     """
     shapes: list[StepShape] = []
     secs: list[float] = []
@@ -149,17 +146,17 @@ def shapes_from_steps(steps: Iterable[Any], block_bytes: float = 0.0,
             continue
         shapes.append(step_shape(chunks, st.num_swapped_out_blocks + st.num_swapped_in_blocks,
                                  st.num_block_copies, block_bytes))
-        secs.append(float(getattr(st, time_field)))
+        secs.append(float(st.step_time_s))
     return shapes, np.asarray(secs)
 
 
-def calibration_frame(steps: Iterable[Any], time_field: str = "step_time_s") -> "pd.DataFrame":
+def calibration_frame(steps: Iterable[Any]) -> "pd.DataFrame":
     """Engine step records -> tidy DataFrame, one row per chunk (``step, start, num_tokens, samples,
     seconds``), to save measurements and fit later (``shapes_from_frame``). Unlike
     ``paged.telemetry.steps_frame`` (one row per step) it keeps each chunk's shape."""
     import pandas as pd
 
-    rows = [(i, c.start, c.num_tokens, bool(c.samples), float(getattr(st, time_field)))
+    rows = [(i, c.start, c.num_tokens, bool(c.samples), float(st.step_time_s))
             for i, st in enumerate(steps) for c in st.scheduled]
     return pd.DataFrame(rows, columns=["step", "start", "num_tokens", "samples", "seconds"])
 

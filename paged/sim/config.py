@@ -19,6 +19,7 @@ from paged.checks import need_flag, need_int, need_real
 from paged.core.config import ExecutorConfig
 from paged.errors import ConfigError
 from paged.sim.cost_model import CostModel
+from paged.sim.kernel_costs import KERNEL_COSTS
 from paged.sim.specs import KVFormat, ModelSpec, get_gpu
 
 __all__ = ["ALLOCATORS", "DEFAULT_SWAP_SPACE_GIB", "LINEAR_MODELS", "SimConfig", "build_cost_model"]
@@ -71,8 +72,6 @@ have their own ``trace_seed``, see ``paged.sim.workload``)."""
         put("step_overhead_s", need_real("step_overhead_s", self.step_overhead_s, _error, minimum=0.0,
                                          optional=True))
         if self.linear is not None:
-            from paged.sim.kernel_costs import KERNEL_COSTS
-
             if self.linear not in LINEAR_MODELS:
                 raise _error(f"linear must be None (the closed form) or one of {LINEAR_MODELS}, got {self.linear!r}")
             if self.gpu not in KERNEL_COSTS:

@@ -14,10 +14,8 @@ params / tp`` (+ LM head for sampled tokens), ``f_i = 4 x layers x heads/tp x he
 
 This is the same decomposition as Sarathi-Serve's analysis (prefill is compute bound, decode is
 memory bound) and vidur's operator split, reduced to closed form; vidur instead fits per-operator
-random forests on profiles (<9% error claimed). ``CostModel.fit`` (:mod:`paged.sim.calibration`)
-calibrates ``overhead``, ``per_seq``, ``per_token``, the effective FLOP/s and bandwidth (via their
-ridge point) to measured step times and reports the held-out error. A step's shape is
-:class:`paged.sim.shapes.StepShape`.
+random forests on profiles (<9% error claimed). ``CostModel.fit`` calibrates its constants to
+measured steps (:mod:`paged.sim.calibration`); a step's shape is :class:`paged.sim.shapes.StepShape`.
 
 With ``kv_block_size`` set, KV reads are slowed by ``paged_attention_efficiency(block_size)``
 (measured paged-vs-contiguous kernel bandwidth from flash-attention PR 2468, see ANCHORS.md), so
@@ -47,10 +45,12 @@ from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
+from kernels.format_table import bytes_per_token, int4_group, lookup
 from paged.errors import ConfigError
 from paged.sim import calibration
 # the calibration's and the shapes' public names stay importable from here (for now)
 from paged.sim.calibration import FitReport, calibration_frame, read_calibration, shapes_from_frame, shapes_from_steps
+from paged.sim.kernel_costs import KernelRoofline
 from paged.sim.shapes import StepShape, plan_shape, step_shape
 from paged.sim.specs import GPUSpec, KVFormat, ModelSpec, get_gpu, get_model
 
@@ -125,7 +125,6 @@ class CostModel:
         if isinstance(self.linear, str):
             if self.linear != "kernels":
                 raise ConfigError(f"linear must be None, 'kernels' or a profile, got {self.linear!r}")
-            from paged.sim.kernel_costs import KernelRoofline
             return KernelRoofline(self.model, self.gpu, self.tensor_parallel)
         if not hasattr(self.linear, "layer_seconds"):
             raise ConfigError(f"linear={self.linear!r} has no layer_seconds(num_tokens); pass 'kernels' or a "
@@ -169,11 +168,10 @@ class CostModel:
     # -- features -------------------------------------------------------------------------------
     def roofline_parts(self, s: StepShape) -> tuple[np.ndarray, np.ndarray]:
         """FLOPs and bytes of each roofline part: [linear, chunk_0, chunk_1, ...]."""
-        T = float(s.q.sum())
-        f_lin = T * self._lin_flops_per_tok + s.num_sampled * self._head_flops_per_tok
         f = np.empty(len(s.q) + 1)
         b = np.empty(len(s.q) + 1)
-        f[0], b[0] = f_lin, self._weight_bytes
+        f[0] = float(s.q.sum()) * self._lin_flops_per_tok + s.num_sampled * self._head_flops_per_tok
+        b[0] = self._weight_bytes
         f[1:] = self._attn_flops_per_tok * s.q * (s.ctx + (s.q + 1.0) * 0.5)
         b[1:] = (s.ctx + s.q) * self._kv_bytes
         return f, b
@@ -198,27 +196,20 @@ class CostModel:
 
     def transfer_seconds(self, s: StepShape) -> float:
         """Swap and copy seconds when nothing overlaps (what adds to the forward without overlap)."""
-        t = self._link(s)
-        if s.copy_bytes:
-            t += 2 * s.copy_bytes / self.effective_bandwidth
-        return t
+        return self._link(s) + (2 * s.copy_bytes / self.effective_bandwidth if s.copy_bytes else 0.0)
 
     def _with_swap(self, gpu: float, s: StepShape) -> float:
         """The forward's GPU seconds ``gpu`` combined with the step's swaps and copies."""
-        if not (s.swap_bytes or s.copy_bytes):
-            return gpu
         if not self.swap_overlap or not s.swap_bytes:
             return gpu + self.transfer_seconds(s)
         x = self._link(s)
-        copies = 2 * s.copy_bytes / self.effective_bandwidth
-        return max(gpu, x) + min(gpu, x) / self.model.num_layers + copies
+        return max(gpu, x) + min(gpu, x) / self.model.num_layers + 2 * s.copy_bytes / self.effective_bandwidth
 
     # -- prediction -----------------------------------------------------------------------------
     def breakdown(self, s: StepShape) -> StepBreakdown:
         f, b = self.roofline_parts(s)
         P, W = self.effective_flops, self.effective_bandwidth
-        lin = float(max(f[0] / P, b[0] / W)) if self._layers is None else self.linear_seconds(float(s.q.sum()),
-                                                                                             s.num_sampled)
+        lin = self.linear_seconds(float(s.q.sum()), s.num_sampled)
         attn = float(np.maximum(f[1:] / P, b[1:] / W).sum())
         ovh = self.step_overhead_s + self.per_seq_s * s.num_seqs + self.per_token_s * float(s.q.sum())
         comm = self.comm_seconds(s)
@@ -234,14 +225,9 @@ class CostModel:
         P, W = self.effective_flops, self.effective_bandwidth
         q, c = s.q, s.ctx
         T = float(q.sum())
-        if self._layers is None:
-            f_lin = T * self._lin_flops_per_tok + s.num_sampled * self._head_flops_per_tok
-            t = float(max(f_lin / P, self._weight_bytes / W))
-        else:
-            t = self.linear_seconds(T, s.num_sampled)
+        t = self.linear_seconds(T, s.num_sampled)
         f = self._attn_flops_per_tok / P * q * (c + (q + 1.0) * 0.5)
-        b = (self._kv_bytes / W) * (c + q)
-        t += float(np.maximum(f, b).sum())
+        t += float(np.maximum(f, (self._kv_bytes / W) * (c + q)).sum())
         t += self.step_overhead_s + self.per_seq_s * len(q) + self.per_token_s * T
         if self.tensor_parallel > 1:
             t += self.comm_seconds(s)
@@ -278,12 +264,12 @@ class CostModel:
 
     # -- calibration ----------------------------------------------------------------------------
     def fit(self, shapes: Sequence[StepShape], seconds: Sequence[float], holdout_fraction: float = 0.25,
-            seed: int = 0, ridge_grid: Sequence[float] | None = None) -> FitReport:
+            seed: int = 0) -> FitReport:
         """This model calibrated to measured steps: :func:`paged.sim.calibration.fit` (closed form only)."""
         if self.linear is not None:
             raise ConfigError("fit calibrates the closed-form roofline; build the CostModel with linear=None "
                               "(a measured linear part needs no fit)")
-        return calibration.fit(self, shapes, seconds, holdout_fraction, seed, ridge_grid)
+        return calibration.fit(self, shapes, seconds, holdout_fraction, seed)
 
 
 def swap_bytes_ratio(compression: str | None, head_dim: int, kv_format: str | KVFormat = "fp16",
@@ -296,7 +282,6 @@ def swap_bytes_ratio(compression: str | None, head_dim: int, kv_format: str | KV
         return 1.0
     if compression not in ("fp8", "int4"):
         raise ConfigError(f"swap_compression must be None, 'fp8' or 'int4', got {compression!r}")
-    from kernels.format_table import bytes_per_token, int4_group, lookup
     fmt = lookup(kv_format.name if isinstance(kv_format, KVFormat) else kv_format)
     if fmt.quantized:
         return 1.0
@@ -315,9 +300,8 @@ def paged_attention_efficiency(block_size: int) -> float:
     """Bandwidth of a paged attention kernel relative to a contiguous one (interpolated in log2)."""
     if block_size < 1:
         raise ConfigError(f"block_size must be >= 1, got {block_size}")
-    xs = np.log2([b for b, _ in _PAGE_EFFICIENCY])
-    ys = [e for _, e in _PAGE_EFFICIENCY]
-    return float(np.interp(np.log2(block_size), xs, ys))
+    sizes, shares = zip(*_PAGE_EFFICIENCY)
+    return float(np.interp(np.log2(block_size), np.log2(sizes), shares))
 
 
 __all__ = ["StepShape", "StepBreakdown", "CostModel", "LayerTimes", "FitReport", "paged_attention_efficiency", "swap_bytes_ratio",

@@ -49,9 +49,8 @@ class StepShape:
 def step_shape(chunks: Sequence[Any], num_swapped_blocks: int = 0, num_copied_blocks: int = 0,
                block_bytes: float = 0.0) -> StepShape:
     """The ``StepShape`` of one step from its chunks (anything with ``num_tokens``, ``start``,
-    ``samples``: ``ScheduledChunk`` views); swapped and
-    copied blocks are priced at ``block_bytes`` each. The simulator and ``shapes_from_steps``
-    both build shapes here."""
+    ``samples``: ``ScheduledChunk`` views); swapped and copied blocks are priced at ``block_bytes``
+    each (``shapes_from_steps`` builds its shapes here)."""
     return StepShape(np.array([c.num_tokens for c in chunks], dtype=np.float64),
                      np.array([c.start for c in chunks], dtype=np.float64),
                      [c.samples for c in chunks].count(True), num_swapped_blocks * block_bytes,
@@ -60,7 +59,6 @@ def step_shape(chunks: Sequence[Any], num_swapped_blocks: int = 0, num_copied_bl
 
 def plan_shape(batch: Batch, num_swapped_blocks: int = 0, num_copied_blocks: int = 0,
                block_bytes: float = 0.0) -> StepShape:
-    """``step_shape`` of a plan's ``batch``, read from its columns: the simulator's hot path. The
-    same shape as ``step_shape(plan.scheduled, ...)``."""
+    """``step_shape(plan.scheduled, ...)`` read from the plan's ``batch`` columns (see the module doc)."""
     return StepShape(np.array(batch.num_tokens, dtype=np.float64), np.array(batch.starts, dtype=np.float64),
                      batch.num_sampled, num_swapped_blocks * block_bytes, num_copied_blocks * block_bytes)

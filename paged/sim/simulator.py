@@ -1,16 +1,13 @@
 """Discrete-event simulation of a deployment with the engine's own Scheduler and KV-cache manager.
 
 The simulator is a front over one ``StepLoop`` (``paged.core.loop``) with the roofline executor
-(``paged.sim.executor``: the ``CostModel`` turns each plan into a duration; every chunk that samples
-gets a dummy token, so a request ends at its trace output length) on a ``SimulatedClock``. The front
-adds the trace's requests when the clock passes their arrival time, moves the clock to the next
-arrival while nothing runs, and stamps each request's times. Memory decisions (admission,
-preemption, prefix hits, swaps) are therefore exactly those the real engine makes; only time is
-modelled.
+(``paged.sim.executor``) on a ``SimulatedClock``. The front adds the trace's requests when the clock
+passes their arrival time, moves the clock to the next arrival while nothing runs, and stamps each
+request's times. Memory decisions (admission, preemption, prefix hits, swaps) are therefore exactly
+those the real engine makes; only time is modelled.
 
-Prompts are synthesized token ids (seeded; ``paged.sim.arrivals``): requests with the same
-``prefix_id`` share their first ``prefix_tokens`` ids, everything else is random over the
-vocabulary, so prefix-cache hits happen only where the trace says prompts share text.
+Prompts are seeded synthetic token ids (``paged.sim.arrivals``), so prefix-cache hits happen only
+where the trace says prompts share text.
 
 Invariant at the end of every run: every request finished or was rejected at admission, and
 no KV block is in use; the summary reports the latter as ``num_blocks_in_use_at_end`` (tests
@@ -41,7 +38,7 @@ from paged.errors import ConfigError, InvalidRequestError, PagedError
 from paged.sim.arrivals import Arrivals, SyntheticPrompts
 from paged.sim.baselines import ContiguousKVCacheManager
 from paged.sim.config import ALLOCATORS, DEFAULT_SWAP_SPACE_GIB, SimConfig, build_cost_model
-from paged.sim.cost_model import CostModel, swap_bytes_ratio
+from paged.sim.cost_model import CostModel, read_calibration, shapes_from_frame, swap_bytes_ratio
 from paged.sim.executor import RooflineExecutor
 from paged.sim.specs import get_kv_format, get_model, kv_cache_sizing
 from paged.sim.summary import summarize
@@ -56,8 +53,7 @@ class SimulationStuck(PagedError, RuntimeError):
 class SimResult:
     """A finished run.
 
-    - ``summary``: flat dict (what ``python -m paged simulate --json`` prints); usages are
-      time-weighted means over steps with blocks in use.
+    - ``summary``: flat dict (``paged.sim.summary``: what ``python -m paged simulate --json`` prints).
     - ``requests``: one row per trace request, in trace order: ``paged.telemetry.REQUEST_COLUMNS``
       (seconds on the simulated clock; NaN where it never happened), then the trace's own columns
       (``arrival_time``, ``prompt_tokens``, ``output_tokens``, ...) and ``rejected``.
@@ -136,8 +132,6 @@ class Simulator:
         self.cost = cost_model or build_cost_model(cfg, model, self.kv_format.name)
         self.calibration_report = None
         if cfg.calibration and cost_model is None:
-            from paged.sim.cost_model import read_calibration, shapes_from_frame
-
             shapes, secs = shapes_from_frame(read_calibration(cfg.calibration))
             self.calibration_report = self.cost.fit(shapes, secs, seed=cfg.prompt_seed)
             self.cost = self.calibration_report.model
@@ -171,15 +165,14 @@ class Simulator:
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.config.block_size
 
-    def run(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False,
-            max_steps: int | None = None) -> SimResult:
+    def run(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False) -> SimResult:
         """Simulate ``trace`` to completion (see module docstring). ``progress``: tqdm bar or callback."""
-        for _ in self.iter_steps(trace, progress, max_steps):
+        for _ in self.iter_steps(trace, progress):
             pass
         return self.result()
 
-    def iter_steps(self, trace: pd.DataFrame, progress: bool | Callable[[int], None] = False,
-                   max_steps: int | None = None) -> Iterator[Step]:
+    def iter_steps(self, trace: pd.DataFrame,
+                   progress: bool | Callable[[int], None] = False) -> Iterator[Step]:
         """Simulate ``trace`` one step at a time, yielding each executed step (see class doc).
 
         Time spent by the consumer between steps is not counted in ``wall_s``."""
@@ -187,7 +180,6 @@ class Simulator:
         toks = SyntheticPrompts(self.model.vocab_size, self.config.prompt_seed)
         sched, loop, clock, rejected = self.scheduler, self.loop, self.clock, self._rejected
         wall0 = time.perf_counter()
-        n_steps = 0
         while self._done + len(rejected) < arrivals.n:
             self._admit(arrivals, toks, clock.now())
             if not sched.has_unfinished_requests():
@@ -199,12 +191,9 @@ class Simulator:
                 clock.advance_to(self._idle(step.plan, arrivals, clock.now()))
                 continue
             self._rows.append(step.record)
-            n_steps += 1
             self._wall += time.perf_counter() - wall0
             yield step
             wall0 = time.perf_counter()
-            if max_steps is not None and n_steps >= max_steps:
-                break
         self._wall += time.perf_counter() - wall0
         self._close_bar()
 

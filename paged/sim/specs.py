@@ -144,10 +144,9 @@ class ModelSpec:
                            block_size: int = 16) -> int:
         """KV bytes per token on one GPU, all attention cache layers (full and sliding; state layers
         are a fixed cost per request, see ``kv_layout``), as the engine allocates them: attention
-        layers x ``layer_bytes_per_token`` (GQA: ``kernels.format_table.bytes_per_token``, 2 x kv_heads
-        x head_dim x bytes/element plus per-token scales; MLA: the latent + RoPE values).
-        ``block_size`` matters only for ``int4_kivi`` (its per-block K scales). A sliding layer
-        counts here as long as the token is inside its window.
+        layers x ``layer_bytes_per_token`` (see the module's invariants). ``block_size`` matters only
+        for ``int4_kivi`` (its per-block K scales). A sliding layer counts here as long as the token
+        is inside its window.
 
         With tensor parallelism the KV heads are split across GPUs (replicated when
         ``num_kv_heads < tensor_parallel``, as in vLLM); an MLA latent is never split.
@@ -208,7 +207,6 @@ class ModelSpec:
         missing = [k for k in required if k not in cfg]
         if missing:
             raise ConfigError(f"HF config lacks {missing}; only LLaMA-family decoders are supported")
-        dtype = str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16")))
         return cls(
             name=name or str(cfg.get("_name_or_path") or cfg.get("model_type", "hf-model")),
             num_layers=int(cfg["num_hidden_layers"]),
@@ -219,7 +217,7 @@ class ModelSpec:
             vocab_size=int(cfg["vocab_size"]),
             head_dim=int(cfg.get("head_dim") or 0),
             max_model_len=int(cfg.get("max_position_embeddings", 4096)),
-            dtype_bytes=4 if "32" in dtype else 2,
+            dtype_bytes=4 if "32" in str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))) else 2,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
         )
@@ -286,14 +284,13 @@ def activation_reserve_bytes(model: ModelSpec, max_num_batched_tokens: int = 204
     intermediates (2 x intermediate / tp) per batched token, and fp32 logits for sampled rows.
     """
     per_tok = (4 * model.hidden_size + 2 * model.intermediate_size / tensor_parallel) * model.dtype_bytes
-    logits = max_num_seqs * model.vocab_size * 4
-    return max_num_batched_tokens * per_tok + logits + fixed_overhead
+    return max_num_batched_tokens * per_tok + max_num_seqs * model.vocab_size * 4 + fixed_overhead
 
 
 def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int = 16,
                     kv_format: str | KVFormat = "fp16", tensor_parallel: int = 1,
                     gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 2048,
-                    max_num_seqs: int = 256, activation_bytes: float | None = None) -> KVSizing:
+                    max_num_seqs: int = 256) -> KVSizing:
     """Split one GPU's memory: ``utilization x HBM = weights/tp + activations + KV blocks``."""
     model, gpu = get_model(model), get_gpu(gpu)
     if not 0 < gpu_memory_utilization <= 1:
@@ -302,8 +299,7 @@ def kv_cache_sizing(model: ModelSpec | str, gpu: GPUSpec | str, block_size: int 
         raise ConfigError(f"block_size and tensor_parallel must be positive, got {block_size}, {tensor_parallel}")
     budget = gpu.hbm_bytes * gpu_memory_utilization
     weights = model.weight_bytes() / tensor_parallel
-    act = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tensor_parallel) \
-        if activation_bytes is None else activation_bytes
+    act = activation_reserve_bytes(model, max_num_batched_tokens, max_num_seqs, tensor_parallel)
     kv = budget - weights - act
     per_block = model.kv_layout(kv_format, tensor_parallel, block_size).page_bytes  # all layers, or one group's
     if 0 < kv < per_block:

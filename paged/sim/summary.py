@@ -26,8 +26,7 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
     t1 = float(fin["finish_s"].max()) if len(fin) else t0
     span = max(t1 - t0, 1e-12)
     out_tok = int(fin["output_tokens"].sum())
-    in_tok = int(fin["prompt_tokens"].sum())
-    busy = st["kv_cache_usage_perc"] > 0
+    busy = st["kv_cache_usage_perc"].to_numpy() > 0
     w = st["step_time_s"].to_numpy()
     tbt_a = np.frombuffer(tbt, dtype=np.float64) if len(tbt) else np.empty(0)
     nan = float("nan")
@@ -39,8 +38,7 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
 
     def wmean(x: np.ndarray) -> float:
         """Time-weighted mean of ``x`` over the steps with blocks in use."""
-        m = busy.to_numpy()
-        return float(np.average(x[m], weights=w[m])) if m.any() and w[m].sum() > 0 else 0.0
+        return float(np.average(x[busy], weights=w[busy])) if busy.any() and w[busy].sum() > 0 else 0.0
 
     token_usage, block_usage = st["token_usage"].to_numpy(), st["kv_cache_usage_perc"].to_numpy()
     tok_use, blk_use = wmean(token_usage), wmean(block_usage)
@@ -49,8 +47,8 @@ def summarize(sim: Any, reqs: pd.DataFrame, st: pd.DataFrame, tbt: "array[float]
         "allocator": cfg.allocator, "block_size": cfg.block_size, "kv_cache_dtype": sim.kv_format.name,
         "num_kv_blocks": sim.num_blocks, "kv_capacity_tokens": sim.capacity_tokens,
         "requests": len(tr), "requests_finished": int(ok.sum()), "requests_rejected": len(rejected),
-        "duration_s": span,
-        "throughput_tok_s": out_tok / span, "total_throughput_tok_s": (in_tok + out_tok) / span,
+        "duration_s": span, "throughput_tok_s": out_tok / span,
+        "total_throughput_tok_s": (int(fin["prompt_tokens"].sum()) + out_tok) / span,
         "throughput_req_s": int(ok.sum()) / span,
         "ttft_mean_s": float(np.nanmean(fin["ttft_s"])) if len(fin) else nan,
         "ttft_p50_s": q(fin["ttft_s"], 0.5), "ttft_p99_s": q(fin["ttft_s"], 0.99),

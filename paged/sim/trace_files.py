@@ -70,9 +70,8 @@ def normalize_trace(df: pd.DataFrame, src: str = "trace", row_offset: int | np.n
     for col in ("arrival_time", "prompt_tokens", "output_tokens"):
         if col not in df.columns:
             raise TraceFormatError(f"{src}: missing column {col!r}; have {list(df.columns)}")
-    arrival = _numeric(df, "arrival_time", src, row_offset, False, 0.0, names, below=MAX_ARRIVAL_S)
     out = pd.DataFrame({
-        "arrival_time": arrival,
+        "arrival_time": _numeric(df, "arrival_time", src, row_offset, False, 0.0, names, below=MAX_ARRIVAL_S),
         "prompt_tokens": _numeric(df, "prompt_tokens", src, row_offset, True, 1, names).astype(np.int64),
         "output_tokens": _numeric(df, "output_tokens", src, row_offset, True, 1, names).astype(np.int64),
     })

@@ -46,14 +46,10 @@ def _solve_mu(mean: float, sigma: float, lo: int, hi: int) -> float:
     if not lo <= mean <= hi:
         raise ConfigError(f"mean {mean} outside clip range [{lo}, {hi}]")
     z = _normal_quantile_grid()
-
-    def clipped_mean(mu: float) -> float:
-        return float(np.clip(np.rint(np.exp(mu + sigma * z)), lo, hi).mean())
-
     a, b = math.log(max(lo, 0.5)) - 6 * sigma, math.log(hi) + 6 * sigma
     for _ in range(60):
         m = 0.5 * (a + b)
-        if clipped_mean(m) < mean:
+        if float(np.clip(np.rint(np.exp(m + sigma * z)), lo, hi).mean()) < mean:
             a = m
         else:
             b = m
@@ -81,8 +77,7 @@ class LengthDist:
         return _solve_mu(float(self.mean), float(self.sigma), int(self.lo), int(self.hi))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        x = np.rint(rng.lognormal(self.mu, self.sigma, n))
-        return np.clip(x, self.lo, self.hi).astype(np.int64)
+        return np.clip(np.rint(rng.lognormal(self.mu, self.sigma, n)), self.lo, self.hi).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)

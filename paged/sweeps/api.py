@@ -23,10 +23,11 @@ import pandas as pd
 
 from paged.errors import ConfigError, SweepPointError
 
+from .backends import LocalBackend, RayBackend
 from .grid import Grid, expand, point_id
 from .point import META, ROW
 from .registry import Study, get_study
-from .store import PointStore, normalize
+from .store import PointStore, normalize, read_rows
 
 Rows = list[dict[str, Any]]
 
@@ -37,8 +38,6 @@ def default_store_dir() -> Path:
 
 
 def _backend(backend: str, jobs: int, address: str | None, max_retries: int, ray_init: Mapping[str, Any] | None):
-    from .backends import LocalBackend, RayBackend
-
     if backend == "local":
         if address is not None:
             raise ConfigError(f"address={address!r} is for backend='ray'; drop it or pass backend='ray'")
@@ -116,9 +115,8 @@ def sweep(study: "str | Study | Callable[..., Any]", grid: Grid, *, backend: Lit
         bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="pt", desc=s.name, leave=False)
     try:
         if on_result is not None:
-            for r in results:
-                if r is not None:
-                    on_result(r)
+            for r in filter(None, results):
+                on_result(r)
         for i, rows in runner.run(s, todo):
             for r in rows:
                 r["point"] = keys[i] if ps is not None else None
@@ -153,15 +151,12 @@ def sweep(study: "str | Study | Callable[..., Any]", grid: Grid, *, backend: Lit
 
 def load(study: "str | Study", store: "str | os.PathLike | None" = None) -> pd.DataFrame:
     """Every point stored for ``study`` (any grid, any version), as ``sweep`` would return them."""
-    from .store import read_rows
-
     s = get_study(study)
     folder = (default_store_dir() if store is None else Path(store)) / s.name
     if not folder.is_dir():
         raise ConfigError(f"no stored points for study {s.name!r} in {folder}; run paged.sweep first "
                           f"or pass the store folder it used")
-    rows = [r for p in sorted(folder.glob("*.parquet")) for r in read_rows(p)]
-    return _frame(rows)
+    return _frame([r for p in sorted(folder.glob("*.parquet")) for r in read_rows(p)])
 
 
 __all__ = ["sweep", "load", "default_store_dir"]

@@ -11,9 +11,11 @@ Ray is imported only by ``RayBackend`` (``pip install paged-kv-workbench[ray]``)
 from __future__ import annotations
 
 import itertools
+import multiprocessing as mp
 import os
 import tempfile
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -50,10 +52,6 @@ class LocalBackend:
             for i, params in todo:
                 yield i, execute(study, params, self.name)
             return
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        from concurrent.futures.process import BrokenProcessPool
-
         # fork: works from notebooks and unguarded scripts (the workers run pure Python/numpy)
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         with ProcessPoolExecutor(max_workers=min(self.jobs, len(todo)), mp_context=ctx) as ex:
@@ -76,11 +74,6 @@ def default_ray_temp_dir() -> str:
     """Where a local Ray instance keeps its sockets, logs and spill files (short: Unix sockets
     have a ~107-byte path limit)."""
     return os.environ.get("PAGED_RAY_TMPDIR") or str(Path(tempfile.gettempdir()) / "paged-ray")
-
-
-def _package_root() -> str:
-    import paged
-    return str(Path(paged.__file__).resolve().parent.parent)
 
 
 @contextmanager
@@ -115,13 +108,14 @@ def start_local_ray(num_cpus: int | None = None, *, temp_dir: str | None = None,
     ``num_cpus``: the machine's cores by default; no dashboard; files under ``temp_dir``
     (default ``default_ray_temp_dir()``); workers import ``paged`` from where this process did
     (plus ``paths``). It stays up for later sweeps; ``ray.shutdown()`` stops it."""
+    import paged
     ray = _import_ray()
     if ray.is_initialized():
         return False
     kw: dict[str, Any] = {"num_cpus": num_cpus or os.cpu_count() or 1, "include_dashboard": False,
                           "_temp_dir": temp_dir or default_ray_temp_dir(), **init_kwargs}
     Path(kw["_temp_dir"]).mkdir(parents=True, exist_ok=True)
-    with _pythonpath([_package_root(), *paths]):
+    with _pythonpath([str(Path(paged.__file__).resolve().parent.parent), *paths]):
         ray.init(**kw)
     return True
 

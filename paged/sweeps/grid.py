@@ -86,15 +86,13 @@ def expand(grid: Grid) -> list[Point]:
     """The points of ``grid`` (see the module docstring)."""
     if isinstance(grid, Mapping):
         _check_keys(grid, "grid")
-        keys = list(grid)
         values = []
-        for k in keys:
-            v = grid[k]
+        for k, v in grid.items():
             vals = list(v) if _is_values(v) else [v]
             if not vals:
                 raise ConfigError(f"grid[{k!r}] is empty; give at least one value (or drop the key)")
             values.append([_plain(x) for x in vals])
-        return _dedupe(dict(zip(keys, combo)) for combo in itertools.product(*values))
+        return _dedupe(dict(zip(grid, combo)) for combo in itertools.product(*values))
     if isinstance(grid, (list, tuple)):
         points = []
         for i, p in enumerate(grid):
@@ -112,14 +110,11 @@ def _space(space: Mapping[str, Any]) -> list[tuple[str, Any]]:
     _check_keys(space, "space")
     dims = []
     for k, v in space.items():
-        if isinstance(v, Range):
-            dims.append((k, v))
-        elif _is_values(v):
-            if len(v) == 0:
+        if not isinstance(v, Range):  # categorical: a list of values, or one fixed value
+            v = [_plain(x) for x in v] if _is_values(v) else [_plain(v)]
+            if not v:
                 raise ConfigError(f"space[{k!r}] is empty; give at least one value")
-            dims.append((k, [_plain(x) for x in v]))
-        else:
-            dims.append((k, [_plain(v)]))  # a fixed value
+        dims.append((k, v))
     return dims
 
 
@@ -144,8 +139,7 @@ def _points(dims: list[tuple[str, Any]], u: np.ndarray) -> list[Point]:
 def random_sample(space: Mapping[str, Any], n: int, seed: int = 0) -> list[Point]:
     """``n`` points drawn independently and uniformly from ``space`` (seeded; repeats kept once)."""
     dims, n = _space(space), _check_n(n)
-    u = np.random.default_rng(seed).random((n, len(dims)))
-    return _dedupe(_points(dims, u))
+    return _dedupe(_points(dims, np.random.default_rng(seed).random((n, len(dims)))))
 
 
 def latin_hypercube(space: Mapping[str, Any], n: int, seed: int = 0) -> list[Point]:

@@ -55,8 +55,7 @@ def result_rows(result: Any) -> list[dict[str, Any]]:
         return [{str(k): plain(v) for k, v in result.items()}]
     to_dict = getattr(result, "to_dict", None)
     if callable(to_dict) and hasattr(result, "columns"):  # a DataFrame (pandas imported only if the study did)
-        rows = to_dict(orient="records")
-        return [{str(k): plain(v) for k, v in r.items()} for r in rows] or [{}]
+        return [{str(k): plain(v) for k, v in r.items()} for r in to_dict(orient="records")] or [{}]
     raise TypeError(f"a study returns a dict or a DataFrame, got {type(result).__name__}")
 
 
@@ -65,10 +64,9 @@ def merge(params: Mapping[str, Any], results: list[dict[str, Any]], study: Study
     dropped; a different one, or one named like a ``META`` column or ``row``, keeps its value as
     ``result_<name>``; ``study.drop`` columns are left out."""
     rows = []
-    multi = len(results) > 1
     for i, res in enumerate(results):
         row = {k: plain(v) for k, v in params.items()}
-        if multi:
+        if len(results) > 1:
             row[ROW] = i
         for k, v in res.items():
             if k in study.drop:

@@ -63,9 +63,7 @@ def _pyarrow():
 def normalize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every row with every column of the point (missing -> None), in first-seen order: the
     shape a row has after a round trip through the store."""
-    cols: dict[str, None] = {}
-    for r in rows:
-        cols.update(dict.fromkeys(r))
+    cols = dict.fromkeys(c for r in rows for c in r)
     return [{c: r.get(c) for c in cols} for r in rows]
 
 
@@ -102,7 +100,7 @@ class PointStore:
             return set()
         return {p.name[: -len(SUFFIX)] for p in self.folder.iterdir() if p.name.endswith(SUFFIX)}
 
-    def save(self, key: str, rows: list[dict[str, Any]], params: Mapping[str, Any] | None = None) -> None:
+    def save(self, key: str, rows: list[dict[str, Any]], params: Mapping[str, Any]) -> None:
         """Write a point's rows (atomically: a reader sees the whole file or none)."""
         pa, pq = _pyarrow()
         rows = normalize(rows)
@@ -114,9 +112,7 @@ class PointStore:
                 as_json.append(c)
                 vals = [json.dumps(v) for v in vals]
             arrays[c] = pa.array(vals)
-        meta = {_JSON_COLUMNS: json.dumps(as_json).encode()}
-        if params is not None:
-            meta[_PARAMS] = point_id(params).encode()
+        meta = {_JSON_COLUMNS: json.dumps(as_json).encode(), _PARAMS: point_id(params).encode()}
         table = pa.table(arrays).replace_schema_metadata(meta)
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.path(key)
