@@ -337,10 +337,8 @@ class BlockPool:
         assert len(cached) == len(self.cached_free)
         assert all(b.ref_cnt == 0 and b.block_hash is not None for b in cached)
         assert all(b.ref_cnt == 0 and b.block_hash is None for b in self._free_plain)
-        never = self.num_blocks - self._next_fresh
-        assert self.num_used + len(cached) + len(self._free_plain) + never == self.num_blocks
-        indexed_free = {b.block_id for b in self.index.values() if b.ref_cnt == 0}
-        assert indexed_free == {b.block_id for b in cached}
+        assert self.num_used + len(cached) + len(self._free_plain) == self._next_fresh  # the rest never used
+        assert {b.block_id for b in self.index.values() if b.ref_cnt == 0} == {b.block_id for b in cached}
         assert all(self.index[b.block_hash] is b for b in self.index.values())
         assert self.num_filled_slots == sum(b.num_filled for b in used)
 
