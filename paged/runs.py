@@ -66,8 +66,7 @@ class RecordFrames:
         if not self.snapshots:
             raise ConfigError(f"this {self.noun} kept no snapshots; call run.keep_snapshots(stride) before stepping")
         keys = sorted(self.snapshots)
-        i = int(np.searchsorted(keys, step, side="right")) - 1
-        return self.snapshots[keys[max(i, 0)]]
+        return self.snapshots[keys[max(int(np.searchsorted(keys, step, side="right")) - 1, 0)]]
 
     def steps_frame(self):
         """pandas DataFrame of the step rows so far (STEP_COLUMNS)."""
@@ -249,10 +248,9 @@ class Run(RecordFrames):
         """KVSnapshot now; blocks written by the last step are marked WRITING (``with_tokens``: the
         blocks' token ids, by default for the engine only; ``block_range``: see
         ``paged.core.snapshot.take_snapshot``)."""
-        if with_tokens is None:
-            with_tokens = self.engine is not None
         return self.kv.snapshot(self.scheduler.requests, step=len(self.rows), writing=self._written,
-                                last_use=self._last_use, with_tokens=with_tokens, block_range=block_range)
+                                last_use=self._last_use, block_range=block_range,
+                                with_tokens=self.engine is not None if with_tokens is None else with_tokens)
 
     def request_rows(self) -> list[dict]:
         """REQUEST_COLUMNS rows: the engine's own records of the workload's finished requests; the

@@ -238,6 +238,7 @@ class HostTier:
         assert not set(self.entries) & set(pool.index), "a block lives in two tiers"
         cids = [e.cid for e in self.entries.values()] + [b.cid for b in pool.index.values()]
         assert len(set(cids)) == len(cids) and None not in cids
-        every = [e.block_id for e in self.entries.values()] + list(swapped_cpus) + list(self.free) + self._deferred
+        held = [e.block_id for e in self.entries.values()]
+        every = held + list(swapped_cpus) + list(self.free) + self._deferred
         assert len(every) == len(set(every)) == num_cpu_blocks, (len(every), len(set(every)), num_cpu_blocks)
 

@@ -279,8 +279,8 @@ class KVCacheManager(KVCacheParts):
     def swap_out(self, request_id: str) -> BlockMapping | None:
         """Move a request's blocks to the CPU pool: (gpu, cpu) pairs, or None if it is full."""
         table = self._table(request_id)
-        # with a host tier, its entries give way to a preempted request
-        if not (self.host.make_room(len(table)) if self.host is not None else len(table) <= self.swap_space.num_free):
+        n = len(table)  # with a host tier, its entries give way to a preempted request
+        if not (self.host.make_room(n) if self.host is not None else n <= self.swap_space.num_free):
             return None
         cpus = self.swap_space.store(request_id, [b.num_filled for b in table])
         mapping: BlockMapping = [(b.block_id, cpu) for b, cpu in zip(table, cpus)]

@@ -195,8 +195,7 @@ class Groups:
                 cid = f"{g.request_id}{SEQ_ID_SEP}{k}"
                 sampled[cid] = toks[k]
                 if terminal[k]:  # (a terminal parent means every sample is terminal)
-                    reason = "stop" if toks[k] in req.stop_token_ids else "length"
-                    g.done.append((k, [toks[k]], reason))
+                    g.done.append((k, [toks[k]], "stop" if toks[k] in req.stop_token_ids else "length"))
                     continue
                 self.scheduler.fork(req.request_id, cid, last_token=toks[k], data=Seq(g, k, gens[k]))
                 g.live.add(cid)
