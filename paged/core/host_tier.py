@@ -214,10 +214,7 @@ class HostTier:
 
     def reset(self) -> int:
         """Drop every entry (between steps). Returns how many."""
-        n = len(self.entries)
-        for h in list(self.entries):
-            self.discard(h)
-        return n
+        return sum(self.discard(h) is not None for h in list(self.entries))
 
     def take_ops(self) -> tuple[BlockMapping, BlockMapping, int]:
         """This step's (gpu, cpu) tier-out and (cpu, gpu) tier-in copies and host evictions;
