@@ -220,9 +220,8 @@ class Run(RecordFrames):
                 return None
             row, events, plan = s.row, list(s.events), s.plan
         from paged.core.snapshot import written_blocks
-        kv = self.kv
-        self._track(events, kv.num_blocks)
-        self._written = written_blocks(kv, plan.scheduled)
+        self._track(events, self.kv.num_blocks)
+        self._written = written_blocks(self.kv, plan.scheduled)
         self.rows.append(row)
         if self.engine is not None:
             self.done = not self._pending and not self.engine.has_unfinished_requests()

@@ -160,13 +160,12 @@ class HostTier:
         request's new table, in order: the GPU blocks are revived, each host entry gets a new GPU
         block indexed under its hash and content id and a planned copy back (an allocation here may
         demote other cached-free blocks, never these). Emits a ``prefix_hit`` per block."""
-        entries = [e for e in cached if isinstance(e, HostBlock)]
         for e in cached:
             if isinstance(e, HostBlock):
                 self.take(e)  # out of reach of the demotions below
             else:
                 pool.touch(e, request_id)
-        fresh = iter(pool.allocate(len(entries), request_id) if entries else ())
+        fresh = iter(pool.allocate(sum(isinstance(e, HostBlock) for e in cached), request_id))
         table: list[Block] = []
         for e in cached:
             if isinstance(e, HostBlock):

@@ -78,21 +78,16 @@ class KVCacheManager(KVCacheParts):
         for everyone else, valid until the manager next changes it (the step's ``update``)."""
         return self._table(request_id)
 
-    def blocks_needed(self, request: Request, num_new_tokens: int, num_cached_blocks: int = 0) -> int:
-        """New blocks `allocate_slots` would take (including a copy-on-write copy)."""
-        table = self._tables.get(request.request_id, ())
-        start = request.num_computed_tokens + num_cached_blocks * self.block_size
-        need = max(0, -(-(start + num_new_tokens) // self.block_size) - len(table) - num_cached_blocks)
-        if num_new_tokens and start % self.block_size and table and table[start // self.block_size].ref_cnt > 1:
-            need += 1
-        return need
-
     def num_blocks_to_allocate(self, request: Request, num_new_tokens: int,
                                cached_blocks: Sequence[Block] = ()) -> int:
         """Free blocks `allocate_slots(request, num_new_tokens, cached_blocks)` takes: new blocks
         (including a copy-on-write copy) plus cached-free blocks the prefix hit revives."""
-        revive = sum(1 for b in cached_blocks if b.ref_cnt == 0)
-        return self.blocks_needed(request, num_new_tokens, len(cached_blocks)) + revive
+        table, num_cached = self._tables.get(request.request_id, ()), len(cached_blocks)
+        start = request.num_computed_tokens + num_cached * self.block_size
+        need = max(0, -(-(start + num_new_tokens) // self.block_size) - len(table) - num_cached)
+        if num_new_tokens and start % self.block_size and table and table[start // self.block_size].ref_cnt > 1:
+            need += 1
+        return need + sum(1 for b in cached_blocks if b.ref_cnt == 0)
 
     def can_allocate(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[Block] = (),
                      *, keep_free: int = 0) -> bool:
