@@ -305,8 +305,7 @@ def interference_workload(tokenizer, num_decoders: int = 4, decode_tokens: int =
     long_ids = (base * (long_prompt_tokens // len(base) + 1))[:long_prompt_tokens]
     out = [EngineRequest(f"chat-{i}", base[:8] + [20 + i], SamplingParams(max_tokens=decode_tokens, ignore_eos=True), 1)
            for i in range(num_decoders)]
-    for j in range(num_long):
-        ids = [min(t + j + 1, 49000) for t in long_ids]  # distinct prompts: no prefix hits between them
-        out.append(EngineRequest(f"long-{j}", ids, SamplingParams(max_tokens=4, ignore_eos=True),
-                                 4 + j * long_every))
+    for j in range(num_long):  # distinct prompts (each token + j + 1): no prefix hits between them
+        out.append(EngineRequest(f"long-{j}", [min(t + j + 1, 49000) for t in long_ids],
+                                 SamplingParams(max_tokens=4, ignore_eos=True), 4 + j * long_every))
     return out

@@ -196,9 +196,7 @@ class BlockPool:
         added = 0
         for i in range(first, -(-end // block_size)):
             block = blocks[i]
-            n = end - i * block_size
-            if n > block_size:
-                n = block_size
+            n = min(end - i * block_size, block_size)
             if n > block.num_filled:
                 added += n - block.num_filled
                 block.num_filled = n

@@ -106,8 +106,7 @@ class Groups:
     def stamp(self, plan: SchedulerOutput, sampled: dict[str, int], start_s: float, end_s: float) -> None:
         """Time stamps of the groups ``plan`` served (first scheduled, token steps), on the engine clock."""
         seen: set[int] = set()
-        batch = plan.batch
-        for r, samples in zip(batch.requests, batch.samples):
+        for r, samples in zip(plan.batch.requests, plan.batch.samples):
             g = r.data.group
             if g.first_scheduled_s is None:
                 g.first_scheduled_s = start_s
