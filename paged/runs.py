@@ -125,10 +125,10 @@ class Run(RecordFrames):
         self.sim, self.engine = None, getattr(front, "engine", front)
         self.label, self.tokenizer = "engine", self.engine.tokenizer
         self.workload = [w if isinstance(w, EngineRequest) else EngineRequest(**w) for w in workload]
-        if len({w.request_id for w in self.workload}) != len(self.workload):
+        self._ids = {w.request_id for w in self.workload}
+        if len(self._ids) != len(self.workload):
             raise ConfigError("workload request ids must be unique")
         self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
-        self._ids = {w.request_id for w in self.workload}
         self._token_times: dict[str, list[float]] = {}  # request id -> engine-clock end of each step with its tokens
         self.backend = backend_label(self.engine.device, self.engine.runner.backend)
 
