@@ -84,8 +84,7 @@ class HostTier:
         if not self.free and not self._evict_one():
             return False
         cpu = self.free.pop()
-        entry = HostBlock(cpu, block)
-        self.entries[entry.block_hash] = entry
+        entry = self.entries[block.block_hash] = HostBlock(cpu, block)
         self.policy.add(entry)
         self._out[cpu] = block.block_id
         self.num_tier_out_blocks += 1
@@ -100,9 +99,8 @@ class HostTier:
         or the hash is already here."""
         if source.block_hash in self.entries or (not self.free and not self._evict_one()):
             return None
-        entry = HostBlock(self.free.pop(), source)
+        entry = self.entries[source.block_hash] = HostBlock(self.free.pop(), source)
         entry.cid, entry.parent_cid = cid, parent_cid
-        self.entries[entry.block_hash] = entry
         self.policy.add(entry)
         return entry
 
