@@ -317,12 +317,11 @@ class BlockPool:
         if self.num_used:
             raise CacheInUseError(f"cannot reset the prefix cache while {self.num_used} blocks are in use; "
                                   "finish or abort all requests first")
-        dropped = 0
+        dropped = len(self.cached_free)  # every one is popped below
         while len(self.cached_free):
             block = self.cached_free.pop()
             self._drop_hash(block)
             self._free_plain.append(block)
-            dropped += 1
         self.recorder.emit(ev.RESET, None, None, dropped)
         return dropped
 

@@ -49,10 +49,8 @@ class KVCacheManager(KVCacheParts):
         self.prefix_cache_hits = 0
         self.host_cache_hits = 0     # prefix_cache_hits (tokens) served from the host tier
         self.num_cow_copies = 0
-        self.num_swapped_out_blocks = 0
-        self.num_swapped_in_blocks = 0
-        self.num_compactions = 0
-        self.num_compaction_copies = 0
+        self.num_swapped_out_blocks = self.num_swapped_in_blocks = 0
+        self.num_compactions = self.num_compaction_copies = 0
         self.last_compaction: CompactionPlan | None = None  # of the last compact()
 
     # ---- queries -----------------------------------------------------------------
