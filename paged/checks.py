@@ -46,9 +46,8 @@ def need_real(name: str, v: Any, error: Error, *, minimum: float | None = None, 
     if ok and maximum is not None:
         ok = v < maximum if open_max else v <= maximum
     if not ok:
-        lo = "" if minimum is None else ("(" if open_min else "[") + f"{minimum}, "
-        hi = "" if maximum is None else f"{maximum}" + (")" if open_max else "]")
-        rng = f" in {lo}{hi}" if minimum is not None and maximum is not None else \
+        rng = f" in {'(' if open_min else '['}{minimum}, {maximum}{')' if open_max else ']'}" \
+            if minimum is not None and maximum is not None else \
             (f" {'>' if open_min else '>='} {minimum}" if minimum is not None else
              (f" {'<' if open_max else '<='} {maximum}" if maximum is not None else ""))
         raise error(f"{name} must be a finite number{rng}, got {v!r}" + (f"; {hint}" if hint else ""))

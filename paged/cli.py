@@ -195,9 +195,8 @@ def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
         grid[key] = [_parse_value(v.strip()) for v in vals.split(",")]
         kind = _GRID_KINDS.get(key) or _sim_kinds().get(key)
         for v in grid[key]:
-            ok = kind is None or (kind is float and isinstance(v, (int, float)) and not isinstance(v, bool)) \
-                or (kind is int and isinstance(v, int) and not isinstance(v, bool)) or isinstance(v, kind) \
-                or v is None
+            ok = kind is None or v is None or isinstance(v, kind) \
+                or (kind is float and isinstance(v, int) and not isinstance(v, bool))
             if not ok:
                 raise PagedError(f"--grid {spec!r}: {key} takes {kind.__name__} values, got {v!r}")
     return grid

@@ -66,8 +66,7 @@ class RecordFrames:
         if not self.snapshots:
             raise ConfigError(f"this {self.noun} kept no snapshots; call run.keep_snapshots(stride) before stepping")
         keys = sorted(self.snapshots)
-        i = int(np.searchsorted(keys, step, side="right")) - 1
-        return self.snapshots[keys[max(i, 0)]]
+        return self.snapshots[keys[max(int(np.searchsorted(keys, step, side="right")) - 1, 0)]]
 
     def steps_frame(self):
         """pandas DataFrame of the step rows so far (STEP_COLUMNS)."""
@@ -126,10 +125,10 @@ class Run(RecordFrames):
         self.sim, self.engine = None, getattr(front, "engine", front)
         self.label, self.tokenizer = "engine", self.engine.tokenizer
         self.workload = [w if isinstance(w, EngineRequest) else EngineRequest(**w) for w in workload]
-        if len({w.request_id for w in self.workload}) != len(self.workload):
+        self._ids = {w.request_id for w in self.workload}
+        if len(self._ids) != len(self.workload):
             raise ConfigError("workload request ids must be unique")
         self._pending = sorted(self.workload, key=lambda w: w.arrival_step)
-        self._ids = {w.request_id for w in self.workload}
         self._token_times: dict[str, list[float]] = {}  # request id -> engine-clock end of each step with its tokens
         self.backend = backend_label(self.engine.device, self.engine.runner.backend)
 
@@ -221,9 +220,8 @@ class Run(RecordFrames):
                 return None
             row, events, plan = s.row, list(s.events), s.plan
         from paged.core.snapshot import written_blocks
-        kv = self.kv
-        self._track(events, kv.num_blocks)
-        self._written = written_blocks(kv, plan.scheduled)
+        self._track(events, self.kv.num_blocks)
+        self._written = written_blocks(self.kv, plan.scheduled)
         self.rows.append(row)
         if self.engine is not None:
             self.done = not self._pending and not self.engine.has_unfinished_requests()
@@ -249,10 +247,9 @@ class Run(RecordFrames):
         """KVSnapshot now; blocks written by the last step are marked WRITING (``with_tokens``: the
         blocks' token ids, by default for the engine only; ``block_range``: see
         ``paged.core.snapshot.take_snapshot``)."""
-        if with_tokens is None:
-            with_tokens = self.engine is not None
         return self.kv.snapshot(self.scheduler.requests, step=len(self.rows), writing=self._written,
-                                last_use=self._last_use, with_tokens=with_tokens, block_range=block_range)
+                                last_use=self._last_use, block_range=block_range,
+                                with_tokens=self.engine is not None if with_tokens is None else with_tokens)
 
     def request_rows(self) -> list[dict]:
         """REQUEST_COLUMNS rows: the engine's own records of the workload's finished requests; the
@@ -308,8 +305,7 @@ def interference_workload(tokenizer, num_decoders: int = 4, decode_tokens: int =
     long_ids = (base * (long_prompt_tokens // len(base) + 1))[:long_prompt_tokens]
     out = [EngineRequest(f"chat-{i}", base[:8] + [20 + i], SamplingParams(max_tokens=decode_tokens, ignore_eos=True), 1)
            for i in range(num_decoders)]
-    for j in range(num_long):
-        ids = [min(t + j + 1, 49000) for t in long_ids]  # distinct prompts: no prefix hits between them
-        out.append(EngineRequest(f"long-{j}", ids, SamplingParams(max_tokens=4, ignore_eos=True),
-                                 4 + j * long_every))
+    for j in range(num_long):  # distinct prompts (each token + j + 1): no prefix hits between them
+        out.append(EngineRequest(f"long-{j}", [min(t + j + 1, 49000) for t in long_ids],
+                                 SamplingParams(max_tokens=4, ignore_eos=True), 4 + j * long_every))
     return out

@@ -95,8 +95,8 @@ def events_frame(recorder: "ev.Recorder | Iterable[ev.Event]") -> "pd.DataFrame"
     """One row per event, in order (from a Recorder or its events). `value` is nullable (Int64)."""
     import pandas as pd
     events = recorder.events if isinstance(recorder, ev.Recorder) else list(recorder)
-    df = pd.DataFrame.from_records(events, columns=EVENT_COLUMNS)
-    return df.astype({"step": "int64", "block_id": "Int64", "value": "Int64"})
+    return pd.DataFrame.from_records(events, columns=EVENT_COLUMNS).astype(
+        {"step": "int64", "block_id": "Int64", "value": "Int64"})
 
 
 def block_lifetimes(events: "pd.DataFrame") -> "pd.DataFrame":

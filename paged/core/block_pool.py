@@ -196,9 +196,7 @@ class BlockPool:
         added = 0
         for i in range(first, -(-end // block_size)):
             block = blocks[i]
-            n = end - i * block_size
-            if n > block_size:
-                n = block_size
+            n = min(end - i * block_size, block_size)
             if n > block.num_filled:
                 added += n - block.num_filled
                 block.num_filled = n
@@ -319,12 +317,11 @@ class BlockPool:
         if self.num_used:
             raise CacheInUseError(f"cannot reset the prefix cache while {self.num_used} blocks are in use; "
                                   "finish or abort all requests first")
-        dropped = 0
+        dropped = len(self.cached_free)  # every one is popped below
         while len(self.cached_free):
             block = self.cached_free.pop()
             self._drop_hash(block)
             self._free_plain.append(block)
-            dropped += 1
         self.recorder.emit(ev.RESET, None, None, dropped)
         return dropped
 
@@ -337,10 +334,8 @@ class BlockPool:
         assert len(cached) == len(self.cached_free)
         assert all(b.ref_cnt == 0 and b.block_hash is not None for b in cached)
         assert all(b.ref_cnt == 0 and b.block_hash is None for b in self._free_plain)
-        never = self.num_blocks - self._next_fresh
-        assert self.num_used + len(cached) + len(self._free_plain) + never == self.num_blocks
-        indexed_free = {b.block_id for b in self.index.values() if b.ref_cnt == 0}
-        assert indexed_free == {b.block_id for b in cached}
+        assert self.num_used + len(cached) + len(self._free_plain) == self._next_fresh  # the rest never used
+        assert {b.block_id for b in self.index.values() if b.ref_cnt == 0} == {b.block_id for b in cached}
         assert all(self.index[b.block_hash] is b for b in self.index.values())
         assert self.num_filled_slots == sum(b.num_filled for b in used)
 

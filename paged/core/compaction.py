@@ -122,10 +122,7 @@ def _best_window(own: list[int], avail: bytearray, prefix_blocked: list[int],
                     best = key
                     if key[1] == 0:
                         break
-    if best is None:
-        return None
-    copies, dropped, s = best
-    return s, copies, dropped
+    return None if best is None else (best[2], best[0], best[1])  # key (copies, dropped, start) reordered
 
 
 def plan_compaction(tables: Sequence[tuple[str, Sequence[int]]], num_blocks: int, free: Iterable[int],

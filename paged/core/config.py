@@ -90,11 +90,10 @@ def check_share_map(share: Mapping[int, int] | None, num_layers: int | None = No
         if j in out:
             raise ConfigError(f"kv_share_with {{{i}: {j}}}: layer {j} is itself shared (with layer {out[j]}), so "
                               f"it has no cache; name the owner directly: {{{i}: {out[j]}}}")
-    if num_layers is not None:
-        for i, j in sorted(out.items()):
-            if i >= num_layers:
-                raise ConfigError(f"kv_share_with {{{i}: {j}}}: layer {i} is out of range; the model has "
-                                  f"layers 0..{num_layers - 1}")
+    for i, j in sorted(out.items()):
+        if num_layers is not None and i >= num_layers:
+            raise ConfigError(f"kv_share_with {{{i}: {j}}}: layer {i} is out of range; the model has "
+                              f"layers 0..{num_layers - 1}")
     return out or None
 
 

@@ -187,8 +187,8 @@ class ScorePolicy:
         self._counter = 0
         self._now = 0
 
-    def score(self, block: "Block", now: int | None = None) -> float:
-        age = (self._now if now is None else now) - block.last_access
+    def score(self, block: "Block") -> float:
+        age = self._now - block.last_access
         return (self.freq_weight * (block.hits + 1) * math.exp(-self._log_inv_decay * max(age, 0))
                 + self.size_weight * block.depth)
 

@@ -84,8 +84,7 @@ class HostTier:
         if not self.free and not self._evict_one():
             return False
         cpu = self.free.pop()
-        entry = HostBlock(cpu, block)
-        self.entries[entry.block_hash] = entry
+        entry = self.entries[block.block_hash] = HostBlock(cpu, block)
         self.policy.add(entry)
         self._out[cpu] = block.block_id
         self.num_tier_out_blocks += 1
@@ -100,9 +99,8 @@ class HostTier:
         or the hash is already here."""
         if source.block_hash in self.entries or (not self.free and not self._evict_one()):
             return None
-        entry = HostBlock(self.free.pop(), source)
+        entry = self.entries[source.block_hash] = HostBlock(self.free.pop(), source)
         entry.cid, entry.parent_cid = cid, parent_cid
-        self.entries[entry.block_hash] = entry
         self.policy.add(entry)
         return entry
 
@@ -160,13 +158,12 @@ class HostTier:
         request's new table, in order: the GPU blocks are revived, each host entry gets a new GPU
         block indexed under its hash and content id and a planned copy back (an allocation here may
         demote other cached-free blocks, never these). Emits a ``prefix_hit`` per block."""
-        entries = [e for e in cached if isinstance(e, HostBlock)]
         for e in cached:
             if isinstance(e, HostBlock):
                 self.take(e)  # out of reach of the demotions below
             else:
                 pool.touch(e, request_id)
-        fresh = iter(pool.allocate(len(entries), request_id) if entries else ())
+        fresh = iter(pool.allocate(sum(isinstance(e, HostBlock) for e in cached), request_id))
         table: list[Block] = []
         for e in cached:
             if isinstance(e, HostBlock):
@@ -214,10 +211,7 @@ class HostTier:
 
     def reset(self) -> int:
         """Drop every entry (between steps). Returns how many."""
-        n = len(self.entries)
-        for h in list(self.entries):
-            self.discard(h)
-        return n
+        return sum(self.discard(h) is not None for h in list(self.entries))
 
     def take_ops(self) -> tuple[BlockMapping, BlockMapping, int]:
         """This step's (gpu, cpu) tier-out and (cpu, gpu) tier-in copies and host evictions;

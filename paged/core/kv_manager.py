@@ -49,10 +49,8 @@ class KVCacheManager(KVCacheParts):
         self.prefix_cache_hits = 0
         self.host_cache_hits = 0     # prefix_cache_hits (tokens) served from the host tier
         self.num_cow_copies = 0
-        self.num_swapped_out_blocks = 0
-        self.num_swapped_in_blocks = 0
-        self.num_compactions = 0
-        self.num_compaction_copies = 0
+        self.num_swapped_out_blocks = self.num_swapped_in_blocks = 0
+        self.num_compactions = self.num_compaction_copies = 0
         self.last_compaction: CompactionPlan | None = None  # of the last compact()
 
     # ---- queries -----------------------------------------------------------------
@@ -78,21 +76,16 @@ class KVCacheManager(KVCacheParts):
         for everyone else, valid until the manager next changes it (the step's ``update``)."""
         return self._table(request_id)
 
-    def blocks_needed(self, request: Request, num_new_tokens: int, num_cached_blocks: int = 0) -> int:
-        """New blocks `allocate_slots` would take (including a copy-on-write copy)."""
-        table = self._tables.get(request.request_id, ())
-        start = request.num_computed_tokens + num_cached_blocks * self.block_size
-        need = max(0, -(-(start + num_new_tokens) // self.block_size) - len(table) - num_cached_blocks)
-        if num_new_tokens and start % self.block_size and table and table[start // self.block_size].ref_cnt > 1:
-            need += 1
-        return need
-
     def num_blocks_to_allocate(self, request: Request, num_new_tokens: int,
                                cached_blocks: Sequence[Block] = ()) -> int:
         """Free blocks `allocate_slots(request, num_new_tokens, cached_blocks)` takes: new blocks
         (including a copy-on-write copy) plus cached-free blocks the prefix hit revives."""
-        revive = sum(1 for b in cached_blocks if b.ref_cnt == 0)
-        return self.blocks_needed(request, num_new_tokens, len(cached_blocks)) + revive
+        table, num_cached = self._tables.get(request.request_id, ()), len(cached_blocks)
+        start = request.num_computed_tokens + num_cached * self.block_size
+        need = max(0, -(-(start + num_new_tokens) // self.block_size) - len(table) - num_cached)
+        if num_new_tokens and start % self.block_size and table and table[start // self.block_size].ref_cnt > 1:
+            need += 1
+        return need + sum(1 for b in cached_blocks if b.ref_cnt == 0)
 
     def can_allocate(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[Block] = (),
                      *, keep_free: int = 0) -> bool:
@@ -279,10 +272,8 @@ class KVCacheManager(KVCacheParts):
     def swap_out(self, request_id: str) -> BlockMapping | None:
         """Move a request's blocks to the CPU pool: (gpu, cpu) pairs, or None if it is full."""
         table = self._table(request_id)
-        if self.host is not None:
-            if not self.host.make_room(len(table)):  # tier entries give way to a preempted request
-                return None
-        elif len(table) > self.swap_space.num_free:
+        n = len(table)  # with a host tier, its entries give way to a preempted request
+        if not (self.host.make_room(n) if self.host is not None else n <= self.swap_space.num_free):
             return None
         cpus = self.swap_space.store(request_id, [b.num_filled for b in table])
         mapping: BlockMapping = [(b.block_id, cpu) for b, cpu in zip(table, cpus)]

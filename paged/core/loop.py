@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
 from . import events as ev
-from .kv_cache import KVCache
 from .plan import SchedulerOutput
 from .record import StepRecord
 from .request import Request
@@ -112,14 +111,6 @@ class StepLoop:
         self.executor = executor
         self.clock = clock
         self.observer = observer
-
-    @property
-    def kv(self) -> KVCache:
-        return self.scheduler.kv
-
-    @property
-    def recorder(self) -> ev.Recorder:
-        return self.scheduler.recorder
 
     def add_request(self, request: Request) -> None:
         """Queue ``request`` (raises, changing nothing, when it can never be served)."""

@@ -32,7 +32,7 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int = 16, *,
                  stop_token_ids: Iterable[int] = (), arrival_time: float = 0.0, priority: int = 0,
-                 cache_salt: str | None = None, extra_keys: tuple = (), data: Any = None) -> None:
+                 cache_salt: str | None = None, data: Any = None) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequestError(f"request_id must be a non-empty string, got {request_id!r}")
         if len(prompt_token_ids) == 0:
@@ -48,7 +48,7 @@ class Request:
         self.stop_token_ids = frozenset(stop_token_ids)
         self.arrival_time = arrival_time
         self.priority = priority  # lower value = served first (as in vLLM)
-        self.extra_keys = ((cache_salt,) if cache_salt is not None else ()) + tuple(extra_keys)
+        self.extra_keys = (cache_salt,) if cache_salt is not None else ()
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0

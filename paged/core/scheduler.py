@@ -172,8 +172,7 @@ class Scheduler:
                 copies = allocate(req, n)
             if copies is None:
                 continue
-            if copies:
-                out.block_copies.extend(copies)
+            out.block_copies.extend(copies)
             batch.add(req, done, n, done + n == total, blocks_of(req.request_id))
             budget -= n
             i += 1

@@ -52,18 +52,15 @@ class SwapSpace:
         if len(num_filled) > len(self.free):
             raise BlockStateError(f"swap of {len(num_filled)} blocks with {len(self.free)} CPU blocks free; "
                               "check num_free first")
-        pop = self.free.pop
-        saved = [(pop(), n) for n in num_filled]
-        self._held[request_id] = saved
+        saved = self._held[request_id] = [(self.free.pop(), n) for n in num_filled]
         return [cpu for cpu, _ in saved]
 
     def take(self, request_id: str) -> list[tuple[int, int]]:
         """Forget ``request_id``'s blocks (it is swapped back in) and return its (cpu block,
         num_filled) pairs in table order; the ids are NOT freed (the caller releases them once
         the copies that read them are applied)."""
-        saved = self._saved(request_id)
-        del self._held[request_id]
-        return saved
+        self._saved(request_id)  # UnknownRequestError when not swapped out
+        return self._held.pop(request_id)
 
     def give_back(self, cpu_blocks: Sequence[int]) -> None:
         """Return CPU blocks taken by ``take`` to the free stack."""

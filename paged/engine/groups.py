@@ -106,8 +106,7 @@ class Groups:
     def stamp(self, plan: SchedulerOutput, sampled: dict[str, int], start_s: float, end_s: float) -> None:
         """Time stamps of the groups ``plan`` served (first scheduled, token steps), on the engine clock."""
         seen: set[int] = set()
-        batch = plan.batch
-        for r, samples in zip(batch.requests, batch.samples):
+        for r, samples in zip(plan.batch.requests, plan.batch.samples):
             g = r.data.group
             if g.first_scheduled_s is None:
                 g.first_scheduled_s = start_s
@@ -195,8 +194,7 @@ class Groups:
                 cid = f"{g.request_id}{SEQ_ID_SEP}{k}"
                 sampled[cid] = toks[k]
                 if terminal[k]:  # (a terminal parent means every sample is terminal)
-                    reason = "stop" if toks[k] in req.stop_token_ids else "length"
-                    g.done.append((k, [toks[k]], reason))
+                    g.done.append((k, [toks[k]], "stop" if toks[k] in req.stop_token_ids else "length"))
                     continue
                 self.scheduler.fork(req.request_id, cid, last_token=toks[k], data=Seq(g, k, gens[k]))
                 g.live.add(cid)

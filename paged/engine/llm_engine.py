@@ -208,6 +208,5 @@ class LLMEngine:
         return out
 
     def _text(self, toks: Sequence[int], params: SamplingParams) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(toks, skip_special_tokens=params.skip_special_tokens)
+        return "" if self.tokenizer is None else self.tokenizer.decode(
+            toks, skip_special_tokens=params.skip_special_tokens)

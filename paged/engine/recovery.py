@@ -33,10 +33,9 @@ def abort_failed_step(engine: Any, plan: SchedulerOutput, exc: BaseException,
         # block compaction: moved blocks may never have received their K/V: drop their prefix
         # entries and abort the requests holding them
         moved = {dst for _, dst in plan.compaction_copies}
-        if moved:
-            kv.uncache_blocks(moved)
-            seqs += [r.request_id for r in engine.scheduler.running
-                     if kv.has(r.request_id) and not moved.isdisjoint(kv.block_table(r.request_id))]
+        kv.uncache_blocks(moved)
+        seqs += [r.request_id for r in engine.scheduler.running
+                 if kv.has(r.request_id) and not moved.isdisjoint(kv.block_table(r.request_id))]
         # host tier: brought-back blocks may be empty, demoted copies may be incomplete
         kv.uncache_blocks(gpu for _, gpu in plan.tier_in)
         kv.drop_host_blocks(cpu for _, cpu in plan.tier_out)

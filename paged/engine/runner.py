@@ -88,8 +88,7 @@ class ModelRunner:
         self.backend = attention_backend if attention_backend is not None else default_backend(self.device)
         resolved = kernels.resolve_backend(self.backend, self.device)  # a bad backend fails here, not mid-step
         cfg = model.config
-        self.kv_cache_dtype = kv_cache_dtype
-        self.kv_share_with = share = check_share_map(kv_share_with, cfg.num_layers)
+        share = check_share_map(kv_share_with, cfg.num_layers)
         # int4_kivi keeps unfilled blocks in a staging pool: about one per running (or swapped)
         # sequence once freed blocks are released. Start from max_num_seqs and let it grow
         # (forks for n > 1 and beams are not bounded by max_num_seqs; at most one slot per block).

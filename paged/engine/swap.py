@@ -97,9 +97,8 @@ class SwapExecutor:
                               f"kv_cache_dtype {first.kv_format.name!r} is already quantized (use "
                               "swap_compression=None)")
         self.device = first.device if first is not None else torch.device("cpu")
-        if streams is None:
-            streams = CudaStreams(self.device) if self.device.type == "cuda" and self._scheduled else NullStreams()
-        self.streams = streams
+        self.streams = streams if streams is not None else (
+            CudaStreams(self.device) if self.device.type == "cuda" and self._scheduled else NullStreams())
         self._ready: dict[int, Any] = {}           # layer -> event of its pending swap-in
         self._host_written: dict[int, Any] = {}    # host block -> event of the copy writing it
         self._host_read: dict[int, Any] = {}       # host block -> event of the copy reading it

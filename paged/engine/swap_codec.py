@@ -27,7 +27,6 @@ from kernels.format_table import int4_group
 class Codec:
     """Encode ``x`` ``[n, bs, H, D]`` into ``num_parts`` tensors with leading dim ``n``, and back."""
 
-    name = ""
     num_parts = 0
 
     def part_shapes(self, bs: int, h: int, d: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
@@ -41,7 +40,7 @@ class Codec:
 
 
 class Fp8BlockCodec(Codec):
-    name, num_parts = "fp8", 2
+    num_parts = 2
 
     def part_shapes(self, bs, h, d):
         return [((bs, h, d), torch.float8_e4m3fn), ((h,), torch.float32)]
@@ -61,7 +60,7 @@ class Fp8BlockCodec(Codec):
 
 
 class Int4BlockCodec(Codec):
-    name, num_parts = "int4", 3
+    num_parts = 3
 
     def part_shapes(self, bs, h, d):
         g = d // int4_group(d)
@@ -94,12 +93,5 @@ class CompressedHostLayer:
                  for _ in range(2) for shape, dt in codec.part_shapes(bs, h, d)]
         return cls(codec, parts)
 
-    @property
-    def num_blocks(self) -> int:
-        return self.parts[0].shape[0]
-
     def block_tensors(self) -> list[torch.Tensor]:
         return self.parts
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.parts)
