@@ -195,8 +195,9 @@ def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
         grid[key] = [_parse_value(v.strip()) for v in vals.split(",")]
         kind = _GRID_KINDS.get(key) or _sim_kinds().get(key)
         for v in grid[key]:
-            ok = kind is None or v is None or isinstance(v, kind) \
-                or (kind is float and isinstance(v, int) and not isinstance(v, bool))
+            # a bool is an int to isinstance: true/false only where the knob takes booleans
+            ok = kind is None or v is None or (kind in (bool, object) if isinstance(v, bool)
+                                               else isinstance(v, kind) or (kind is float and isinstance(v, int)))
             if not ok:
                 raise PagedError(f"--grid {spec!r}: {key} takes {kind.__name__} values, got {v!r}")
     return grid

@@ -41,6 +41,9 @@ def test_errors_name_the_problem(tmp_path, capsys):
     assert "tensor_parallel" in capsys.readouterr().err
     with pytest.raises(PagedError, match="unknown key"):
         parse_grid(["blocksize=1"])
+    for bad in ("block_size=true", "num_requests=false", "rate=true"):
+        with pytest.raises(PagedError, match="takes (int|float) values, got (True|False)"):
+            parse_grid([bad])
     assert parse_grid(["block_size=8,16", "enable_chunked_prefill=true,false", "rate=inf"]) == {
         "block_size": [8, 16], "enable_chunked_prefill": [True, False], "rate": [float("inf")]}
 
