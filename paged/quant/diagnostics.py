@@ -73,20 +73,19 @@ def _first_chunk(lm, texts, context_length: int):
 
 
 @torch.inference_mode()
-def _probe(model, formats, texts, context_length) -> tuple[_Probe, list]:
+def _probe(model, formats, texts, context_length) -> _Probe:
     lm = load(model)
     schemes = [s for s in resolve_schemes(formats, lm.config.head_dim) if not s.is_base]
     probe = _Probe(schemes, lm.config.head_dim)
-    chunks = _first_chunk(lm, texts, context_length)
-    ids = torch.tensor(chunks[0].ids)
+    ids = torch.tensor(_first_chunk(lm, texts, context_length)[0].ids)
     lm.model(ids, torch.arange(len(ids)), probe)
-    return probe, chunks
+    return probe
 
 
 def layer_errors(model=None, formats: str | Sequence[str] | None = None,
                  texts: Mapping[str, str] | None = None, context_length: int = 512) -> pd.DataFrame:
     """One row per (format, layer) on the first chunk of ``texts`` (None = the KJV prose)."""
-    probe, _ = _probe(model, formats, texts, context_length)
+    probe = _probe(model, formats, texts, context_length)
     df = pd.DataFrame(probe.rows)
     df.insert(0, "context_length", context_length)
     return df
@@ -97,7 +96,7 @@ def key_outliers(model=None, texts: Mapping[str, str] | None = None, context_len
     """``(channels, layers)``: per (layer, kv_head, channel) key absmax; per layer the excess
     kurtosis of its keys, the largest channel absmax over the median one, and the mean
     attention probability on the first token (queries at positions >= 1)."""
-    probe, _ = _probe(model, ["fp16"], texts, context_length)
+    probe = _probe(model, ["fp16"], texts, context_length)
     ch, lay = [], []
     for layer, k in sorted(probe.k.items()):
         amax = k.abs().amax(0)  # [H, D]
