@@ -85,8 +85,7 @@ def _probe(model, formats, texts, context_length) -> _Probe:
 def layer_errors(model=None, formats: str | Sequence[str] | None = None,
                  texts: Mapping[str, str] | None = None, context_length: int = 512) -> pd.DataFrame:
     """One row per (format, layer) on the first chunk of ``texts`` (None = the KJV prose)."""
-    probe = _probe(model, formats, texts, context_length)
-    df = pd.DataFrame(probe.rows)
+    df = pd.DataFrame(_probe(model, formats, texts, context_length).rows)
     df.insert(0, "context_length", context_length)
     return df
 
@@ -124,9 +123,7 @@ def layer_sensitivity(model=None, formats: str | Sequence[str] | None = ("int4",
     targets = torch.tensor(chunk.ids[rows_sl.start + 1:rows_sl.stop + 1])
     base = chunk_logits(lm.model, chunk.ids, QuantKVAttention("fp32", cfg.num_layers, cfg.head_dim), rows_sl)
     out = []
-    for s in resolve_schemes(formats, cfg.head_dim):
-        if s.is_base:
-            continue
+    for s in [s for s in resolve_schemes(formats, cfg.head_dim) if not s.is_base]:
         for layer in (range(cfg.num_layers) if layers is None else layers):
             cache = QuantKVAttention(s, cfg.num_layers, cfg.head_dim, layers=[layer])
             st = summarize(token_stats(base, chunk_logits(lm.model, chunk.ids, cache, rows_sl), targets))

@@ -95,8 +95,7 @@ def calibrate_fp8(model, seqs: Sequence[Sequence[int]]) -> dict[tuple[int, bool]
     rec = _AbsMax(model.config.head_dim)
     dev = next(model.parameters()).device
     for ids in seqs:
-        x = torch.tensor(list(ids), dtype=torch.long, device=dev)
-        model(x, torch.arange(len(ids), device=dev), rec)
+        model(torch.tensor(list(ids), dtype=torch.long, device=dev), torch.arange(len(ids), device=dev), rec)
     return rec.amax
 
 
