@@ -106,8 +106,8 @@ def compile_all(archs: tuple[int, ...] = (80, 90), quick: bool = False, log=prin
     n = 0
     for arch in archs:
         for name, fn, types, consts in cases(quick):
-            sig = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
-            const = {name: consts[name] for name in fn.arg_names if name in consts}
+            sig = {arg: "constexpr" if arg in consts else types[arg] for arg in fn.arg_names}
+            const = {arg: consts[arg] for arg in fn.arg_names if arg in consts}
             t0 = time.perf_counter()
             try:
                 triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", arch, 32))
