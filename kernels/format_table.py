@@ -51,11 +51,10 @@ from dataclasses import dataclass
 
 from .errors import KVFormatError, ShapeError
 
-__all__ = ["KVFormat", "SideFormat", "FORMATS", "FRONT", "FRONT_BLOCK_SIZE", "ALIASES", "DEFAULT_INT4_GROUP", "lookup",
-           "format_for_dtype",
-           "bytes_per_token", "int4_group", "parse_split", "side_bytes", "staging_tokens_per_seq", "CODE_PLAIN",
-           "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4", "CODE_INT4_KIVI", "CODE_KIVI", "CODE_CB", "CODE_SPLIT",
-           "FP8_CODES", "INT4_CODES"]
+__all__ = ["KVFormat", "SideFormat", "FORMATS", "FRONT", "FRONT_BLOCK_SIZE", "ALIASES", "DEFAULT_INT4_GROUP",
+           "lookup", "format_for_dtype", "bytes_per_token", "int4_group", "parse_split", "side_bytes",
+           "staging_tokens_per_seq", "CODE_PLAIN", "CODE_E4M3", "CODE_E5M2", "CODE_INT8", "CODE_INT4",
+           "CODE_INT4_KIVI", "CODE_KIVI", "CODE_CB", "CODE_SPLIT", "FP8_CODES", "INT4_CODES"]
 
 # Kernel format codes (KVFormat.code). Plain ints here; constexpr copies in triton_impl/common.py.
 CODE_PLAIN = 0       # fp16 / bf16 / fp32: the stored dtype is the value

@@ -81,16 +81,10 @@ class KVArtefact:
                 "calibrate this model with `python -m paged quant-calibrate --model <model> --out FILE` and point "
                 "PAGED_KV_CALIBRATION at FILE")
 
-    def keys_for(self, fmt: KVFormat, block_size: int) -> list[str]:
-        out = []
-        if fmt.k_side.alloc:
-            out.append(k_key(fmt.k_side, block_size))
-        if fmt.v_side.code == CODE_CB:
-            out.append(v_key(fmt.v_side))
-        return out
-
     def check_format(self, fmt: KVFormat, block_size: int) -> None:
-        missing = [k for k in self.keys_for(fmt, block_size) if k not in self.entries]
+        missing = [k for k, need in ((k_key(fmt.k_side, block_size), fmt.k_side.alloc),
+                                     (v_key(fmt.v_side), fmt.v_side.code == CODE_CB))
+                   if need and k not in self.entries]
         if missing:
             raise KVFormatError(
                 f"calibration file {self.path} has no table for {missing} (kv format {fmt.name!r}, block_size "

@@ -145,10 +145,6 @@ def attend_split(q: torch.Tensor, qpos: torch.Tensor, kq: torch.Tensor, ke: torc
     return out.transpose(0, 1)
 
 
-def _hadamard_t(layer: "KVCacheLayer") -> torch.Tensor | None:
-    return layer.tables.hadamard.T if layer.kv_format.v_side.rotate else None
-
-
 def split_prefill_ref(q: torch.Tensor, layer: "KVCacheLayer", block_tables: torch.Tensor, seq_lens: torch.Tensor,
                       query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
     """The torch reference of prefill/extend over a split layer (one sequence at a time)."""
@@ -164,7 +160,7 @@ def split_prefill_ref(q: torch.Tensor, layer: "KVCacheLayer", block_tables: torc
         cut = lambda x: None if x is None else x[:ctx]  # noqa: E731
         qpos = torch.arange(ctx - (b - a), ctx, device=q.device)
         o = attend_split(q[a:b], qpos, kq[:ctx], cut(ke), vq[:ctx], cut(ve), staged[:ctx], layer.kv_format,
-                         _hadamard_t(layer), scale)
+                         layer.tables.hadamard.T if layer.kv_format.v_side.rotate else None, scale)
         out[a:b] = o.to(q.dtype)
     return out
 

@@ -54,10 +54,6 @@ class StagingPool:
         return self.k.shape[0]
 
     @property
-    def num_free(self) -> int:
-        return len(self.free)
-
-    @property
     def num_used(self) -> int:
         return self.num_slots - len(self.free)
 
@@ -84,7 +80,7 @@ class StagingPool:
 
     def exhausted(self, needed: int, what: str) -> StagingExhaustedError:
         return StagingExhaustedError(
-            f"the staging pool is full: {what} needs {needed} free slot(s), {self.num_free} of "
+            f"the staging pool is full: {what} needs {needed} free slot(s), {len(self.free)} of "
             f"{self.num_slots} are free. Allocate the layer with a larger num_staging_blocks= (at least the "
             f"number of blocks that are not full at once, about one per running request), or call "
             f"kernels.release_blocks(layer, ids) for blocks the KV manager freed")
@@ -93,16 +89,12 @@ class StagingPool:
         """Host int64 slots (-1: not staged) of host block ids."""
         return self.map_host[blocks.long()].long()
 
-    def assign(self, blocks: list[int]) -> list[int]:
+    def assign(self, blocks: list[int]) -> None:
         """Give each (unstaged, distinct) block a free slot; the caller has checked the count."""
-        slots = [self.free.pop() for _ in blocks]
-        self._set(blocks, slots)
-        return slots
+        self._set(blocks, [self.free.pop() for _ in blocks])
 
     def unassign(self, blocks: list[int]) -> None:
         """Return the slots of the staged blocks among ``blocks`` to the free list (others are skipped)."""
-        if not blocks:
-            return
         idx = torch.tensor(list(dict.fromkeys(blocks)), dtype=torch.long)  # one lookup, not one per block
         slots = self.map_host[idx]
         staged = slots >= 0

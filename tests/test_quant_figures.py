@@ -1,10 +1,9 @@
-"""Figures and markdown of the quant study from a synthetic table (no model needed)."""
+"""Figures of the quant study from a synthetic table (no model needed)."""
 from __future__ import annotations
 
 import pandas as pd
 
 from paged.viz import quant as figures
-from paged.quant.report import markdown_table
 
 
 def _table() -> pd.DataFrame:
@@ -42,12 +41,6 @@ def test_render_marks_the_divergence():
             return "".join(chr(97 + i) for i in ids)
     html = figures.render(["a", "b"], ["abc", "abd"], [[0, 1, 2], [0, 1, 3]], Tok())
     assert "first difference at token 2" in html and "background" in html
-
-
-def test_markdown_table_order():
-    md = markdown_table(_table(), 64)
-    lines = md.splitlines()
-    assert lines[2].startswith("| fp32 ") and lines[3].startswith("| fp16 ") and lines[4].startswith("| int8 ")
 
 
 def test_front_vs_llamacpp_draws_both_rotations_and_our_front():

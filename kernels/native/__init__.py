@@ -51,11 +51,6 @@ ENABLED = os.environ.get("PAGED_NATIVE", "1") != "0"
 _reason = ""
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.environ.get("PAGED_NATIVE_DIR") or os.path.join(base, "paged-kv")
-
-
 def _cpu_key() -> str:
     """What ``-march=native`` depends on: the CPU's feature flags (so a moved cache is rebuilt)."""
     try:
@@ -72,7 +67,8 @@ def _build(cc: str) -> str:
     src = b"".join(open(os.path.join(_HERE, f), "rb").read() + " ".join(x).encode() for f, x in _SOURCES)
     flags = repr([cc, _FLAGS, _VARIANTS]).encode()
     key = hashlib.sha256(src + flags + _cpu_key().encode()).hexdigest()[:16]
-    out_dir = _cache_dir()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    out_dir = os.environ.get("PAGED_NATIVE_DIR") or os.path.join(base, "paged-kv")
     lib = os.path.join(out_dir, f"paged_native_{key}.so")
     if os.path.exists(lib):
         return lib

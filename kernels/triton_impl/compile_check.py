@@ -25,11 +25,6 @@ _FORMATS = [(CODE_PLAIN, "*fp16", "*fp16"), (CODE_PLAIN, "*bf16", "*bf16"), (COD
 _NO_WRITE_KERNEL = (CODE_INT4_KIVI,)  # int4_kivi writes with torch ops (kernels.kivi_cache)
 
 
-def _sig(fn, types: dict, consts: dict) -> tuple[dict, dict]:
-    sig = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
-    return sig, {name: consts[name] for name in fn.arg_names if name in consts}
-
-
 def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
     """Every kernel specialisation worth compiling: all formats, dot dtypes and tile shapes."""
     from .attention import decode_merge_kernel, decode_split_kernel, prefill_kernel
@@ -111,7 +106,8 @@ def compile_all(archs: tuple[int, ...] = (80, 90), quick: bool = False, log=prin
     n = 0
     for arch in archs:
         for name, fn, types, consts in cases(quick):
-            sig, const = _sig(fn, types, consts)
+            sig = {arg: "constexpr" if arg in consts else types[arg] for arg in fn.arg_names}
+            const = {arg: consts[arg] for arg in fn.arg_names if arg in consts}
             t0 = time.perf_counter()
             try:
                 triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", arch, 32))

@@ -28,7 +28,7 @@ from .lab import LabCache, LabSpec
 from .metrics import TokenStats, summarize, token_stats
 from .schemes import Scheme
 from .runs import chunk_logits
-from .text import Chunk, make_chunks, scored_slice
+from .text import Chunk, load_texts, make_chunks, scored_slice
 
 __all__ = ["Evaluator", "eval_chunks", "PROTOCOLS"]
 
@@ -43,7 +43,6 @@ PROTOCOLS: dict[str, dict[str, tuple[int, int]]] = {
 
 def eval_chunks(lm, protocol: str | Mapping[str, tuple[int, int]]) -> list[Chunk]:
     """The chunks of a protocol (a :data:`PROTOCOLS` name or ``{source: (ctx, n_chunks)}``)."""
-    from .text import load_texts
     spec = PROTOCOLS[protocol] if isinstance(protocol, str) else dict(protocol)
     texts = load_texts(list(spec))
     out: list[Chunk] = []

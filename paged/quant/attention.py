@@ -70,10 +70,6 @@ class QuantKVAttention:
             self.k[layer] = self.kivi[layer].truncate(n) if kivi else self.k[layer][:n]
             self.v[layer] = self.v[layer][:n]
 
-    @property
-    def num_tokens(self) -> int:
-        return 0 if self.v[0] is None else self.v[0].shape[0]
-
     def _store(self, layer: int, x: torch.Tensor, side: Side, which: int) -> torch.Tensor:
         if side.per_channel:
             return self.kivi[layer].append(x)

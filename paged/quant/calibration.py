@@ -124,8 +124,7 @@ def collect(lm, chunks: Sequence[Sequence[int]] | None = None, *, context_length
     rec = _Recorder(model, keep)
     model.rope.ensure(torch.tensor([longest - 1]))
     for ids in chunks:
-        x = torch.tensor(list(ids), dtype=torch.long)
-        model(x, torch.arange(len(ids)), rec)
+        model(torch.tensor(list(ids), dtype=torch.long), torch.arange(len(ids)), rec)
     hd, nkv = cfg.head_dim, cfg.num_kv_heads
     wo2 = []
     for layer in model.layers:

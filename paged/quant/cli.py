@@ -75,8 +75,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except ValueError:
         raise ConfigError(f"--block-size takes integers separated by commas, got {args.block_size!r}") from None
     lm = load(args.model)
-    calib = collect(lm)
-    art = fit(calib, [f for f in args.formats.split(",") if f.strip()], sizes, lm.model)
+    art = fit(collect(lm), [f for f in args.formats.split(",") if f.strip()], sizes, lm.model)
     art.save(args.out)
     print(f"{args.out}: {art.describe()}")
     return 0

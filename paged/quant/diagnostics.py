@@ -73,21 +73,19 @@ def _first_chunk(lm, texts, context_length: int):
 
 
 @torch.inference_mode()
-def _probe(model, formats, texts, context_length) -> tuple[_Probe, list]:
+def _probe(model, formats, texts, context_length) -> _Probe:
     lm = load(model)
     schemes = [s for s in resolve_schemes(formats, lm.config.head_dim) if not s.is_base]
     probe = _Probe(schemes, lm.config.head_dim)
-    chunks = _first_chunk(lm, texts, context_length)
-    ids = torch.tensor(chunks[0].ids)
+    ids = torch.tensor(_first_chunk(lm, texts, context_length)[0].ids)
     lm.model(ids, torch.arange(len(ids)), probe)
-    return probe, chunks
+    return probe
 
 
 def layer_errors(model=None, formats: str | Sequence[str] | None = None,
                  texts: Mapping[str, str] | None = None, context_length: int = 512) -> pd.DataFrame:
     """One row per (format, layer) on the first chunk of ``texts`` (None = the KJV prose)."""
-    probe, _ = _probe(model, formats, texts, context_length)
-    df = pd.DataFrame(probe.rows)
+    df = pd.DataFrame(_probe(model, formats, texts, context_length).rows)
     df.insert(0, "context_length", context_length)
     return df
 
@@ -97,7 +95,7 @@ def key_outliers(model=None, texts: Mapping[str, str] | None = None, context_len
     """``(channels, layers)``: per (layer, kv_head, channel) key absmax; per layer the excess
     kurtosis of its keys, the largest channel absmax over the median one, and the mean
     attention probability on the first token (queries at positions >= 1)."""
-    probe, _ = _probe(model, ["fp16"], texts, context_length)
+    probe = _probe(model, ["fp16"], texts, context_length)
     ch, lay = [], []
     for layer, k in sorted(probe.k.items()):
         amax = k.abs().amax(0)  # [H, D]
@@ -125,9 +123,7 @@ def layer_sensitivity(model=None, formats: str | Sequence[str] | None = ("int4",
     targets = torch.tensor(chunk.ids[rows_sl.start + 1:rows_sl.stop + 1])
     base = chunk_logits(lm.model, chunk.ids, QuantKVAttention("fp32", cfg.num_layers, cfg.head_dim), rows_sl)
     out = []
-    for s in resolve_schemes(formats, cfg.head_dim):
-        if s.is_base:
-            continue
+    for s in [s for s in resolve_schemes(formats, cfg.head_dim) if not s.is_base]:
         for layer in (range(cfg.num_layers) if layers is None else layers):
             cache = QuantKVAttention(s, cfg.num_layers, cfg.head_dim, layers=[layer])
             st = summarize(token_stats(base, chunk_logits(lm.model, chunk.ids, cache, rows_sl), targets))

@@ -275,10 +275,8 @@ class LabCache:
         spec.check(cfg.head_dim)
         self.spec, self.model = spec, model
         self.num_layers, self.head_dim = cfg.num_layers, cfg.head_dim
-        self.codecs = []
-        for i in range(cfg.num_layers):
-            ks, vs = spec.sides(i)
-            self.codecs.append((SideCodec(ks, "k", i, calib, cfg.head_dim), SideCodec(vs, "v", i, calib, cfg.head_dim)))
+        self.codecs = [tuple(SideCodec(sd, side, i, calib, cfg.head_dim)
+                             for sd, side in zip(spec.sides(i), "kv")) for i in range(cfg.num_layers)]
         self.stage_codecs = [tuple(None if st is None else SideCodec(st, side, i, calib, cfg.head_dim)
                                    for st, side in ((spec.k_stage, "k"), (spec.v_stage, "v")))
                              for i in range(cfg.num_layers)]

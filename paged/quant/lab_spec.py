@@ -161,10 +161,7 @@ class LabSpec:
         return base + "".join(tag for flag, tag in flags if flag)
 
     def sides(self, layer: int) -> tuple[SideSpec, SideSpec]:
-        for i, k, v in self.layers:
-            if i == layer:
-                return k, v
-        return self.k, self.v
+        return next(((k, v) for i, k, v in self.layers if i == layer), (self.k, self.v))
 
     def bits(self, num_layers: int, head_dim: int, context: int = 2048) -> tuple[float, float, float]:
         """``(k bits, v bits, mean)`` per value averaged over layers, amortised at ``context`` tokens.

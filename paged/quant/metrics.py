@@ -48,10 +48,7 @@ def token_stats(base_logits: torch.Tensor, q_logits: torch.Tensor, targets: torc
     kld = (lb.exp() * (lb - lq)).sum(-1).clamp_min(0.0)
     same = (lb.argmax(-1) == lq.argmax(-1)).double()
     dp = torch.exp(-nq) - torch.exp(-nb)
-    s = TokenStats()
-    for name, x in (("nll_base", nb), ("nll_q", nq), ("kld", kld), ("same_top1", same), ("dp", dp)):
-        getattr(s, name).append(x.cpu().numpy())
-    return s
+    return TokenStats(*([x.cpu().numpy()] for x in (nb, nq, kld, same, dp)))
 
 
 def summarize(s: TokenStats) -> dict[str, float]:

@@ -62,7 +62,7 @@ def greedy_many(model, caches: Sequence[QuantKVAttention], first: Sequence[int],
 class _AbsMax:
     """Exact attention that records per-head absmax of K and V (plain and Hadamard-rotated)."""
 
-    def __init__(self, num_layers: int, head_dim: int) -> None:
+    def __init__(self, head_dim: int) -> None:
         self.rot = hadamard(head_dim)
         self.amax: dict[tuple[int, bool], list[torch.Tensor]] = {}
 
@@ -92,12 +92,10 @@ def greedy_prompts(tokenizer, per_text: int = 4, length: int = 128) -> list[list
 def calibrate_fp8(model, seqs: Sequence[Sequence[int]]) -> dict[tuple[int, bool], list[torch.Tensor]]:
     """Per-layer, per-KV-head absmax of K and V over ``seqs``: ``{(layer, rotated): [k_amax [H],
     v_amax [H]]}``; :func:`fp8_scales` turns it into a scheme's scales."""
-    cfg = model.config
-    rec = _AbsMax(cfg.num_layers, cfg.head_dim)
+    rec = _AbsMax(model.config.head_dim)
     dev = next(model.parameters()).device
     for ids in seqs:
-        x = torch.tensor(list(ids), dtype=torch.long, device=dev)
-        model(x, torch.arange(len(ids), device=dev), rec)
+        model(torch.tensor(list(ids), dtype=torch.long, device=dev), torch.arange(len(ids), device=dev), rec)
     return rec.amax
 
 

@@ -89,13 +89,11 @@ class Side:
             return 8.0
         if self.kind == "int8":
             return 8.0 + 16.0 / head_dim
-        if self.kind == "int4":
-            return 4.0 + 32.0 / self.group
         if self.kind == "int4sym":
             return 4.0 + 16.0 / self.group  # fp16 scale, no zero point
         if self.kind == "kiviq":  # 8 + 7 bits per channel and group, two fp16 super-scales per group-head
             return 4.0 + 15.0 / self.group + 32.0 / (self.group * head_dim)
-        return 4.0 + 32.0 / self.group  # kivi: fp16 scale + zero per channel per group of tokens
+        return 4.0 + 32.0 / self.group  # int4, kivi: fp16 scale + zero per group (kivi: per channel)
 
     def check(self, head_dim: int) -> None:
         if self.per_channel and self.group < 2:

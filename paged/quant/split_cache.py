@@ -111,14 +111,6 @@ class SplitCache:
             self.kq[layer] = done
         return raw if done is None else torch.cat([done, raw[done.shape[0]:]])
 
-    def _exact_keys(self, layer: int, side) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys read from codes (exact sides: their stored values), and which positions are staged."""
-        raw = self.raw[layer]
-        n = 0 if self.kq[layer] is None else self.kq[layer].shape[0]
-        if side.code != CODE_KIVI:
-            return raw, torch.zeros(raw.shape[0], dtype=torch.bool)
-        return raw, torch.arange(raw.shape[0]) >= n
-
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         dtype = q.dtype
         q, k, v = q.float(), k.float(), v.float()
@@ -127,7 +119,9 @@ class SplitCache:
         ks, vs = fmt.k_side, fmt.v_side
         kd = k.to(torch.float16).float() if not ks.exact else k.to(ks.storage_dtype).float()
         kq = self._keys(layer, kd, start)
-        ke, staged = self._exact_keys(layer, ks)
+        ke, sealed = self.raw[layer], 0 if self.kq[layer] is None else self.kq[layer].shape[0]
+        staged = (torch.arange(ke.shape[0]) >= sealed if ks.code == CODE_KIVI
+                  else torch.zeros(ke.shape[0], dtype=torch.bool))
         if vs.exact:
             vnew = v.to(vs.storage_dtype).float()
         else:

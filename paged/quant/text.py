@@ -31,9 +31,8 @@ def text_dir() -> Path:
 
 def load_texts(sources: Sequence[str] | None = None) -> dict[str, str]:
     """``{source: text}`` for the named shipped sources (None = all three)."""
-    names = list(SOURCES) if sources is None else list(sources)
     out = {}
-    for name in names:
+    for name in SOURCES if sources is None else sources:
         if name not in SOURCES:
             raise ConfigError(f"unknown text source {name!r}; use one of {list(SOURCES)} or pass texts={{label: text}}")
         path = text_dir() / SOURCES[name]
