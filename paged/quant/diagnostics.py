@@ -72,13 +72,13 @@ def _first_chunk(lm, texts, context_length: int):
     return make_chunks(raw, lm.tokenizer, context_length, max_chunks=1, max_model_len=lm.max_model_len)
 
 
-@torch.inference_mode()
 def _probe(model, formats, texts, context_length) -> _Probe:
-    lm = load(model)
+    lm = load(model)  # outside inference mode: packing the weights reads their version counters
     schemes = [s for s in resolve_schemes(formats, lm.config.head_dim) if not s.is_base]
     probe = _Probe(schemes, lm.config.head_dim)
     ids = torch.tensor(_first_chunk(lm, texts, context_length)[0].ids)
-    lm.model(ids, torch.arange(len(ids)), probe)
+    with torch.inference_mode():
+        lm.model(ids, torch.arange(len(ids)), probe)
     return probe
 
 
@@ -110,12 +110,11 @@ def key_outliers(model=None, texts: Mapping[str, str] | None = None, context_len
     return pd.DataFrame(ch), pd.DataFrame(lay)
 
 
-@torch.inference_mode()
 def layer_sensitivity(model=None, formats: str | Sequence[str] | None = ("int4",),
                       texts: Mapping[str, str] | None = None, context_length: int = 512,
                       layers: Sequence[int] | None = None) -> pd.DataFrame:
     """KLD (and ΔNLL) when only one layer is quantized, per (format, layer), first chunk of ``texts``.
-    Costs one forward per format and layer."""
+    Costs one forward per format and layer (``chunk_logits`` runs in inference mode)."""
     lm = load(model)
     cfg = lm.config
     chunk = _first_chunk(lm, texts, context_length)[0]
