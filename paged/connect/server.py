@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -62,6 +63,28 @@ def _post(url: str, body: dict | None, timeout: float) -> Any:
     return json.loads(text) if text.strip() else None
 
 
+def _gather(futures: list[Future]) -> "Future[list]":
+    """One future of every result in order, set when the last of ``futures`` ends (no thread waits on them;
+    a failed or cancelled one fails it)."""
+    out: Future = Future()
+    left, lock = [len(futures)], threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            out.set_result([f.result() for f in futures])
+        except BaseException as e:  # handed to the caller through the future
+            out.set_exception(e)
+    if not futures:
+        out.set_result([])
+    for f in futures:
+        f.add_done_callback(one_done)
+    return out
+
+
 class Client:
     """Requests to an OpenAI-compatible vLLM server at ``base_url`` (ours starts one; or one you run,
     on a GPU machine elsewhere): ``complete``, ``submit`` (in the background), ``reset_prefix_cache``."""
@@ -69,7 +92,7 @@ class Client:
     def __init__(self, base_url: str, served_model_name: str) -> None:
         self.base_url = base_url.rstrip("/")
         self.served_model_name = served_model_name
-        self._pool: ThreadPoolExecutor | None = None
+        self._pools: dict[int, ThreadPoolExecutor] = {}  # concurrency -> its pool of that many threads
 
     @property
     def metrics_url(self) -> str:
@@ -94,10 +117,17 @@ class Client:
                **kw: Any) -> "Future[list[dict]]":
         """Send ``prompts`` (at most ``concurrency`` at a time) in the background; a future of the
         answers, in order (a failed request fails the future)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max(1, concurrency) + 1, thread_name_prefix="paged-vllm-client")
-        futures = [self._pool.submit(self.complete, p, max_tokens, **kw) for p in prompts]
-        return self._pool.submit(lambda: [f.result() for f in futures])
+        n = max(1, concurrency)
+        pool = self._pools.get(n)
+        if pool is None:
+            pool = self._pools[n] = ThreadPoolExecutor(n, thread_name_prefix=f"paged-vllm-client{n}")
+        return _gather([pool.submit(self.complete, p, max_tokens, **kw) for p in prompts])
+
+    def close(self) -> None:
+        """Cancel what ``submit`` has not sent yet and let its threads go (idempotent)."""
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._pools.clear()
 
     def reset_prefix_cache(self, timeout: float = 30.0) -> None:
         """POST /reset_prefix_cache (needs ``VLLM_SERVER_DEV_MODE=1`` on the server; ours sets it)."""
@@ -212,9 +242,7 @@ class VLLMServer(Client):
     def cleanup(self) -> None:
         """Stop, then remove the temporary directory (sockets, and the log unless given a path)."""
         self.stop()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "VLLMServer":
