@@ -94,14 +94,28 @@ def test_published_blocks_chain_to_their_parents_as_the_engine_hashes_them(tiny,
 
 
 def test_host_tier_blocks_are_published_as_cpu_medium(tiny, tmp_path):
+    """The CPU tier's forest holds exactly the host entries, each block under the parent it had on the GPU
+    (vLLM's offloading events carry their own parent): not every demoted block a root."""
+    from paged.core.prefix_cache import BlockHasher
     ev = f"ipc://{tmp_path}/ev"
     llm = paged.LLM(tiny, block_size=4, num_blocks=10, num_cpu_blocks=6, enable_host_tier=True)
     speaker = pc.publish(llm, kv_events_endpoint=ev)
+    hasher = BlockHasher(4, llm.engine.config.cache.hash_fn)
     with pc.connect(events=ev, background=False, medium=MEDIUM_CPU) as cpu:
-        llm.generate(prompts_with_prefix(3, base=20) + prompts_with_prefix(3, base=60), GREEDY)
+        outs = llm.generate(prompts_with_prefix(3, base=20) + prompts_with_prefix(3, base=60), GREEDY)
         assert llm.kv_manager.host.num_tier_out_blocks > 0
         assert cpu.wait_until(lambda s: s.status["last_seq"] == speaker.publisher.seq - 1, 5)
         assert cpu.forest.live == {to_int_hash(h) for h in llm.kv_manager.host.entries}
+        parent_of = {}
+        for o in outs:
+            seq = o.prompt_token_ids + o.outputs[0].token_ids[:-1]
+            chain: list = []
+            hasher.extend(chain, seq, (), len(seq))
+            chain = [to_int_hash(h) for h in chain]
+            parent_of.update(zip(chain, [None] + chain[:-1]))
+        nodes = cpu.forest.nodes
+        assert {h: n.parent for h, n in nodes.items()} == {h: parent_of[h] for h in nodes}
+        assert any(n.parent is not None for n in nodes.values())  # deeper blocks were demoted too
     speaker.close()
 
 

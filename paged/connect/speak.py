@@ -68,6 +68,7 @@ class EngineSpeaker:
         self._pending: list[KVEvent] = []
         self._chain_rid: Any = None                      # request of the last pending BlockStored (GPU)
         self._host: dict[int, Any] = {}                  # CPU block -> hash published as CPU-stored
+        self._parents: dict[Any, Any] = {}               # published hash -> its published parent (None: a root)
         self._gpu: set = set()                           # hashes published as GPU-stored (as the pool keys them)
         self._preemptions = 0
         self._rows_seen = 0
@@ -93,6 +94,7 @@ class EngineSpeaker:
         elif kind == ev.RESET:
             self._host.clear()
             self._gpu.clear()
+            self._parents.clear()
             if self.publisher is not None:
                 self._pending.append(AllBlocksCleared())
                 self.flush()
@@ -113,6 +115,7 @@ class EngineSpeaker:
         block = self.engine.kv.pool.blocks[bid]
         self._gpu.add(block.block_hash)
         h, parent = self._h(block.block_hash), self._h(self._parent_hash(rid, block))
+        self._parents[h] = parent  # a block leaves for the host tier without a request: its parent from here
         last = self._pending[-1] if self._pending else None
         if (isinstance(last, BlockStored) and self._chain_rid == rid and last.medium == MEDIUM_GPU
                 and last.block_hashes[-1] == parent):
@@ -133,7 +136,8 @@ class EngineSpeaker:
         if block.block_hash is None:
             return
         self._gpu.discard(block.block_hash)
-        h, parent = self._h(block.block_hash), self._h(self._parent_hash(None, block))
+        h = self._h(block.block_hash)
+        parent = self._parents.get(h)
         self._pending += [BlockRemoved((h,), MEDIUM_GPU),
                           BlockStored((h,), parent, tuple(block.token_ids), len(block.token_ids), MEDIUM_CPU)]
         self._host[cpu] = h
@@ -151,6 +155,9 @@ class EngineSpeaker:
             live = {e.block_id for e in host.entries.values()}
             for cpu in [c for c in self._host if c not in live]:
                 self._pending.append(BlockRemoved((self._host.pop(cpu),), MEDIUM_CPU))
+        if len(self._parents) > 2 * (len(self._gpu) + len(self._host)) + 64:  # forget hashes held nowhere
+            held = {self._h(x) for x in self._gpu} | set(self._host.values())
+            self._parents = {h: p for h, p in self._parents.items() if h in held}
         self.flush()
         self.update_metrics()
 
