@@ -249,12 +249,15 @@ def _collector_paused(pause: bool) -> Iterator[None]:
             gc.enable()
 
 
-def spread_widths(bits: int, h: int, d: int, seed: int = 0):
+def spread_widths(bits: int | float, h: int, d: int, seed: int = 0):
     """A non-uniform split-format width table ``[h, d]`` (0..8 bits per channel, some zeros) whose
-    mean is ``bits``: what the split kernels' benchmark and tests store (shared so both read the same)."""
+    mean is ``bits`` (a fractional mean starts from ``uniform_widths``' even spread): what the split
+    kernels' benchmark and tests store (shared so both read the same)."""
     import torch
+
+    from kernels.split_codec import uniform_widths
     g = torch.Generator().manual_seed(seed)
-    w = torch.full((h, d), bits, dtype=torch.int32)
+    w = uniform_widths(h, d, bits).clone()
     for row in range(h):
         for _ in range(d):
             i, j = torch.randint(0, d, (2,), generator=g).tolist()

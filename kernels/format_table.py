@@ -28,7 +28,9 @@ kernels switch on each side's code). A name is ``K/V`` with optional ``@sinkS`` 
     fp16 | bf16 | fp32                       exact (the model's values in that dtype)
     kivi<b>[+pre][+alloc][+q8]               keys only: per channel over each block (KIVI),
                                              b bits (mean bits per channel with +alloc: widths
-                                             from a calibration artefact), keys stored before
+                                             from a calibration artefact; a fractional mean such
+                                             as kivi2.5 needs +alloc and whole bytes per row,
+                                             b x head_dim a multiple of 8), keys stored before
                                              RoPE with +pre (RoPE applied on read), step and zero
                                              as 8- and 7-bit codes under two fp16 per-(block,
                                              head) scales with +q8 (else fp16 step and zero)
@@ -82,12 +84,13 @@ class SideFormat:
     """How one side (K or V) of a split format is stored; see the module docstring for names.
 
     ``code``: CODE_PLAIN (exact, ``storage`` dtype), CODE_KIVI or CODE_CB; ``bits``: code bits per
-    value (the mean over channels with ``alloc``). ``group``: CB values per scale.
+    value (the mean over channels with ``alloc``: an int, or a float only for a fractional KIVI
+    mean, which ``alloc`` requires). ``group``: CB values per scale.
     """
 
     name: str
     code: int
-    bits: int
+    bits: int | float
     storage: str = "uint8"
     group: int = 64
     alloc: bool = False
@@ -112,7 +115,7 @@ class SideFormat:
 
     def row_bytes(self, head_dim: int) -> int:
         """Bytes of one token-head's data (codes packed along head_dim, or the exact values)."""
-        return head_dim * self.bits // 8
+        return int(head_dim * self.bits) // 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +188,11 @@ FORMATS: dict[str, KVFormat] = {
                           k_per_channel=True),
 }
 
-_SPLIT_SIDE = re.compile(r"^(?:(fp16|bf16|fp32)|kivi(\d)((?:\+(?:pre|alloc|q8))*)|cb(\d)(?:_g(\d+))?((?:\+rot)?))$")
+_SPLIT_SIDE = re.compile(
+    r"^(?:(fp16|bf16|fp32)|kivi(\d(?:\.\d+)?)((?:\+(?:pre|alloc|q8))*)|cb(\d)(?:_g(\d+))?((?:\+rot)?))$")
 _SPLIT_HELP = ("a split KV format is 'K/V[@sinkS][@winW]' with K one of fp16, bf16, fp32, kivi<b>[+pre][+alloc][+q8] "
-               "and V one of fp16, bf16, fp32, cb<b>[_g<n>][+rot] (b = 2..8 bits), e.g. "
-               "'kivi4+pre+alloc+q8/cb4+rot@sink4@win32'")
+               "and V one of fp16, bf16, fp32, cb<b>[_g<n>][+rot] (b = 2..8 bits; kivi's a mean such as 2.5 with "
+               "+alloc), e.g. 'kivi4+pre+alloc+q8/cb4+rot@sink4@win32'")
 
 
 def _side(text: str, which: str, whole: str) -> SideFormat:
@@ -206,11 +210,15 @@ def _side(text: str, which: str, whole: str) -> SideFormat:
                                 f"use cb<b>[+rot] or fp16 for values")
         if len(set(flags)) != len(flags):
             raise KVFormatError(f"kv format {whole!r}: a flag repeats in {text!r}")
-        bits = int(kb)
+        bits = float(kb)
         if not 2 <= bits <= 8:
-            raise KVFormatError(f"kv format {whole!r}: kivi bits must be 2..8, got {bits}")
+            raise KVFormatError(f"kv format {whole!r}: kivi bits must be 2..8, got {kb}")
+        if bits != int(bits) and "alloc" not in flags:
+            raise KVFormatError(f"kv format {whole!r}: kivi{kb} is a mean over channels of whole-bit widths; "
+                                f"add +alloc (the widths come from a calibration artefact), e.g. 'kivi{kb}+alloc'")
+        bits = int(bits) if bits == int(bits) else bits
         order = "+".join(f for f in ("pre", "alloc", "q8") if f in flags)
-        return SideFormat(f"kivi{bits}" + (f"+{order}" if order else ""), CODE_KIVI, bits, alloc="alloc" in flags,
+        return SideFormat(f"kivi{bits:g}" + (f"+{order}" if order else ""), CODE_KIVI, bits, alloc="alloc" in flags,
                           compact="q8" in flags, pre_rope="pre" in flags)
     if which != "V":
         raise KVFormatError(f"kv format {whole!r}: cb (per-token codebook) is a value format here; use "
@@ -327,8 +335,10 @@ def check_split(fmt: KVFormat, head_dim: int, block_size: int) -> None:
             raise ShapeError(f"kv format {fmt.name!r}: {side.name} groups of {side.group} values must divide head_dim "
                              f"{head_dim}; use one of {[g for g in (8, 16, 32, 64, 128) if head_dim % g == 0]}")
         if not side.exact and (head_dim * side.bits) % 8:
-            raise ShapeError(f"kv format {fmt.name!r}: {side.bits}-bit codes of head_dim {head_dim} do not fill whole "
-                             "bytes; use a head_dim that is a multiple of 8")
+            fix = ("use a head_dim that is a multiple of 8" if side.bits == int(side.bits) else
+                   f"use a mean that is a multiple of {8 / head_dim:g} bits for head_dim {head_dim}")
+            raise ShapeError(f"kv format {fmt.name!r}: {side.bits:g}-bit codes of head_dim {head_dim} do not fill "
+                             f"whole bytes ({head_dim * side.bits:g} bits per row); {fix}")
         if side.rotate and head_dim & (head_dim - 1):
             raise ShapeError(f"kv format {fmt.name!r}: +rot needs a power-of-two head_dim, got {head_dim}")
     if fmt.sink and not fmt.window:

@@ -89,7 +89,8 @@ class KVArtefact:
             raise KVFormatError(
                 f"calibration file {self.path} has no table for {missing} (kv format {fmt.name!r}, block_size "
                 f"{block_size}); it holds {sorted(self.entries)}. Fit them with `python -m paged quant-calibrate --formats "
-                f"'{fmt.name}' --block-size {block_size} --out {self.path}`, or pick a format/block size it holds")
+                f"'{fmt.name}' --block-size {block_size} --out {self.path} --update`, or pick a format/block size "
+                "it holds")
 
     def tables(self, fmt: KVFormat, layer: int, num_layers: int, num_kv_heads: int, head_dim: int,
                block_size: int, device: torch.device | str = "cpu",

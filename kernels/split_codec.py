@@ -98,11 +98,18 @@ def normal_levels(bits: int, group: int, samples: int = 1 << 18) -> torch.Tensor
     return lv / lv.abs().max()
 
 
-def uniform_widths(num_kv_heads: int, head_dim: int, bits: int) -> torch.Tensor:
-    return torch.full((num_kv_heads, head_dim), bits, dtype=torch.int32)
+def uniform_widths(num_kv_heads: int, head_dim: int, bits: int | float) -> torch.Tensor:
+    """Every channel ``bits`` wide; a fractional mean spreads its extra bits evenly (channel ``c``
+    gets ``floor(bits) + 1`` where ``floor((c + 1) f) > floor(c f)``, ``f`` the fraction), summing to
+    ``bits * head_dim`` per head."""
+    base = int(bits)
+    extra = round(bits * head_dim) - base * head_dim
+    c = torch.arange(head_dim)
+    w = base + ((c + 1) * extra // head_dim - c * extra // head_dim)
+    return w.to(torch.int32).expand(num_kv_heads, head_dim).contiguous()
 
 
-def bit_layout(width: torch.Tensor, bits: int) -> tuple[torch.Tensor, int]:
+def bit_layout(width: torch.Tensor, bits: int | float) -> tuple[torch.Tensor, int]:
     """Bit offsets ``[H, D]`` of channels packed in order, and the row's bytes; every head's widths
     must sum to ``bits * D`` (what the format's row holds) and lie in 0..8."""
     w = width.to(torch.int64)
@@ -111,10 +118,10 @@ def bit_layout(width: torch.Tensor, bits: int) -> tuple[torch.Tensor, int]:
         raise KVFormatError(f"kivi channel widths must lie in 0..8 bits, got {int(w.min())}..{int(w.max())}")
     total = w.sum(-1)
     if bool((total != bits * d).any()):
-        raise KVFormatError(f"kivi{bits} channel widths must sum to {bits * d} bits per head (mean {bits}); "
+        raise KVFormatError(f"kivi{bits:g} channel widths must sum to {bits * d:g} bits per head (mean {bits:g}); "
                             f"got {total.tolist()}: recalibrate for this format")
     off = torch.cumsum(w, -1) - w
-    return off.to(torch.int32), bits * d // 8
+    return off.to(torch.int32), int(bits * d) // 8
 
 
 def pack_bits(codes: torch.Tensor, width: torch.Tensor, offset: torch.Tensor, row_bytes: int) -> torch.Tensor:

@@ -14,7 +14,8 @@ from kernels import split as S
 from kernels.backend import interpreter_enabled
 
 FORMATS = ["kivi3+pre+alloc+q8/cb3+rot@sink4@win16", "kivi4+pre/cb4", "kivi2+q8/cb2_g32+rot",
-           "fp16/cb3+rot@win16", "kivi3/fp16", "kivi5+alloc/cb5+rot@win8"]
+           "fp16/cb3+rot@win16", "kivi3/fp16", "kivi5+alloc/cb5+rot@win8",
+           "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win16"]
 
 
 def _widths(fmt, h, d, seed=0):
@@ -55,7 +56,8 @@ def test_names_parse_to_canonical_split_formats():
 @pytest.mark.parametrize("bad,match", [
     ("kivi9/cb3", "2..8"), ("cb3/cb3", "value format"), ("kivi3/kivi3", "key format"),
     ("kivi3/cb3@foo", "@sink<S> or @win<W>"), ("fp16/fp16", "nothing quantized"), ("kivi3+rot/cb3", "not a side"),
-    ("int3/int3", "unknown"), ("kivi3/cb3+pre", "not a side")])
+    ("int3/int3", "unknown"), ("kivi3/cb3+pre", "not a side"), ("kivi2.5/cb3", "add \\+alloc"),
+    ("kivi1.5+alloc/cb3", "2..8")])
 def test_bad_names_say_what_to_change(bad, match):
     with pytest.raises(kernels.KVFormatError, match=match):
         ft.lookup(bad)
@@ -63,7 +65,8 @@ def test_bad_names_say_what_to_change(bad, match):
 
 @pytest.mark.parametrize("bad,bs,match", [
     ("kivi3/cb3_g48", 16, "divide head_dim 64"), ("kivi3/cb3@win8", 16, "at least one block"),
-    ("kivi3/cb3@sink4", 16, "add @win"), ("kivi3/cb3@sink32@win32", 16, "fit in the first block")])
+    ("kivi3/cb3@sink4", 16, "add @win"), ("kivi3/cb3@sink32@win32", 16, "fit in the first block"),
+    ("kivi2.49+alloc/cb3", 16, "multiple of 0.125 bits")])
 def test_bad_geometry_says_what_to_change(bad, bs, match):
     with pytest.raises(kernels.ShapeError, match=match):
         ft.bytes_per_token(bad, 2, 64, block_size=bs)

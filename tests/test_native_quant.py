@@ -16,7 +16,7 @@ from test_kernels_split import _fill, _layer
 
 SPLIT = ["kivi3+pre+alloc+q8/cb3+rot@sink4@win16", "kivi4+pre/cb4", "kivi2+q8/cb2_g32+rot", "fp16/cb3+rot@win16",
          "kivi3/fp16", "kivi5+alloc/cb5+rot@win8", "kivi4+pre+alloc+q8/cb4+rot@sink4@win16",
-         "kivi2+pre+alloc+q8/cb2+rot@sink4@win16"]
+         "kivi2+pre+alloc+q8/cb2+rot@sink4@win16", "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win16"]
 PLAIN = ["int8", "int4", "fp8_e4m3", "fp8_e5m2", "fp16", "bf16", "int4_kivi"]
 
 
@@ -91,7 +91,7 @@ def test_native_decode_checks_tables_before_c_reads_them():
                                        torch.tensor([10], dtype=torch.int32), backend="native")
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4_kivi", "kvq3"])
+@pytest.mark.parametrize("fmt", ["int8", "int4_kivi", "kvq3", "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win32"])
 def test_engine_outputs_unchanged_by_the_native_path(smollm2, fmt, monkeypatch):
     """Every decode call of a real engine run: the native output within 1e-5 of the torch
     reference on the same cache; greedy tokens identical to a torch-path run. Log-probs of the

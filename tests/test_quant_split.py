@@ -51,6 +51,28 @@ def test_front_formats_store_and_attend_what_the_study_measured(smollm2, ids, al
     assert abs(kernels.bytes_per_token(fmt, h, d, block_size=32) - (kb + vb) * h * d / 8) < 1
 
 
+KVQ25 = "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win32"  # kvq2 with half a bit more per key on average
+
+
+def test_a_fractional_key_mean_is_served_as_the_study_measures_it(smollm2, ids):
+    """kivi2.5: the shipped artefact's widths hold 160 bits per head row (2.5 x 64: 20 bytes), the
+    engine's prompt NLL is the study's, and the format costs kvq2's bytes plus 4 per token-head
+    (20 - 16 B of K codes), i.e. half a bit more on the K side."""
+    fmt, h, d = kernels.get_format(KVQ25), smollm2.config.num_kv_heads, smollm2.config.head_dim
+    widths = for_model(smollm2.model, fmt, 32).entries["k:kivi2.5+pre+alloc+q8@bs32"]
+    assert widths.shape == (30, h, d) and set(widths.long().sum(-1).flatten().tolist()) == {160}
+    assert int(widths.min()) >= 0 and int(widths.max()) <= 8 and len(set(widths.flatten().tolist())) > 2
+    n = 150
+    chunk = make_chunks({"kjv": ids[:n]}, smollm2.tokenizer, n, max_chunks=1)[0]
+    engine = chunk_nll(_llm(smollm2, KVQ25), [chunk])[0]
+    assert np.abs(_study_nll(smollm2, KVQ25, chunk, n) - engine).max() < 1e-4
+    kvq2 = kernels.bytes_per_token("kvq2", h, d, block_size=32)
+    assert kernels.bytes_per_token(fmt, h, d, block_size=32) == kvq2 + 4 * h
+    kb, vb, _ = served_bits(fmt, 32, h, d, context=2048)
+    kb2, vb2, _ = served_bits("kvq2", 32, h, d, context=2048)
+    assert (kb - kb2, vb) == (0.5, vb2)
+
+
 def test_greedy_outputs_against_fp32(smollm2, ids):
     """First divergence from fp32's greedy continuation on 3 prompts (see docs/quant.md for the
     measured table): the 4.9-bit format keeps at least 8 tokens on every prompt; the 2.9-bit one
@@ -121,14 +143,16 @@ def test_swap_preemption_and_compaction_keep_greedy_outputs(tmp_path, monkeypatc
         assert all(x.staging.num_used == 0 and x.sink.num_used == 0 for x in llm.engine.runner.layers)
 
 
-def test_triton_kernels_drive_the_engine(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fmt", ["kivi3+pre+alloc+q8/cb3_g16+rot@sink2@win8",
+                                 "kivi2.5+pre+alloc/cb2_g16@sink2@win8"])
+def test_triton_kernels_drive_the_engine(tmp_path, monkeypatch, fmt):
     """The same requests through the Triton kernels (interpreter) and the torch path: prompt
-    log-probs agree to float rounding and greedy outputs are the same."""
+    log-probs agree to float rounding and greedy outputs are the same (also with a fractional key
+    mean: channel widths of 0..8 bits straddling bytes)."""
     pytest.importorskip("triton")
     from kernels.backend import interpreter_enabled
     if not interpreter_enabled():
         pytest.fail("tests run with TRITON_INTERPRET=1 (tests/conftest.py)")
-    fmt = "kivi3+pre+alloc+q8/cb3_g16+rot@sink2@win8"
     lm = _tiny(tmp_path, monkeypatch, [fmt])
     prompt = torch.randint(0, 256, (21,), generator=torch.Generator().manual_seed(2)).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=0)
@@ -235,3 +259,25 @@ def test_served_bits_count_the_sink_and_window_rows_at_real_contexts(context):
         assert round(mean, 2) == 3.91  # the figure kernels/format_table.py quotes for kvq3 at 2k
     kb, vb, _ = served_bits("kivi4+pre/cb4", 32, 3, 64, context=context)
     assert (kb, vb) == ((3 * 32 + 3 * 256 / 32) * 8 / (3 * 64) + 16 * 32 / context, 3 * 34 * 8 / (3 * 64))
+
+
+def test_calibrate_update_adds_tables_and_keeps_what_the_file_holds(smollm2, tmp_path, capsys):
+    """``quant-calibrate --update``: the new format's tables are added, the file's own entries stay
+    bit for bit; a file fitted on another model is refused before the calibration pass."""
+    from kernels.split_artefact import KVArtefact
+    from paged.cli import main
+    shipped = for_model(smollm2.model, kernels.get_format("kvq2"), 32)
+    path = tmp_path / "kv.safetensors"
+    start = KVArtefact(shipped.model_tag, shipped.model_fingerprint, shipped.source, shipped.num_tokens,
+                       {"v:cb2": shipped.entries["v:cb2"]})
+    start.save(path)
+    assert main(["quant-calibrate", "--formats", "kivi2.5+alloc/cb3", "--block-size", "16", "--out", str(path),
+                 "--update"]) == 0
+    art = KVArtefact.load(path)
+    assert sorted(art.entries) == ["k:kivi2.5+alloc@bs16", "v:cb2", "v:cb3"]
+    assert torch.equal(art.entries["v:cb2"], shipped.entries["v:cb2"])
+    assert set(art.entries["k:kivi2.5+alloc@bs16"].long().sum(-1).flatten().tolist()) == {160}
+    KVArtefact("L1xH1xD8", "0" * 64, shipped.source, shipped.num_tokens, {}).save(path)
+    capsys.readouterr()
+    assert main(["quant-calibrate", "--formats", "kvq2", "--out", str(path), "--update"]) == 2
+    assert "another model" in capsys.readouterr().err

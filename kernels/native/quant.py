@@ -87,7 +87,8 @@ def _sides(layer: KVCacheLayer, keep: list) -> tuple[_Side, _Side, _Exact]:
                                    hadamard=_ptr(t.hadamard) if side.rotate else None))
             else:
                 uniform = not side.alloc
-                s = _Side(code=S_KIVI, row_bytes=data.shape[-1], bits=side.bits, compact=int(side.compact),
+                # bits: the uniform width (a fractional mean has +alloc: the C code reads widths and offsets)
+                s = _Side(code=S_KIVI, row_bytes=data.shape[-1], bits=int(side.bits), compact=int(side.compact),
                           data=_ptr(data), bstep=_ptr(layer.k_scale), bzero=_ptr(layer.k_zero),
                           bsuper=_ptr(layer.k_super), width=_ptr(t.k_width),
                           offset=None if uniform else _ptr(t.k_offset))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 _SHOW = ["context_length", "source", "format", "bits_per_value", "tokens_per_gib", "kld_mean", "kld_p99",
@@ -29,6 +30,8 @@ def add_parser(sub) -> None:
                    help="split formats, comma-separated, e.g. 'kivi3+pre+alloc+q8/cb3+rot@sink4@win32'")
     c.add_argument("--block-size", default="32", help="block sizes the key widths are fitted for (e.g. 16,32)")
     c.add_argument("--out", required=True, help="the artefact file (safetensors) to write")
+    c.add_argument("--update", action="store_true",
+                   help="keep the entries --out already holds (same model and calibration) and add the new ones")
     c.set_defaults(func=cmd_calibrate)
 
 
@@ -67,15 +70,28 @@ def cmd_quant(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from paged.errors import ConfigError
-    from paged.quant.artefact import fit
-    from paged.quant.calibration import collect
+    from paged.quant.artefact import fingerprint, fit
+    from paged.quant.calibration import collect, model_tag
     from paged.quant.runs import load
     try:
         sizes = [int(b) for b in str(args.block_size).split(",") if b.strip()]
     except ValueError:
         raise ConfigError(f"--block-size takes integers separated by commas, got {args.block_size!r}") from None
-    lm = load(args.model)
+    from kernels.errors import KVFormatError
+    from kernels.split_artefact import KVArtefact
+    old, lm = None, load(args.model)
+    if args.update and os.path.exists(args.out):
+        try:  # before the calibration pass: a file that is not an artefact, or another model's, is refused at once
+            old = KVArtefact.load(args.out)
+            old.check_model(model_tag(lm.config), fingerprint(lm.model))
+        except KVFormatError as e:
+            raise ConfigError(f"--update {args.out}: {e}") from None
     art = fit(collect(lm), [f for f in args.formats.split(",") if f.strip()], sizes, lm.model)
+    if old is not None:
+        if (old.source, old.num_tokens) != (art.source, art.num_tokens):
+            raise ConfigError(f"{args.out} was fitted on {old.num_tokens} tokens of {old.source!r}, this run on "
+                              f"{art.num_tokens} of {art.source!r}; write a new file instead of --update")
+        art.entries = {**art.entries, **old.entries}  # what the file holds stays as it is
     art.save(args.out)
     print(f"{args.out}: {art.describe()}")
     return 0
