@@ -116,6 +116,12 @@ FRONT = ["kivi4+pre+alloc+q8/cb4+rot@sink4@win32", "kivi4+pre+alloc+q8/cb3+rot@s
          "kivi2+pre+alloc+q8/cb2+rot@sink4@win32"]
 
 
+def _served_fractional() -> list:
+    """A fractional key mean served (``kivi2.5``: half a bit more per key than ``kvq2``), beside
+    ``kvq2`` and ``kvq32`` in the same run."""
+    return [Served(f"kivi{kb}+pre+alloc+q8/cb2+rot@sink4@win32", 32) for kb in ("2", "2.5", "3")]
+
+
 def _front_full() -> list:
     """The front (engine formats at block 32) and the study's references, for the full protocols."""
     from paged.quant.schemes import parse_scheme
@@ -268,7 +274,7 @@ JOBS = {
     "frontier": _frontier,
     "mixed": _mixed,
     "front": _front_full, "decomp": _decomp,
-    "served": _served,
+    "served": _served, "served_frac": _served_fractional,
     "front32": lambda: _front(32), "front16": lambda: _front(16),
     "combo": _combos,
     "kivi": _kivi,

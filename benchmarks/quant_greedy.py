@@ -1,6 +1,6 @@
 """Greedy continuations of each served KV format against fp32: where they first differ.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quant_greedy.py [--prompts 4] [--tokens 32]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quant_greedy.py [--prompts 4] [--tokens 32] [--formats A,B]
 
 Prompts: ``--prompts`` windows of 128 tokens from each evaluation text (kjv, python, licences),
 the engine (block_size 32, prefix caching off) generating ``--tokens`` greedy tokens per prompt
@@ -29,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--formats", default=",".join(FORMATS), help="served formats, comma-separated")
     args = ap.parse_args()
     lm = load_model("smollm2")
     prompts = greedy_prompts(lm.tokenizer, args.prompts)
@@ -41,7 +42,7 @@ def main() -> None:
     print(f"{len(prompts)} prompts of 128 tokens (kjv, python, licences), {args.tokens} greedy tokens vs fp32")
     print("| format | median first divergence | mean | identical to the end |")
     print("| --- | --- | --- | --- |")
-    for fmt in FORMATS:
+    for fmt in [f for f in args.formats.split(",") if f.strip()]:
         out = run(**engine_settings(fmt))
         d = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), args.tokens) for r, o in zip(ref, out)]
         same = sum(x == args.tokens for x in d) / len(d)

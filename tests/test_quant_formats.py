@@ -104,6 +104,8 @@ def test_engine_settings_for_served_and_study_only_names():
     assert engine_settings("kivi_g32/int4") == {"kv_cache_dtype": "int4_kivi", "block_size": 32}
     assert engine_settings("int8") == {"kv_cache_dtype": "int8"}
     assert engine_settings("auto") == {"kv_cache_dtype": "auto"}
+    frac = "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win32"  # a spelled split format, as an alias would be
+    assert engine_settings(frac) == engine_settings("kvq2") | {"kv_cache_dtype": frac}
     for bad in ("int4+rot", "int8/int4", "kiviq_g32/int4_g64", "kivi_g64/int4_g64"):
         with pytest.raises(ConfigError, match="only in the study"):
             engine_settings(bad)

@@ -222,10 +222,19 @@ def parse_scheme(name: "str | Scheme") -> Scheme:
     return Scheme(k, v, rotate, vrot)
 
 
+def _is_split(name: str) -> bool:
+    from kernels import KVFormatError, get_format
+    try:
+        return get_format(name).split
+    except KVFormatError:
+        return False
+
+
 def engine_settings(name: "str | Scheme") -> dict:
     """``paged.LLM`` keyword arguments that serve ``name``: a study scheme the engine stores exactly
     (``"kivi_g32/int4"`` -> ``kv_cache_dtype="int4_kivi", block_size=32``), or an engine format
-    name the study does not spell (``"auto"``, ``"kivi"``) passed through as ``kv_cache_dtype``.
+    name the study does not spell (``"auto"``, ``"kivi"``, an alias such as ``"kvq3"`` or a spelled split
+    format such as ``"kivi2.5+pre+alloc+q8/cb2+rot@sink4@win32"``) passed through as ``kv_cache_dtype``.
     A study-only scheme (rotation, K/V apart, int4sym, kiviq, int4 groups other than 32) is a
     ConfigError naming the nearest served format."""
     try:
@@ -233,7 +242,8 @@ def engine_settings(name: "str | Scheme") -> dict:
     except ConfigError:
         from kernels import KVFormatError, get_format
         from kernels.format_table import ALIASES, FRONT_BLOCK_SIZE  # the engine's other spellings of its formats
-        if isinstance(name, str) and (name.strip().lower() == "auto" or name.strip().lower() in ALIASES):
+        if isinstance(name, str) and (name.strip().lower() == "auto" or name.strip().lower() in ALIASES
+                                      or "/" in name and _is_split(name)):
             try:
                 f = get_format(name)
             except KVFormatError:
