@@ -300,11 +300,12 @@ def _allocate_split(fmt: KVFormat, nb: int, bs: int, h: int, d: int, dtype: torc
         raise KVFormatError(f"num_staging_blocks is a setting of staged formats; kv_format {fmt.name!r} has no staging")
     if fmt.staged:
         n = default_num_staging_blocks(nb) if num_staging_blocks is None else num_staging_blocks
+        rows = dict(k_bits=fmt.k_rows, v_bits=fmt.v_rows)
         layer.staging = StagingPool(nb, n, bs, h, d, STAGING_DTYPE, device, growable=grow_staging,
-                                    values=bool(fmt.sink or fmt.window))
+                                    values=bool(fmt.sink or fmt.window), **rows)
         if fmt.sink:  # one slot of S rows per first block (about one per sequence)
             layer.sink = StagingPool(nb, n, fmt.sink, h, d, STAGING_DTYPE, device, growable=grow_staging,
-                                     values=True)
+                                     values=True, **rows)
     check_layer(layer)
     return layer
 
@@ -338,9 +339,9 @@ def _check_split(layer: KVCacheLayer) -> None:
             raise ShapeError(f"{fmt.name} needs v_scale as float16 [{nb}, {bs}, {h}, {g}]")
         if t.v_levels is None or t.v_levels.shape != (1 << fmt.v_side.bits,):
             raise ShapeError(f"{fmt.name} needs a codebook of {1 << fmt.v_side.bits} levels in its tables")
-    if fmt.sink and (layer.sink is None or tuple(layer.sink.k.shape[1:]) != (fmt.sink, h, d)):
+    if fmt.sink and (layer.sink is None or layer.sink.row_shape != (fmt.sink, h, d)):
         raise ShapeError(f"{fmt.name} needs a sink pool of [slots, {fmt.sink}, {h}, {d}] (allocate the layer with "
                          "kernels.allocate_kv_cache)")
-    if fmt.staged and (layer.staging is None or tuple(layer.staging.k.shape[1:]) != (bs, h, d)):
+    if fmt.staged and (layer.staging is None or layer.staging.row_shape != (bs, h, d)):
         raise ShapeError(f"{fmt.name} needs a staging pool of [slots, {bs}, {h}, {d}] (allocate the layer with "
                          "kernels.allocate_kv_cache)")

@@ -42,7 +42,9 @@ kernels switch on each side's code). A name is ``K/V`` with optional ``@sinkS`` 
 ``@sinkS``: the first S tokens of a sequence are read exactly (rows in a sink pool, one slot of S
 rows per first block); ``@winW``: each query reads the keys and values of the W positions ending
 at it exactly (rows in a staging pool of fp16 blocks). Both are a fixed cost per sequence, not
-per token (:func:`staging_tokens_per_seq`).
+per token (:func:`staging_tokens_per_seq`). ``@krowsB`` / ``@vrowsB`` (B = 2..8, with a window):
+those exact rows, sink and window, are kept as B-bit symmetric codes with one fp16 scale per
+token-head instead of fp16 (:func:`kernels.split_codec.row_quantize`).
 ``FRONT`` names the formats of the study's Pareto front (aliases ``kvq*``, measured at block size 32).
 """
 
@@ -140,6 +142,8 @@ class KVFormat:
     v_side: SideFormat | None = None
     sink: int = 0                # split: first tokens read exactly (from staging)
     window: int = 0              # split: each query reads its last `window` positions exactly
+    k_rows: int = 16             # split: bits of the exact (sink and window) key rows: 16 fp16, else codes
+    v_rows: int = 16             # split: the same for the exact value rows
 
     @property
     def split(self) -> bool:
@@ -190,8 +194,8 @@ FORMATS: dict[str, KVFormat] = {
 
 _SPLIT_SIDE = re.compile(
     r"^(?:(fp16|bf16|fp32)|kivi(\d(?:\.\d+)?)((?:\+(?:pre|alloc|q8))*)|cb(\d)(?:_g(\d+))?((?:\+rot)?))$")
-_SPLIT_HELP = ("a split KV format is 'K/V[@sinkS][@winW]' with K one of fp16, bf16, fp32, kivi<b>[+pre][+alloc][+q8] "
-               "and V one of fp16, bf16, fp32, cb<b>[_g<n>][+rot] (b = 2..8 bits; kivi's a mean such as 2.5 with "
+_SPLIT_HELP = ("a split KV format is 'K/V[@sinkS][@winW][@krowsB][@vrowsB]' with K one of fp16, bf16, fp32, "
+               "kivi<b>[+pre][+alloc][+q8] and V one of fp16, bf16, fp32, cb<b>[_g<n>][+rot] (b = 2..8 bits; kivi's a mean such as 2.5 with "
                "+alloc), e.g. 'kivi4+pre+alloc+q8/cb4+rot@sink4@win32'")
 
 
@@ -235,21 +239,30 @@ def parse_split(name: str) -> KVFormat:
     docstring); a KVFormatError says which part is wrong."""
     text = str(name).strip().lower()
     body, *opts = text.split("@")
-    opt = {"sink": 0, "win": 0}
+    opt = {"sink": 0, "win": 0, "krows": 16, "vrows": 16}
     for o in opts:
-        m = re.fullmatch(r"(sink|win)(\d+)", o)
+        m = re.fullmatch(r"(sink|win|krows|vrows)(\d+)", o)
         if not m:
-            raise KVFormatError(f"unknown kv format {name!r}: option '@{o}' is not @sink<S> or @win<W>; {_SPLIT_HELP}")
+            raise KVFormatError(f"unknown kv format {name!r}: option '@{o}' is not @sink<S>, @win<W>, @krows<b> or "
+                                f"@vrows<b>; {_SPLIT_HELP}")
         opt[m.group(1)] = int(m.group(2))
-    sink, window = opt["sink"], opt["win"]
+    sink, window, k_rows, v_rows = opt["sink"], opt["win"], opt["krows"], opt["vrows"]
+    for which, b in (("krows", k_rows), ("vrows", v_rows)):
+        if b != 16 and not 2 <= b <= 8:
+            raise KVFormatError(f"kv format {name!r}: @{which}{b}: exact rows are kept as 2..8-bit codes "
+                                f"(or fp16: leave @{which} out)")
+        if b != 16 and not window:
+            raise KVFormatError(f"kv format {name!r}: @{which}{b} codes the rows a window reads exactly; add @win<W>")
     parts = body.split("/")
     if len(parts) != 2:
         raise KVFormatError(f"unknown kv format {name!r}; {_SPLIT_HELP}")
     k, v = _side(parts[0], "K", name), _side(parts[1], "V", name)
     if k.exact and v.exact and not (sink or window):
         raise KVFormatError(f"kv format {name!r} stores nothing quantized; use kv_cache_dtype={k.name!r}")
-    canon = f"{k.name}/{v.name}" + (f"@sink{sink}" if sink else "") + (f"@win{window}" if window else "")
-    return KVFormat(canon, CODE_SPLIT, "uint8", "token", k_side=k, v_side=v, sink=sink, window=window, bits=0)
+    canon = (f"{k.name}/{v.name}" + (f"@sink{sink}" if sink else "") + (f"@win{window}" if window else "")
+             + (f"@krows{k_rows}" if k_rows != 16 else "") + (f"@vrows{v_rows}" if v_rows != 16 else ""))
+    return KVFormat(canon, CODE_SPLIT, "uint8", "token", k_side=k, v_side=v, sink=sink, window=window, bits=0,
+                    k_rows=k_rows, v_rows=v_rows)
 
 
 # The Pareto front of the study's split formats (docs/quant.md, "The front"), measured at block_size 32
@@ -346,6 +359,10 @@ def check_split(fmt: KVFormat, head_dim: int, block_size: int) -> None:
     if fmt.window and fmt.window < block_size:
         raise ShapeError(f"kv format {fmt.name!r}: the window ({fmt.window}) must be at least one block "
                          f"({block_size} tokens); use @win{block_size} or a smaller block_size")
+    for which, b in (("krows", fmt.k_rows), ("vrows", fmt.v_rows)):
+        if b != 16 and (head_dim * b) % 8:
+            raise ShapeError(f"kv format {fmt.name!r}: @{which}{b} rows of head_dim {head_dim} do not fill whole "
+                             f"bytes; use 8 bits or a head_dim that is a multiple of 8")
     if fmt.sink > block_size:
         raise ShapeError(f"kv format {fmt.name!r}: the sink ({fmt.sink} tokens) must fit in the first block "
                          f"({block_size}); use @sink{block_size} or less, or a larger block_size")

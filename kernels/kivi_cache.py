@@ -216,15 +216,13 @@ def plan_pool(a, b, m: torch.Tensor, what: str) -> Callable[[], None]:
 
     def commit() -> None:
         src_rows = s_old[staged].to(a.k.device)
-        content = a.k[src_rows].to(b.k.device)  # all sources read first (a copy)
-        vcontent = a.v[src_rows].to(b.v.device) if a.v is not None and b.v is not None else None
+        content = [t[src_rows].to(b.k.device) for t in a.tensors()]  # all sources read first (a copy)
         b.unassign(m[:, 1][~staged].tolist())
         b.assign(m[:, 1][staged & ~d_staged].tolist())
-        if content.shape[0]:
+        if src_rows.numel():
             dst = b.slots_of(m[:, 1][staged]).to(b.k.device)
-            b.k[dst] = content
-            if vcontent is not None:
-                b.v[dst] = vcontent
+            for t, c in zip(b.tensors(), content):
+                t[dst] = c
 
     return commit
 

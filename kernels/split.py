@@ -134,28 +134,27 @@ def write_split(layer: "KVCacheLayer", key: torch.Tensor, value: torch.Tensor, s
     slot = pool.slots_of(p.blocks)
     life = after & p.has0  # a write from offset 0 begins a new life: discard old rows
     if bool(life.any()):
-        pool.k[slot[life].to(dev)] = 0
-        if pool.v is not None:
-            pool.v[slot[life].to(dev)] = 0
+        pool.zero(slot[life].to(dev))
     seed = fresh & ~p.has0  # reopened past offset 0: rows from the codes
     if bool(seed.any()):
         sb = p.blocks[seed]
         st = start[seed] if start is not None else torch.zeros_like(sb)
+        seed_slots = slot[seed].to(dev)
         if kivi:
-            pool.k[slot[seed].to(dev)] = _seed_k(layer, sb, st)
+            pool.write_slots("k", seed_slots, _seed_k(layer, sb, st))
         if pool.v is not None:
             v = decode_v(layer, sb.to(dev), blocks=True)
             if vs.rotate:
                 v = v @ layer.tables.hadamard.T
-            pool.v[slot[seed].to(dev)] = v.to(STAGING_DTYPE)
+            pool.write_slots("v", seed_slots, v.to(STAGING_DTYPE))
             if not kivi:
-                pool.k[slot[seed].to(dev)] = decode_k(layer, sb.to(dev), st.to(dev)).to(STAGING_DTYPE)
+                pool.write_slots("k", seed_slots, decode_k(layer, sb.to(dev), st.to(dev)).to(STAGING_DTYPE))
     tok = after[p.inv]
     rows = (slot[p.inv[tok]] * bs + p.offs[tok]).to(dev)
     sel = torch.nonzero(tok).squeeze(1).to(dev)
-    pool.k.view(-1, *pool.k.shape[2:])[rows] = kd[sel]
+    pool.write("k", rows, kd[sel])
     if pool.v is not None:
-        pool.v.view(-1, *pool.v.shape[2:])[rows] = vx[sel].to(STAGING_DTYPE)
+        pool.write("v", rows, vx[sel].to(STAGING_DTYPE))
 
 
 def _write_sink(layer: "KVCacheLayer", p, rows: torch.Tensor, pos_host: torch.Tensor, kx: torch.Tensor,
@@ -167,12 +166,11 @@ def _write_sink(layer: "KVCacheLayer", p, rows: torch.Tensor, pos_host: torch.Te
     pool.assign([b for b in blocks.unique().tolist() if int(pool.map_host[b]) < 0])
     first = blocks[pos_host[p.rows][rows] == 0]
     if first.numel():
-        pool.k[pool.slots_of(first).to(dev)] = 0
-        pool.v[pool.slots_of(first).to(dev)] = 0
+        pool.zero(pool.slots_of(first).to(dev))
     at = (pool.slots_of(blocks) * pool.k.shape[1] + pos_host[p.rows][rows]).to(dev)
     sel = rows.to(dev)
-    pool.k.view(-1, *pool.k.shape[2:])[at] = kx[sel].to(STAGING_DTYPE)
-    pool.v.view(-1, *pool.v.shape[2:])[at] = vx[sel].to(STAGING_DTYPE)
+    pool.write("k", at, kx[sel].to(STAGING_DTYPE))
+    pool.write("v", at, vx[sel].to(STAGING_DTYPE))
 
 
 def _seal(layer: "KVCacheLayer", p, kd: torch.Tensor, old: torch.Tensor, start: torch.Tensor | None) -> None:
@@ -186,7 +184,7 @@ def _seal(layer: "KVCacheLayer", p, kd: torch.Tensor, old: torch.Tensor, start: 
     from_codes = ~staged & ~p.has0[p.seal]
     st = start[p.seal] if start is not None else torch.zeros_like(sb)
     if bool(from_stage.any()):
-        buf[host_indices(from_stage, dev)] = pool.k[old[p.seal][from_stage].to(dev)]
+        buf[host_indices(from_stage, dev)] = pool.read("k", old[p.seal][from_stage].to(dev)).to(STAGING_DTYPE)
     if bool(from_codes.any()):
         buf[host_indices(from_codes, dev)] = _seed_k(layer, sb[from_codes], st[from_codes])
     tok = p.seal[p.inv]

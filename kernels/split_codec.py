@@ -223,3 +223,35 @@ def kivi_dequantize(codes: torch.Tensor, width: torch.Tensor, step: torch.Tensor
     s, z = kivi_step_zero(step, zero, sup)
     c = torch.where(width.to(codes.device) == 0, 0.5, codes.float())
     return c * s.unsqueeze(-3) + z.unsqueeze(-3)
+
+
+def row_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact rows kept as codes (``@krows<b>``/``@vrows<b>``): float ``[..., H, D]`` -> (uint8 rows
+    ``[..., H, b * D / 8]``, fp16 scale ``[..., H]``). Symmetric, every code a level: ``n = 2**b``
+    levels evenly spaced on ``[-s, s]`` with ``s = fp16(absmax)`` per token-head, ``code =
+    clamp(round((x / s + 1) * (n - 1) / 2), 0, n - 1)``, packed like uniform ``b``-bit KIVI rows."""
+    n, d = 1 << bits, x.shape[-1]
+    s = x.float().abs().amax(-1).half()
+    u = x.float() / safe_divisor(s.float())[..., None]
+    code = torch.round((u + 1.0) * ((n - 1) / 2)).clamp(0, n - 1).to(torch.int64)
+    if bits == 8:
+        return code.to(torch.uint8), s
+    h = x.shape[-2]
+    width = torch.full((h, d), bits, dtype=torch.int32, device=x.device)
+    return pack_bits(code, width, _row_offsets(h, d, bits, x.device), bits * d // 8), s
+
+
+def row_dequantize(data: torch.Tensor, scale: torch.Tensor, bits: int, head_dim: int) -> torch.Tensor:
+    """Float32 ``[..., H, D]`` from :func:`row_quantize`'s rows: ``(2 * code - (n - 1)) * (s / (n - 1))``."""
+    n = 1 << bits
+    if bits == 8:
+        code = data.to(torch.int64)
+    else:
+        h = data.shape[-2]
+        width = torch.full((h, head_dim), bits, dtype=torch.int32, device=data.device)
+        code = unpack_bits(data, width, _row_offsets(h, head_dim, bits, data.device))
+    return (code.float() * 2.0 - (n - 1)) * (scale.float() / (n - 1))[..., None]
+
+
+def _row_offsets(h: int, d: int, bits: int, device) -> torch.Tensor:
+    return (torch.arange(d, dtype=torch.int32, device=device) * bits).expand(h, d)

@@ -84,8 +84,8 @@ def gather_split(layer: "KVCacheLayer", blocks: torch.Tensor) -> tuple[torch.Ten
     rows = st.clamp(min=0)
     if pool.num_slots == 0:
         return kq, None, vq, None, staged
-    ke = pool.k.index_select(0, rows).float().reshape(n * bs, *kq.shape[1:])
-    ve = pool.v.index_select(0, rows).float().reshape(n * bs, *kq.shape[1:]) if pool.v is not None else None
+    ke = pool.read("k", rows).reshape(n * bs, *kq.shape[1:])
+    ve = pool.read("v", rows).reshape(n * bs, *kq.shape[1:]) if pool.v is not None else None
     if layer.sink is not None and n:
         sk, sv = _sink_rows(layer, blocks[:1])
         ns = sk.shape[1]
@@ -101,8 +101,8 @@ def _sink_rows(layer: "KVCacheLayer", first: torch.Tensor) -> tuple[torch.Tensor
     st = pool.block_map.index_select(0, first).long()
     ok = (st >= 0)[:, None, None, None]
     rows = st.clamp(min=0)
-    k = pool.k.index_select(0, rows).float().masked_fill(~ok, 0.0)
-    v = pool.v.index_select(0, rows).float().masked_fill(~ok, 0.0)
+    k = pool.read("k", rows).masked_fill(~ok, 0.0)
+    v = pool.read("v", rows).masked_fill(~ok, 0.0)
     return k, v
 
 
@@ -207,7 +207,7 @@ def _decode_chunk(q: torch.Tensor, layer: "KVCacheLayer", bt: torch.Tensor, sl: 
             exact = (j[None, :] < fmt.sink) | ((lens[:, None] - 1 - j[None, :]) < fmt.window)
         else:
             exact = (st >= 0).repeat_interleave(bs, 1)
-        ke = pool.k.index_select(0, rows).float().view(s, t, h, d)
+        ke = pool.read("k", rows).view(s, t, h, d)
         if layer.sink is not None:
             sk, sv = _sink_rows(layer, blocks[:, 0])
             ns = sk.shape[1]
@@ -224,7 +224,7 @@ def _decode_chunk(q: torch.Tensor, layer: "KVCacheLayer", bt: torch.Tensor, sl: 
     if fmt.v_side.rotate:
         o = o @ layer.tables.hadamard.T
     if windowed:
-        ve = pool.v.index_select(0, rows).float().view(s, t, h, d)
+        ve = pool.read("v", rows).view(s, t, h, d)
         if layer.sink is not None:
             ve = ve.clone()
             ve[:, :ns] = sv

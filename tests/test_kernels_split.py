@@ -55,7 +55,8 @@ def test_names_parse_to_canonical_split_formats():
 
 @pytest.mark.parametrize("bad,match", [
     ("kivi9/cb3", "2..8"), ("cb3/cb3", "value format"), ("kivi3/kivi3", "key format"),
-    ("kivi3/cb3@foo", "@sink<S> or @win<W>"), ("fp16/fp16", "nothing quantized"), ("kivi3+rot/cb3", "not a side"),
+    ("kivi3/cb3@foo", "@sink<S>, @win<W>, @krows<b> or @vrows<b>"), ("fp16/fp16", "nothing quantized"),
+    ("kivi3+rot/cb3", "not a side"),
     ("int3/int3", "unknown"), ("kivi3/cb3+pre", "not a side"), ("kivi2.5/cb3", "add \\+alloc"),
     ("kivi1.5+alloc/cb3", "2..8")])
 def test_bad_names_say_what_to_change(bad, match):

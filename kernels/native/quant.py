@@ -49,6 +49,8 @@ def supports(layer: KVCacheLayer) -> bool:
     if fmt.split:
         if fmt.sink and not (layer.sink is not None and layer.sink.num_slots):
             return False
+        if fmt.k_rows != 16 or fmt.v_rows != 16:  # exact rows as codes: the torch reference reads them
+            return False
         return all(s.exact and s.storage_dtype in _PLAIN or s.code in (CODE_KIVI, CODE_CB)
                    for s in (fmt.k_side, fmt.v_side))
     if fmt.k_per_channel:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..cache import KVCacheLayer
+from ..errors import KVFormatError
 from ..format_table import CODE_PLAIN
 from .attention import decode_merge_kernel
 from .launch import decode_geometry, dot_code, pow2, prefill_geometry
@@ -13,6 +14,9 @@ from .split_attention import split_decode_kernel, split_prefill_kernel
 def _args(layer: KVCacheLayer) -> tuple[list[torch.Tensor], dict]:
     """Tensors (dummies where a side has none: never read) and constexprs of a split layer."""
     fmt, t, st = layer.kv_format, layer.tables, layer.staging
+    if fmt.k_rows != 16 or fmt.v_rows != 16:
+        raise KVFormatError(f"kv format {fmt.name!r}: the Triton kernels read fp16 exact rows only; drop "
+                            "@krows/@vrows or use backend='torch'")
     ks, vs = fmt.k_side, fmt.v_side
     d = layer.head_dim
     dummy = layer.k

@@ -40,7 +40,8 @@ def fit_budget(budget: int, block_bytes: int, mcfg, cache: CacheConfig, max_num_
     """Blocks (and staging slots of a staged format) that fit ``budget`` bytes together. The staging
     pool (K of unfilled blocks in ``dtype``, one slot per running sequence + 16, at most one per
     block, plus a 4-byte block map) is counted inside the budget and does not grow. A split format
-    stages fp16 rows of K (and V with a sink/window) and a sink slot beside each; a window also
+    stages fp16 rows of K (and V with a sink/window; ``@krows``/``@vrows``: codes and an fp16 scale
+    per row) and a sink slot beside each; a window also
     stages its recent blocks and one step's new blocks. ``num_layers``: the layers that own a
     cache (all of ``mcfg``'s by default; fewer with ``kv_share_with``). Returns (blocks, staging
     slots or None, bytes of one staging slot and its block-map entry)."""
@@ -53,8 +54,9 @@ def fit_budget(budget: int, block_bytes: int, mcfg, cache: CacheConfig, max_num_
     cap = max_num_seqs + 16
     if fmt.split:
         from kernels.format_table import staging_tokens_per_seq
-        exact = 2 if fmt.sink or fmt.window else 1
-        slot = layers * (bs + fmt.sink) * mcfg.num_kv_heads * mcfg.head_dim * 2 * exact
+        h, d = mcfg.num_kv_heads, mcfg.head_dim
+        row = lambda bits: h * d * 2 if bits == 16 else h * (bits * d // 8 + 2)  # noqa: E731  fp16, or codes + scale
+        slot = layers * (bs + fmt.sink) * (row(fmt.k_rows) + (row(fmt.v_rows) if fmt.sink or fmt.window else 0))
         step = -(-(max_num_batched_tokens or 2048) // bs) + max_num_seqs if fmt.window else 0
         cap = max_num_seqs * (staging_tokens_per_seq(fmt, bs) // bs) + step + 16
     n = int(budget // (per_block + slot))     # few blocks: one staging slot each

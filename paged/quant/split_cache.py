@@ -20,6 +20,7 @@ import torch
 from kernels import default_tables, get_format
 from kernels.format_table import CODE_KIVI, FRONT  # FRONT: alias -> split format, the served front
 from kernels.split import attend_split, cb_dequantize, cb_quantize, kivi_dequantize, kivi_quantize, rope, unrope
+from kernels.split_codec import row_dequantize, row_quantize
 
 __all__ = ["SplitCache", "Served", "tables_for", "served_bits", "FRONT"]
 
@@ -40,8 +41,8 @@ class Served:
 def served_bits(fmt, block_size: int, num_kv_heads: int, head_dim: int, context: int = 2048
                 ) -> tuple[float, float, float]:
     """``(K, V, mean)`` bits per value of a split format: codes, scales and zeros (per-block ones
-    spread over the block) and the staging rows one sequence holds (fp16; K only without a sink
-    or window) amortised over ``context`` tokens."""
+    spread over the block) and the staging rows one sequence holds (fp16, or ``@krows``/``@vrows``
+    codes with their fp16 scale; K only without a sink or window) amortised over ``context`` tokens."""
     from kernels.format_table import check_split, side_bytes, staging_tokens_per_seq
     f = get_format(fmt)
     check_split(f, head_dim, block_size)
@@ -49,8 +50,9 @@ def served_bits(fmt, block_size: int, num_kv_heads: int, head_dim: int, context:
     out = [(tok + blk / block_size) * 8 / n
            for tok, blk in (side_bytes(s, num_kv_heads, head_dim, block_size) for s in (f.k_side, f.v_side))]
     rows = staging_tokens_per_seq(f, block_size)
-    kb = out[0] + 16.0 * rows / context
-    vb = out[1] + (16.0 * rows / context if (f.sink or f.window) else 0.0)
+    row_bits = lambda b: 16.0 if b == 16 else b + 16.0 / head_dim  # noqa: E731  codes + an fp16 scale per row
+    kb = out[0] + row_bits(f.k_rows) * rows / context
+    vb = out[1] + (row_bits(f.v_rows) * rows / context if (f.sink or f.window) else 0.0)
     return kb, vb, (kb + vb) / 2
 
 
@@ -81,23 +83,32 @@ class SplitCache:
     def reset(self) -> None:
         n = self.num_layers
         self.kq: list[torch.Tensor | None] = [None] * n     # keys as read from codes (sealed groups)
-        self.raw: list[torch.Tensor | None] = [None] * n    # fp16 keys as staged (post-RoPE)
+        self.raw: list[torch.Tensor | None] = [None] * n    # fp16 keys as written (post-RoPE)
+        self.ke: list[torch.Tensor | None] = [None] * n     # keys as staged: raw, or @krows codes read back
         self.vq: list[torch.Tensor | None] = [None] * n     # values from codes (rotated frame for +rot)
         self.ve: list[torch.Tensor | None] = [None] * n     # fp16 values as staged
 
     def _keys(self, layer: int, kd: torch.Tensor, start: int) -> torch.Tensor:
         """Append fp16-rounded keys ``kd``; return the keys read from codes for every position
-        (the unsealed tail: the staged rows) ``[T, H, D]``."""
+        (the unsealed tail: the staged rows) ``[T, H, D]``. A group is sealed from this call's keys
+        as written and from earlier calls' keys as staged (the engine's write)."""
         side, t, bs = self.fmt.k_side, self.tables[layer], self.block_size
         raw = kd if self.raw[layer] is None else torch.cat([self.raw[layer], kd])
         self.raw[layer] = raw
+        staged = _rows(kd, self.fmt.k_rows)
+        self.ke[layer] = staged if self.ke[layer] is None else torch.cat([self.ke[layer], staged])
         if side.exact:
             return raw  # an exact side stores its keys as given (already rounded to its storage dtype)
+        return self._seal(layer, raw, start)
+
+    def _seal(self, layer: int, raw: torch.Tensor, start: int) -> torch.Tensor:
+        side, t, bs = self.fmt.k_side, self.tables[layer], self.block_size
         done = self.kq[layer]
         nd = 0 if done is None else done.shape[0]
         full = (raw.shape[0] // bs) * bs
         if full > nd:
-            x = raw[nd:full].reshape(-1, bs, *raw.shape[1:])
+            x = torch.where((torch.arange(nd, full) < start)[:, None, None], self.ke[layer][nd:full], raw[nd:full])
+            x = x.reshape(-1, bs, *raw.shape[1:])
             rows = torch.arange(nd, full).reshape(-1, bs)
             if side.pre_rope:
                 x = unrope(x, t.cos[rows], t.sin[rows])
@@ -119,7 +130,7 @@ class SplitCache:
         ks, vs = fmt.k_side, fmt.v_side
         kd = k.to(torch.float16).float() if not ks.exact else k.to(ks.storage_dtype).float()
         kq = self._keys(layer, kd, start)
-        ke, sealed = self.raw[layer], 0 if self.kq[layer] is None else self.kq[layer].shape[0]
+        ke, sealed = self.ke[layer], 0 if self.kq[layer] is None else self.kq[layer].shape[0]
         staged = (torch.arange(ke.shape[0]) >= sealed if ks.code == CODE_KIVI
                   else torch.zeros(ke.shape[0], dtype=torch.bool))
         if vs.exact:
@@ -129,7 +140,7 @@ class SplitCache:
             codes, scale = cb_quantize(vr, t.v_levels, vs.group)
             vnew = cb_dequantize(codes, scale, t.v_levels)
         self.vq[layer] = vnew if self.vq[layer] is None else torch.cat([self.vq[layer], vnew])
-        vh = v.to(torch.float16).float()
+        vh = _rows(v.to(torch.float16).float(), fmt.v_rows)
         self.ve[layer] = vh if self.ve[layer] is None else torch.cat([self.ve[layer], vh])
         qpos = torch.arange(start, start + q.shape[0])
         windowed = bool(fmt.window or fmt.sink)
@@ -137,3 +148,12 @@ class SplitCache:
         out = attend_split(q, qpos, kq, keep_k, self.vq[layer], self.ve[layer] if windowed else None, staged, fmt,
                            t.hadamard.T if vs.rotate else None, 1.0 / math.sqrt(q.shape[-1]))
         return out.to(dtype)
+
+
+def _rows(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Exact rows as the staging pool keeps them: ``x`` itself (fp16 rows), or its ``bits``-bit row
+    codes read back (``@krows``/``@vrows``)."""
+    if bits == 16:
+        return x
+    codes, scale = row_quantize(x, bits)
+    return row_dequantize(codes, scale, bits, x.shape[-1])
