@@ -122,13 +122,10 @@ def _served_fractional() -> list:
     return [Served(f"kivi{kb}+pre+alloc+q8/cb2+rot@sink4@win32", 32) for kb in ("2", "2.5", "3")]
 
 
-KVQ3B = "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win64@krows8@vrows6"
-
-
 def _served_rows() -> list:
     """The lab's <= 3.0-bit format served (`stage_plain`'s symmetric rows): 2.5-bit keys, a 64-token
     window whose key rows are 8-bit and value rows 6-bit codes, the sink's rows coded alike."""
-    return [Served(KVQ3B, 32)]
+    return [Served("kvq25", 32)]
 
 
 def _front_full() -> list:

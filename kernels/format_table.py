@@ -42,9 +42,8 @@ kernels switch on each side's code). A name is ``K/V`` with optional ``@sinkS`` 
 ``@sinkS``: the first S tokens of a sequence are read exactly (rows in a sink pool, one slot of S
 rows per first block); ``@winW``: each query reads the keys and values of the W positions ending
 at it exactly (rows in a staging pool of fp16 blocks). Both are a fixed cost per sequence, not
-per token (:func:`staging_tokens_per_seq`). ``@krowsB`` / ``@vrowsB`` (B = 2..8, with a window):
-those exact rows, sink and window, are kept as B-bit symmetric codes with one fp16 scale per
-token-head instead of fp16 (:func:`kernels.split_codec.row_quantize`).
+per token (:func:`staging_tokens_per_seq`). ``@krowsB``/``@vrowsB`` (B = 2..8, with a window): those
+exact rows are B-bit codes with an fp16 scale per token-head (:func:`kernels.split_codec.row_quantize`).
 ``FRONT`` names the formats of the study's Pareto front (aliases ``kvq*``, measured at block size 32).
 """
 
@@ -248,11 +247,9 @@ def parse_split(name: str) -> KVFormat:
         opt[m.group(1)] = int(m.group(2))
     sink, window, k_rows, v_rows = opt["sink"], opt["win"], opt["krows"], opt["vrows"]
     for which, b in (("krows", k_rows), ("vrows", v_rows)):
-        if b != 16 and not 2 <= b <= 8:
-            raise KVFormatError(f"kv format {name!r}: @{which}{b}: exact rows are kept as 2..8-bit codes "
-                                f"(or fp16: leave @{which} out)")
-        if b != 16 and not window:
-            raise KVFormatError(f"kv format {name!r}: @{which}{b} codes the rows a window reads exactly; add @win<W>")
+        if b != 16 and not (2 <= b <= 8 and window):
+            raise KVFormatError(f"kv format {name!r}: @{which}{b} keeps the rows a window reads exactly as 2..8-bit "
+                                f"codes (fp16: leave @{which} out); it needs b in 2..8 and a window: add @win<W>")
     parts = body.split("/")
     if len(parts) != 2:
         raise KVFormatError(f"unknown kv format {name!r}; {_SPLIT_HELP}")
@@ -274,6 +271,8 @@ FRONT: dict[str, str] = {
     "kvq3": "kivi3+pre+alloc+q8/cb3+rot@sink4@win32",
     "kvq32": "kivi3+pre+alloc+q8/cb2+rot@sink4@win32",
     "kvq2": "kivi2+pre+alloc+q8/cb2+rot@sink4@win32",
+    # <= 3.0 bits (2.99 at 2k context): window and sink rows as 8-bit K / 6-bit V codes (docs/quant.md)
+    "kvq25": "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win64@krows8@vrows6",
 }
 FRONT_BLOCK_SIZE = 32
 
@@ -359,10 +358,9 @@ def check_split(fmt: KVFormat, head_dim: int, block_size: int) -> None:
     if fmt.window and fmt.window < block_size:
         raise ShapeError(f"kv format {fmt.name!r}: the window ({fmt.window}) must be at least one block "
                          f"({block_size} tokens); use @win{block_size} or a smaller block_size")
-    for which, b in (("krows", fmt.k_rows), ("vrows", fmt.v_rows)):
-        if b != 16 and (head_dim * b) % 8:
-            raise ShapeError(f"kv format {fmt.name!r}: @{which}{b} rows of head_dim {head_dim} do not fill whole "
-                             f"bytes; use 8 bits or a head_dim that is a multiple of 8")
+    if any(b != 16 and head_dim * b % 8 for b in (fmt.k_rows, fmt.v_rows)):
+        raise ShapeError(f"kv format {fmt.name!r}: @krows/@vrows codes of head_dim {head_dim} do not fill whole "
+                         f"bytes; use 8 bits or a head_dim that is a multiple of 8")
     if fmt.sink > block_size:
         raise ShapeError(f"kv format {fmt.name!r}: the sink ({fmt.sink} tokens) must fit in the first block "
                          f"({block_size}); use @sink{block_size} or less, or a larger block_size")

@@ -16,7 +16,7 @@ from kernels.split_codec import row_dequantize, row_quantize
 from kernels.split_read import _sink_rows
 from paged.quant.split_cache import served_bits
 
-KVQ3B = "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win64@krows8@vrows6"
+KVQ3B = "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win64@krows8@vrows6"  # the alias kvq25
 
 
 def _layer(name: str, nb: int = 12, bs: int = 8, h: int = 2, d: int = 64, slots: int = 16):
@@ -37,8 +37,9 @@ def test_names_parse_and_bad_ones_say_what_to_change():
     f = ft.lookup("kivi3+pre/cb3@vrows6@win32@krows8@sink4")
     assert f.name == "kivi3+pre/cb3@sink4@win32@krows8@vrows6" and (f.k_rows, f.v_rows) == (8, 6)
     assert ft.lookup("kvq3").k_rows == ft.lookup("kvq3").v_rows == 16
-    for bad, match in (("kivi3/cb3@krows8", "add @win"), ("kivi3/cb3@win32@krows9", "2..8"),
-                       ("kivi3/cb3@win32@vrows1", "2..8"), ("kivi3/cb3@win32@rows8", "@krows<b>")):
+    assert ft.lookup("kvq25").name == KVQ3B
+    for bad, match in (("kivi3/cb3@krows8", "add @win"), ("kivi3/cb3@win32@krows9", "b in 2..8"),
+                       ("kivi3/cb3@win32@vrows1", "b in 2..8"), ("kivi3/cb3@win32@rows8", "@krows<b>")):
         with pytest.raises(kernels.KVFormatError, match=match):
             ft.lookup(bad)
     with pytest.raises(kernels.ShapeError, match="whole bytes"):
