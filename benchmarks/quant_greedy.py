@@ -22,7 +22,7 @@ from paged.models import load_model  # noqa: E402
 from paged.quant import engine_settings  # noqa: E402
 from paged.quant.runs import greedy_prompts  # noqa: E402
 
-FORMATS = ["int8", "kivi_g32/int4", "kvq4", "kvq34", "kvq3", "kvq32", "kvq2"]
+FORMATS = ["int8", "kivi_g32/int4", "kvq4", "kvq34", "kvq3", "kvq32", "kvq2", "kvq25"]
 
 
 def main() -> None:

@@ -174,7 +174,8 @@ def table(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
-PROTOCOL_CSVS = {p: f"reports/quant_ablation_front_{p}.csv" for p in ("lic19", "x512", "x2048")}
+PROTOCOL_CSVS = {p: [f"reports/quant_ablation_{job}_{p}.csv" for job in ("front", "served_rows")]
+                 for p in ("lic19", "x512", "x2048")}
 PROTOCOL_TEXT = {"lic19": "licences, 19 chunks of 512 (llama.cpp's protocol)", "x512": "kjv + python, 8 + 8 chunks of 512",
                  "x2048": "kjv + python, 2 + 2 chunks of 2,048"}
 
@@ -186,8 +187,8 @@ def publish() -> list[Path]:
     from paged.studies import precomputed
     alias = {f"{v}|bs32": k for k, v in FRONT.items()}
     rows = []
-    for protocol, csv in PROTOCOL_CSVS.items():
-        f = pd.read_csv(csv)
+    for protocol, csvs in PROTOCOL_CSVS.items():
+        f = pd.concat([pd.read_csv(c) for c in csvs], ignore_index=True)
         f = f[(f.source == "all") & (f.part == "both")]
         rows.append(pd.DataFrame({
             "format": f.format.map(lambda n: alias.get(n, n.replace("|bs32", ""))),
@@ -198,8 +199,9 @@ def publish() -> list[Path]:
             "bits_v": f.bits_v, "bits_per_value": f.bits, "kld_mean": f.kld_mean, "kld_se": f.kld_se,
             "kld_p99": f.kld_p99, "same_top1_pct": f.same_top1_pct, "n_chunks": f.n_chunks}))
     front = pd.concat(rows, ignore_index=True)
-    front.attrs = {"made_by": [f"OMP_NUM_THREADS=1 python benchmarks/quant_ablation.py front --protocol {p}"
-                               for p in PROTOCOL_CSVS] + ["python benchmarks/quant_vs_llamacpp.py --part publish"],
+    front.attrs = {"made_by": [f"OMP_NUM_THREADS=1 python benchmarks/quant_ablation.py {job} --protocol {p}"
+                               for job in ("front", "served_rows") for p in PROTOCOL_CSVS]
+                   + ["python benchmarks/quant_vs_llamacpp.py --part publish"],
                    "base": "an fp32 cache, same model and tokens",
                    "calibration": "data/text/calibration.txt, disjoint from every evaluated text"}
     llama = pd.concat([pd.read_csv(f"reports/quant_vs_llamacpp_llama_{r}.csv") for r in ("on", "off")],
