@@ -262,3 +262,77 @@ def test_retired_window_blocks_are_not_read_and_the_sink_pool_serves_the_first_t
         # decode reads position L-1 = the new token: identical; the 5-token extend's first queries
         # sit before it and may read retired rows, so only the last row of each sequence is compared
         assert torch.allclose(ref[0], got[0], atol=1e-5), (be, float((ref[0] - got[0]).abs().max()))
+
+
+# exact rows as codes (@krows/@vrows): (format, block size); 6- and 3-bit codes straddle bytes
+ROWS_FORMATS = [("kivi2.5+pre+alloc+q8/cb2+rot@sink4@win64@krows8@vrows6", 16),
+                ("kivi3+pre+alloc+q8/cb3+rot@sink4@win32@krows6@vrows4", 8),
+                ("fp16/cb2+rot@sink4@win32@krows8", 16),  # exact fp16 K side, coded K rows, fp16 V rows
+                ("kivi4/cb4@sink2@win16@krows3@vrows2", 8)]
+
+
+def _chunked_extend_and_decode(layer, lens, tables, step, queries=7, seed=0):
+    """Write ``lens`` tokens per sequence ``step`` at a time; after each chunk run an extend of its
+    last ``queries`` tokens (prefill over everything cached; few rows keep the interpreter quick),
+    then retire the blocks out of every window, as an engine step does; finally write one token
+    more per sequence and decode it (``tables`` hold ``L + 1`` tokens). Yields ``(what, torch
+    output, interpreter output)``."""
+    g = torch.Generator().manual_seed(seed)
+    bs, h, d = layer.block_size, layer.num_kv_heads, layer.head_dim
+    hq = 4 * h
+    width = max(len(t) for t in tables)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    kv = []
+    for L in lens:
+        k, v = torch.randn(L + 1, h, d, generator=g), torch.randn(L + 1, h, d, generator=g)
+        k[:, :, 3] += 4  # an outlier channel
+        kv.append((k, v))
+
+    def write(spans: list[tuple[int, int]]) -> torch.Tensor:
+        for (k, v), tb, (a, e) in zip(kv, tables, spans):
+            if e > a:
+                slots = torch.tensor(tb)[torch.arange(a, e) // bs] * bs + torch.arange(a, e) % bs
+                kernels.write_kv(k[a:e], v[a:e], layer, slots.int(), positions=torch.arange(a, e))
+        return torch.tensor([e for _, e in spans], dtype=torch.int32)
+
+    for a in range(0, max(lens), step):
+        spans = [(min(L, a), min(L, a + step)) for L in lens]
+        sl = write(spans)
+        qn = torch.tensor([min(queries, e - b) for b, e in spans])
+        qsl = torch.tensor([0] + qn.cumsum(0).tolist(), dtype=torch.int32)
+        qp = torch.randn(int(qsl[-1]), hq, d, generator=g)
+        yield (f"extend [{a}, {a + step})",
+               *(kernels.paged_prefill_attention(qp, layer, None, bt, sl, qsl, backend=be)
+                 for be in ("torch", "interpreter")))
+        kernels.release_window(layer, S.window_out_blocks(bt, sl, layer.kv_format, bs))
+    sl = write([(L, L + 1) for L in lens])
+    q = torch.randn(len(lens), hq, d, generator=g)
+    yield ("decode", *(kernels.paged_decode_attention(q, layer, None, bt, sl, backend=be)
+                       for be in ("torch", "interpreter")))
+
+
+@pytest.mark.skipif(not interpreter_enabled(), reason="needs TRITON_INTERPRET=1 (tests/conftest.py sets it)")
+@pytest.mark.parametrize("name,bs", ROWS_FORMATS)
+def test_triton_kernels_read_coded_exact_rows_like_the_torch_reference(name, bs):
+    """``@krows``/``@vrows``: the sink pool's and the window's rows are codes with per-row scales;
+    the Triton kernels (interpreter) read both pools as the torch reference does, for sequences
+    longer and shorter than sink + window, crossing blocks, written and extended in chunks."""
+    pytest.importorskip("triton")
+    fmt = kernels.get_format(name)
+    layer = _layer(name, bs=bs, nb=16, slots=16)
+    for pool in (layer.staging, layer.sink):  # both pools keep coded rows, with scales
+        assert (pool.k_bits, pool.v_bits) == (fmt.k_rows, fmt.v_rows)
+        assert (pool.k_scale is not None, pool.v_scale is not None) == (fmt.k_rows < 16, fmt.v_rows < 16)
+    w = fmt.window
+    # past sink + window (codes, sink and window rows); just past the window; one block and a bit
+    lens = [w + fmt.sink + bs + 3, w + 5, 9]
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(7)).tolist()
+    tables, used = [], 0
+    for L in lens:
+        n = -(-(L + 1) // bs)
+        tables.append(perm[used:used + n])
+        used += n
+    assert used <= 16
+    step = max(bs, w // 2) + 5  # chunks end mid-block
+    for what, ref, got in _chunked_extend_and_decode(layer, lens, tables, step):
+        assert torch.allclose(ref, got, atol=1e-5, rtol=1e-5), (what, float((ref - got).abs().max()))

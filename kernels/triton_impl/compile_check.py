@@ -71,26 +71,31 @@ def cases(quick: bool = False) -> Iterator[tuple[str, object, dict, dict]]:
 
 def _split_cases(quick: bool) -> Iterator[tuple[str, object, dict, dict]]:
     """Split formats (kernels.split): KIVI keys (compact or fp16 step/zero, RoPE on read) or exact
-    keys, codebook values (rotated or not), with a sink and window or KIVI staging only."""
+    keys, codebook values (rotated or not), with a sink and window or KIVI staging only; exact rows
+    fp16 or ``@krows``/``@vrows`` codes (8 bits: one byte per code; 6 and 3: codes straddle bytes)."""
     from .split_attention import split_decode_kernel, split_prefill_kernel
-    configs = [  # (name, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK)
-        ("kvq3", CODE_KIVI, CODE_CB, True, True, True, True, False, True),
-        ("kivi/cb staging", CODE_KIVI, CODE_CB, False, False, False, False, True, False),
-        ("fp16/cb window", CODE_PLAIN, CODE_CB, False, False, True, True, False, False)]
-    for name, kf, vf, compact, pre, rot, win, staged, sink in configs[:1] if quick else configs:
+    configs = [  # (name, KFMT, VFMT, COMPACT, PRE, ROT, WIN, STAGED, HAS_SINK, KROWS, VROWS)
+        ("kvq3", CODE_KIVI, CODE_CB, True, True, True, True, False, True, 16, 16),
+        ("kvq3 krows8 vrows6", CODE_KIVI, CODE_CB, True, True, True, True, False, True, 8, 6),
+        ("kivi/cb staging", CODE_KIVI, CODE_CB, False, False, False, False, True, False, 16, 16),
+        ("fp16/cb window", CODE_PLAIN, CODE_CB, False, False, True, True, False, False, 16, 16),
+        ("fp16/cb sink window krows3", CODE_PLAIN, CODE_CB, False, False, True, True, False, True, 3, 16)]
+    for name, kf, vf, compact, pre, rot, win, staged, sink, krows, vrows in configs[:2] if quick else configs:
         for q in ("*fp16",) if quick else ("*fp16", "*bf16"):
             dot = {"*fp16": 1, "*bf16": 2}[q]
             k = "*u8" if kf == CODE_KIVI else "*fp16"
+            kr, vr = ("*u8" if b < 16 else "*fp16" for b in (krows, vrows))  # exact rows: codes or fp16
             ptrs = dict(q_ptr=q, k_ptr=k, v_ptr="*u8", ks_ptr="*u8" if compact else "*fp16",
                         kz_ptr="*i8" if compact else "*fp16", ksup_ptr="*fp16", vs_ptr="*fp16", kw_ptr="*i32",
                         ko_ptr="*i32", lv_ptr="*fp32", cos_ptr="*fp32", sin_ptr="*fp32", had_ptr="*fp32",
-                        sk_ptr="*fp16", sv_ptr="*fp16", map_ptr="*i32", xk_ptr="*fp16", xv_ptr="*fp16",
-                        xmap_ptr="*i32", bt_ptr="*i32", sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32",
+                        sk_ptr=kr, sv_ptr=vr, map_ptr="*i32", xk_ptr=kr, xv_ptr=vr, xmap_ptr="*i32",
+                        sks_ptr="*fp16", svs_ptr="*fp16", xks_ptr="*fp16", xvs_ptr="*fp16",
+                        bt_ptr="*i32", sl_ptr="*i32", qsl_ptr="*i32", mid_o_ptr="*fp32",
                         mid_lse_ptr="*fp32", out_ptr=q, sm_scale="fp32", bt_stride="i32", tokens_per_split="i32",
                         nsplit="i32", SINK="i32", WINDOW="i32")
             common = dict(HQ=24, H=8, D=64, BS=32, RK=24 if kf == CODE_KIVI else 64, RV=24, VBITS=3, VG=64,
                           BLOCK_N=64, BLOCK_D=64, KFMT=kf, VFMT=vf, COMPACT=compact, PRE=pre, ROT=rot, WIN=win,
-                          STAGED=staged, HAS_SINK=sink, DOT=dot)
+                          STAGED=staged, HAS_SINK=sink, KROWS=krows, VROWS=vrows, DOT=dot)
             yield (f"split decode {name} q={q}", split_decode_kernel, ptrs, dict(common, GROUP=3, GP=16))
             yield (f"split prefill {name} q={q}", split_prefill_kernel, ptrs, dict(common, GROUP=3, GP=4, BLOCK_Q=16))
 

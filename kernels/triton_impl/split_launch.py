@@ -12,11 +12,17 @@ from .split_attention import split_decode_kernel, split_prefill_kernel
 
 
 def _args(layer: KVCacheLayer) -> tuple[list[torch.Tensor], dict]:
-    """Tensors (dummies where a side has none: never read) and constexprs of a split layer."""
+    """Tensors (dummies where a side has none: never read) and constexprs of a split layer.
+
+    Exact rows (staging and sink pool) are read as ``KROWS``/``VROWS`` bits: 16 = fp16 rows, else
+    ``@krows<b>``/``@vrows<b>`` codes with their per-row fp16 scales (``sks``/``svs``/``xks``/``xvs``)."""
     fmt, t, st = layer.kv_format, layer.tables, layer.staging
-    if fmt.k_rows != 16 or fmt.v_rows != 16:
-        raise KVFormatError(f"kv format {fmt.name!r}: the Triton kernels read fp16 exact rows only; drop "
-                            "@krows/@vrows or use backend='torch'")
+    sk = layer.sink
+    for pool in (st, sk):
+        if pool is not None and (pool.k_bits, pool.v_bits) != (fmt.k_rows, fmt.v_rows):
+            raise KVFormatError(f"kv format {fmt.name!r}: a staging pool keeps {pool.k_bits}/{pool.v_bits}"
+                                f"-bit K/V rows, the format {fmt.k_rows}/{fmt.v_rows}; allocate the layer "
+                                "for this format (kernels.allocate_kv_cache)")
     ks, vs = fmt.k_side, fmt.v_side
     d = layer.head_dim
     dummy = layer.k
@@ -26,14 +32,16 @@ def _args(layer: KVCacheLayer) -> tuple[list[torch.Tensor], dict]:
             pick(t.k_width), pick(t.k_offset), pick(t.v_levels), pick(t.cos), pick(t.sin), pick(t.hadamard),
             st.k if has_rows else dummy, st.v if has_rows and st.v is not None else dummy,
             st.block_map if st is not None else dummy]
-    sk = layer.sink
     has_sink = sk is not None and sk.num_slots > 0
     ptrs += [sk.k if has_sink else dummy, sk.v if has_sink else dummy, sk.block_map if sk is not None else dummy]
+    ptrs += [pick(st.k_scale) if has_rows else dummy, pick(st.v_scale) if has_rows else dummy,
+             pick(sk.k_scale) if has_sink else dummy, pick(sk.v_scale) if has_sink else dummy]
     win = bool(fmt.sink or fmt.window)
     const = dict(RK=d if ks.exact else ks.row_bytes(d), RV=d if vs.exact else vs.row_bytes(d),
                  VBITS=vs.bits, VG=vs.group if not vs.exact else d, KFMT=ks.code, VFMT=vs.code,
                  COMPACT=ks.compact, PRE=ks.pre_rope, ROT=vs.rotate, WIN=win,
-                 STAGED=(st is not None and not win and ks.code != CODE_PLAIN), HAS_SINK=sk is not None)
+                 STAGED=(st is not None and not win and ks.code != CODE_PLAIN), HAS_SINK=sk is not None,
+                 KROWS=fmt.k_rows, VROWS=fmt.v_rows)
     return ptrs, const
 
 
