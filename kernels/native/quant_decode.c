@@ -325,25 +325,39 @@ static void coded_row(const uint8_t *data, const uint16_t *scale, int64_t r, int
     for (int64_t c = 0; c < d; c++) out[c] = ((float)(2 * codes[c]) - nm1) * a;
 }
 
-/* exact K (kv = 0) or V (kv = 1) row of position t, head h; lay: that side's coded-row layout */
-static void exact_row(const exact_t *e, int kv, const layout_t *lay, const int64_t *table, int64_t t,
-                      int64_t bs, int64_t h, int64_t hkv, int64_t d, float *out) {
+/* exact_row of a coded side (kept out of line: the plain path stays as it was) */
+static __attribute__((noinline)) void exact_coded(const exact_t *e, int kv, const layout_t *lay,
+                                                  const int64_t *table, int64_t t, int64_t bs, int64_t h,
+                                                  int64_t hkv, int64_t d, float *out) {
     int64_t bits = kv ? e->v_bits : e->k_bits, rb = kv ? e->v_row_bytes : e->k_row_bytes;
     if (e->sink && t < e->sink) {
         int32_t ss = e->smap[table[0]];
         if (ss < 0) { memset(out, 0, sizeof(float) * d); return; }
-        int64_t r = (ss * e->sink + t) * hkv + h;
-        if (coded_rows(bits))
-            coded_row(kv ? e->sv : e->sk, kv ? e->sv_scale : e->sk_scale, r, bits, rb, lay, d, out);
-        else load_row(S_F16, kv ? e->sv : e->sk, r, d, out);
+        coded_row(kv ? e->sv : e->sk, kv ? e->sv_scale : e->sk_scale, (ss * e->sink + t) * hkv + h, bits, rb, lay,
+                  d, out);
+        return;
+    }
+    int32_t st = e->map[table[t / bs]];
+    if (st < 0) st = 0;  /* the reference's clamp, as in exact_row */
+    coded_row(kv ? e->v : e->k, kv ? e->v_scale : e->k_scale, (st * bs + t % bs) * hkv + h, bits, rb, lay, d, out);
+}
+
+/* exact K (kv = 0) or V (kv = 1) row of position t, head h; lay: that side's coded-row layout */
+static void exact_row(const exact_t *e, int kv, const layout_t *lay, const int64_t *table, int64_t t,
+                      int64_t bs, int64_t h, int64_t hkv, int64_t d, float *out) {
+    if (coded_rows(kv ? e->v_bits : e->k_bits)) {
+        exact_coded(e, kv, lay, table, t, bs, h, hkv, d, out);
+        return;
+    }
+    if (e->sink && t < e->sink) {
+        int32_t ss = e->smap[table[0]];
+        if (ss < 0) { memset(out, 0, sizeof(float) * d); return; }
+        load_row(S_F16, kv ? e->sv : e->sk, (ss * e->sink + t) * hkv + h, d, out);
         return;
     }
     int32_t st = e->map[table[t / bs]];
     if (st < 0) st = 0;  /* the reference's clamp: rows of a block no query reads exactly */
-    int64_t r = (st * bs + t % bs) * hkv + h;
-    if (coded_rows(bits))
-        coded_row(kv ? e->v : e->k, kv ? e->v_scale : e->k_scale, r, bits, rb, lay, d, out);
-    else load_row(e->dtype, kv ? e->v : e->k, r, d, out);
+    load_row(e->dtype, kv ? e->v : e->k, (st * bs + t % bs) * hkv + h, d, out);
 }
 
 static inline float dot(const float *a, const float *b, int64_t d) {
