@@ -16,6 +16,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__F16C__) && defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 typedef struct {
     int64_t bs, hkv, d, sink;
@@ -117,30 +120,69 @@ static void cb_row(const wspec_t *w, const float *x, uint8_t *dst, uint16_t *sca
     for (; out < w->v_row_bytes; out++) dst[out] = 0;
 }
 
+/* fp16(x) as a float (IEEE round to nearest even both ways) */
+static inline float round16(float x) {
+#if defined(__FLT16_MAX__)
+    return (float)(_Float16)x;
+#else
+    return h2f(f2h(x));
+#endif
+}
+
 /* one staged row kept as codes (kernels/split_codec.py row_quantize of the fp16 row the reference
- * stages): x rounded to fp16, s = fp16(absmax), u = x / s (s = 0 divides by 1), code =
- * clamp(round_even((u + 1) * (n - 1) / 2), 0, n - 1) with n = 2^bits, packed at bit c * bits; a
- * NaN (an fp16 overflow to inf in the row) codes 0, as the reference's int64 cast leaves it */
+ * stages): x rounded to fp16, s = fp16(absmax) (= fp16(max |x|): rounding is monotone), u = x / s
+ * (s = 0 divides by 1), code = clamp(round_even((u + 1) * (n - 1) / 2), 0, n - 1) with n = 2^bits,
+ * packed at bit c * bits; a NaN (an fp16 overflow to inf in the row) codes 0, as the reference's
+ * int64 cast leaves it. Chunks of 64 channels (whole bytes at any width): codes, then packing */
 static void row_codes(const float *x, int64_t d, int64_t bits, uint8_t *dst, uint16_t *scale) {
     float amax = 0.0f;
     for (int64_t c = 0; c < d; c++) {
-        float a = fabsf(h2f(f2h(x[c])));
+        float a = fabsf(x[c]);
         amax = a > amax ? a : amax;
     }
     uint16_t s = f2h(amax);
     float sf = h2f(s), top = (float)((1 << bits) - 1), half = top * 0.5f;  /* (n - 1) / 2: exact */
     if (sf == 0.0f) sf = 1.0f;
     *scale = s;
-    uint32_t acc = 0;
-    int nacc = 0;
     int64_t out = 0;
-    for (int64_t c = 0; c < d; c++) {
-        float q = nearbyintf((h2f(f2h(x[c])) / sf + 1.0f) * half);  /* torch.round: half to even */
-        q = q < 0.0f ? 0.0f : q > top ? top : q;
-        if (q != q) q = 0.0f;  /* inf / inf: the reference's NaN converts to an integer with 0 low bits */
-        acc |= (uint32_t)q << nacc;
-        nacc += (int)bits;
-        while (nacc >= 8) { dst[out++] = (uint8_t)acc; acc >>= 8; nacc -= 8; }
+    for (int64_t c0 = 0; c0 < d; c0 += 64) {
+        int64_t m = d - c0 < 64 ? d - c0 : 64;
+        uint8_t code[64];
+        int64_t c = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+        /* 8 at a time, the same IEEE operations (each correctly rounded); max_ps returns its second
+         * operand (0) for a NaN; this also avoids the scalar conversions' false dependency chain */
+        __m256 vs = _mm256_set1_ps(sf), one = _mm256_set1_ps(1.0f), vh = _mm256_set1_ps(half);
+        __m256 vt = _mm256_set1_ps(top), zero = _mm256_setzero_ps();
+        for (; c + 8 <= m; c += 8) {
+            __m256 v = _mm256_loadu_ps(x + c0 + c);
+            v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+            v = _mm256_mul_ps(_mm256_add_ps(_mm256_div_ps(v, vs), one), vh);
+            v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v = _mm256_min_ps(_mm256_max_ps(v, zero), vt);
+            int32_t q[8];
+            _mm256_storeu_si256((__m256i *)q, _mm256_cvttps_epi32(v));
+            for (int j = 0; j < 8; j++) code[c + j] = (uint8_t)q[j];
+        }
+#endif
+        for (; c < m; c++) {
+            float q = rintf((round16(x[c0 + c]) / sf + 1.0f) * half);  /* torch.round (default mode) */
+            q = q > 0.0f ? q : 0.0f;  /* a NaN fails the test: 0 */
+            code[c] = (uint8_t)(q < top ? q : top);
+        }
+        if (bits == 8) {
+            memcpy(dst + out, code, (size_t)m);
+            out += m;
+            continue;
+        }
+        uint32_t acc = 0;
+        int nacc = 0;
+        for (int64_t c = 0; c < m; c++) {
+            acc |= (uint32_t)code[c] << nacc;
+            nacc += (int)bits;
+            while (nacc >= 8) { dst[out++] = (uint8_t)acc; acc >>= 8; nacc -= 8; }
+        }
+        if (nacc) dst[out++] = (uint8_t)acc;  /* only in a last chunk of m * bits not a multiple of 8 */
     }
 }
 
