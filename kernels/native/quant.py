@@ -18,7 +18,8 @@ import torch
 
 from ..cache import KVCacheLayer
 from ..errors import ShapeError
-from ..format_table import CODE_CB, CODE_INT4, CODE_INT8, CODE_KIVI, CODE_PLAIN, FP8_CODES
+from ..format_table import CODE_CB, CODE_INT4, CODE_INT8, CODE_KIVI, CODE_PLAIN, FP8_CODES, KVFormat
+from ..staging import StagingPool
 from . import available, library
 
 __all__ = ["supports", "decode"]
@@ -36,8 +37,12 @@ class _Side(ctypes.Structure):
 
 
 class _Exact(ctypes.Structure):
+    """exact_t: the staging and sink pools' rows; ``k_bits``/``v_bits`` 2..8 (``@krows``/``@vrows``)
+    mean coded rows of ``*_row_bytes`` bytes with fp16 scales in both pools, 0 or 16 plain rows."""
     _fields_ = [(n, ctypes.c_int64) for n in ("dtype", "sink", "window", "windowed")] + \
-               [(n, _p) for n in ("k", "v", "map", "sk", "sv", "smap")]
+               [(n, _p) for n in ("k", "v", "map", "sk", "sv", "smap")] + \
+               [(n, ctypes.c_int64) for n in ("k_bits", "v_bits", "k_row_bytes", "v_row_bytes")] + \
+               [(n, _p) for n in ("k_scale", "v_scale", "sk_scale", "sv_scale")]
 
 
 def supports(layer: KVCacheLayer) -> bool:
@@ -48,8 +53,6 @@ def supports(layer: KVCacheLayer) -> bool:
         return False
     if fmt.split:
         if fmt.sink and not (layer.sink is not None and layer.sink.num_slots):
-            return False
-        if fmt.k_rows != 16 or fmt.v_rows != 16:  # exact rows as codes: the torch reference reads them
             return False
         return all(s.exact and s.storage_dtype in _PLAIN or s.code in (CODE_KIVI, CODE_CB)
                    for s in (fmt.k_side, fmt.v_side))
@@ -102,11 +105,7 @@ def _sides(layer: KVCacheLayer, keep: list) -> tuple[_Side, _Side, _Exact]:
         win = bool(fmt.sink or fmt.window)
         pool = layer.staging
         if pool is not None and pool.num_slots:
-            ex.dtype, ex.k, ex.map = _PLAIN[pool.k.dtype], _ptr(pool.k), _ptr(pool.block_map)
-            ex.v = _ptr(pool.v) if win else None
-            ex.windowed, ex.sink, ex.window = int(win), fmt.sink, fmt.window
-            if layer.sink is not None and layer.sink.num_slots:
-                ex.sk, ex.sv, ex.smap = _ptr(layer.sink.k), _ptr(layer.sink.v), _ptr(layer.sink.block_map)
+            _exact_rows(ex, fmt, pool, layer.sink, win)
         return ks, vs, ex
     if fmt.k_per_channel:  # int4_kivi: K int4 per channel over the block (staged until full), V int4
         g = layer.v_scale.shape[-1]
@@ -135,6 +134,28 @@ def _sides(layer: KVCacheLayer, keep: list) -> tuple[_Side, _Side, _Exact]:
         else:
             out.append(_plain_side(data, d))
     return out[0], out[1], ex
+
+
+def _exact_rows(ex: _Exact, fmt: KVFormat, pool: StagingPool, sink: StagingPool | None, win: bool) -> None:
+    """Fill ``ex`` from a split layer's staging pool (non-empty) and sink pool (None or empty: no
+    sink rows); a coded side (``k_bits``/``v_bits`` < 16) carries its row bytes and both pools'
+    scales. The sink pool codes its rows as the staging pool does (kernels.cache allocates both)."""
+    if sink is not None and (sink.k_bits, sink.v_bits) != (pool.k_bits, pool.v_bits):
+        raise ShapeError(f"kv format {fmt.name!r}: the sink pool's rows ({sink.k_bits}/{sink.v_bits} bits) "
+                         f"differ from the staging pool's ({pool.k_bits}/{pool.v_bits}); allocate the layer "
+                         "with kernels.allocate_kv_cache")
+    ex.k_bits, ex.v_bits = pool.k_bits, pool.v_bits
+    ex.dtype = S_F16 if pool.k_bits < 16 else _PLAIN[pool.k.dtype]  # plain rows' dtype (split: fp16)
+    if pool.k_bits < 16:
+        ex.k_row_bytes, ex.k_scale = pool.k.shape[-1], _ptr(pool.k_scale)
+    ex.k, ex.map = _ptr(pool.k), _ptr(pool.block_map)
+    ex.v = _ptr(pool.v) if win else None
+    if win and pool.v_bits < 16:
+        ex.v_row_bytes, ex.v_scale = pool.v.shape[-1], _ptr(pool.v_scale)
+    ex.windowed, ex.sink, ex.window = int(win), fmt.sink, fmt.window
+    if sink is not None and sink.num_slots:
+        ex.sk, ex.sv, ex.smap = _ptr(sink.k), _ptr(sink.v), _ptr(sink.block_map)
+        ex.sk_scale, ex.sv_scale = _ptr(sink.k_scale), _ptr(sink.v_scale)
 
 
 def decode(q: torch.Tensor, layer: KVCacheLayer, block_tables: torch.Tensor, seq_lens: torch.Tensor,

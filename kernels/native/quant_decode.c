@@ -9,6 +9,7 @@
  *   blk = tables[s][t / bs], slot = blk * bs + t % bs;
  *   exact(t) = windowed ? (t < sink || len - 1 - t < window) : staging map[blk] >= 0 (keys only);
  *   key(t)  = exact ? staging/sink row : decode(K side), RoPE at t when pre_rope;
+ *   an exact row is plain (fp16) or, with @krows<b> / @vrows<b>, b-bit symmetric codes (exact_t);
  *   p = softmax(scale * q . key);  out = H^T-rotated(sum_{not exact} p v_codes) + sum_{exact} p v_exact.
  * The caller (kernels/native/quant.py) checks every index; this file trusts its inputs.
  */
@@ -37,11 +38,18 @@ typedef struct {
 } side_t;
 
 typedef struct {
-    int64_t dtype, sink, window, windowed;  /* dtype of the staging rows: S_F32 / S_F16 / S_BF16 */
+    int64_t dtype, sink, window, windowed;  /* dtype of the plain staging rows: S_F32 / S_F16 / S_BF16 */
     const void *k, *v;                      /* staging rows [slots, bs, hkv, d]; v NULL: keys only */
     const int32_t *map;                     /* block -> staging slot or -1 [nb]; NULL: no staging */
-    const uint16_t *sk, *sv;                /* sink rows fp16 [slots, sink, hkv, d] */
+    const void *sk, *sv;                    /* sink rows [slots, sink, hkv, d] (fp16 when plain) */
     const int32_t *smap;                    /* first block -> sink slot or -1 */
+    /* @krows<b> / @vrows<b>: a side whose bits lie in 2..8 keeps its rows (both pools) as uint8 codes
+     * [slots, rows, hkv, row_bytes = b * d / 8] with fp16 scales [slots, rows, hkv] (row r: scale[r]);
+     * value = (2 * code - (n - 1)) * (scale / (n - 1)), n = 2^b (split_codec.row_dequantize); 0 or 16:
+     * plain rows as above */
+    int64_t k_bits, v_bits, k_row_bytes, v_row_bytes;
+    const uint16_t *k_scale, *v_scale;      /* staging scales */
+    const uint16_t *sk_scale, *sv_scale;    /* sink scales */
 } exact_t;
 
 static inline float h2f(uint16_t h) {
@@ -296,9 +304,51 @@ static inline void rope_row(const float *restrict x, const float *cos, const flo
     for (int64_t c = half; c < d; c++) y[c] = x[c] * cos[c] + x[c - half] * sin[c];
 }
 
-/* exact K (kv = 0) or V (kv = 1) row of position t, head h */
-static void exact_row(const exact_t *e, int kv, const int64_t *table, int64_t t, int64_t bs, int64_t h,
-                      int64_t hkv, int64_t d, float *out) {
+static inline int coded_rows(int64_t bits) { return bits >= 2 && bits <= 8; }
+
+/* row r of a coded exact pool (row_bytes = b * d / 8, scale fp16 per row) as floats: n = 2^b,
+ * value[c] = (2 * code_c - (n - 1)) * (scale / (n - 1)), the scale factor rounded to float once
+ * (row_dequantize's order); lay: the uniform b-bit layout (make_layout without widths) */
+static void coded_row(const uint8_t *data, const uint16_t *scale, int64_t r, int64_t bits, int64_t row_bytes,
+                      const layout_t *lay, int64_t d, float *out) {
+    const uint8_t *src = data + r * row_bytes;
+    float nm1 = (float)((1 << bits) - 1), a = h2f(scale[r]) / nm1;
+    if (bits == 8) {  /* the byte is the code */
+        for (int64_t c = 0; c < d; c++) out[c] = ((float)(2 * (int32_t)src[c]) - nm1) * a;
+        return;
+    }
+    uint8_t row[MAXD + 16];  /* the unpackers read past a row: from a padded copy */
+    int32_t codes[MAXD];
+    memcpy(row, src, (size_t)row_bytes);
+    memset(row + row_bytes, 0, 16);
+    unpack(row, lay, d, codes);
+    for (int64_t c = 0; c < d; c++) out[c] = ((float)(2 * codes[c]) - nm1) * a;
+}
+
+/* exact_row of a coded side (kept out of line: the plain path stays as it was) */
+static __attribute__((noinline)) void exact_coded(const exact_t *e, int kv, const layout_t *lay,
+                                                  const int64_t *table, int64_t t, int64_t bs, int64_t h,
+                                                  int64_t hkv, int64_t d, float *out) {
+    int64_t bits = kv ? e->v_bits : e->k_bits, rb = kv ? e->v_row_bytes : e->k_row_bytes;
+    if (e->sink && t < e->sink) {
+        int32_t ss = e->smap[table[0]];
+        if (ss < 0) { memset(out, 0, sizeof(float) * d); return; }
+        coded_row(kv ? e->sv : e->sk, kv ? e->sv_scale : e->sk_scale, (ss * e->sink + t) * hkv + h, bits, rb, lay,
+                  d, out);
+        return;
+    }
+    int32_t st = e->map[table[t / bs]];
+    if (st < 0) st = 0;  /* the reference's clamp, as in exact_row */
+    coded_row(kv ? e->v : e->k, kv ? e->v_scale : e->k_scale, (st * bs + t % bs) * hkv + h, bits, rb, lay, d, out);
+}
+
+/* exact K (kv = 0) or V (kv = 1) row of position t, head h; lay: that side's coded-row layout */
+static void exact_row(const exact_t *e, int kv, const layout_t *lay, const int64_t *table, int64_t t,
+                      int64_t bs, int64_t h, int64_t hkv, int64_t d, float *out) {
+    if (coded_rows(kv ? e->v_bits : e->k_bits)) {
+        exact_coded(e, kv, lay, table, t, bs, h, hkv, d, out);
+        return;
+    }
     if (e->sink && t < e->sink) {
         int32_t ss = e->smap[table[0]];
         if (ss < 0) { memset(out, 0, sizeof(float) * d); return; }
@@ -451,7 +501,10 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
                       float scale, float *scores, int64_t t_max, float *out, int64_t n_threads) {
     int64_t g = hq / hkv;
     layout_t klay[32], vlay[32];  /* per KV head (hkv <= 32): read by every thread */
+    layout_t kxl, vxl;            /* coded exact rows (uniform widths, every head alike) */
     (void)n_threads;
+    if (coded_rows(ex->k_bits)) make_layout(0, 0, ex->k_bits, d, ex->k_row_bytes, 0, &kxl);
+    if (coded_rows(ex->v_bits)) make_layout(0, 0, ex->v_bits, d, ex->v_row_bytes, 0, &vxl);
     for (int64_t h = 0; h < hkv; h++) {
         make_layout(ks->width ? ks->width + h * d : 0, ks->offset ? ks->offset + h * d : 0,
                     ks->code == S_INT4 ? 4 : ks->bits, d, ks->row_bytes, ks->groups, klay + h);
@@ -482,7 +535,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
             if (!exact && ks->code == S_KIVI && blk != kblk) { kivi_block(ks, blk, hkv, d, kst, kzr); kblk = blk; }
             for (int64_t h = 0; h < hkv; h++) {
                 const float *key = row;
-                if (exact) exact_row(ex, 0, table, t, bs, h, hkv, d, row);
+                if (exact) exact_row(ex, 0, &kxl, table, t, bs, h, hkv, d, row);
                 else if (fused) {  /* KIVI keys: dequantized (and RoPE'd) in registers, scored at once */
                     int64_t r = slot * hkv + h;
                     const uint8_t *src = ks->data + r * ks->row_bytes;
@@ -532,7 +585,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
             for (int64_t h = 0; h < hkv; h++) {
                 float *acc = exact ? oe : oc;
                 for (int64_t t = t0; t < t1; t++) {
-                    if (exact) exact_row(ex, 1, table, t, bs, h, hkv, d, tile + (t - t0) * d);
+                    if (exact) exact_row(ex, 1, &vxl, table, t, bs, h, hkv, d, tile + (t - t0) * d);
                     else decode_row(vs, blk * bs + t - bi * bs, h, hkv, d, vst, vzr, vlay + h, tile + (t - t0) * d);
                 }
                 for (int64_t j = 0; j < g; j++)

@@ -1,7 +1,8 @@
 /* Quantize-on-write of new tokens into a split-format layer (kernels/split.py: write_split is the
  * reference, and these codes are bit-identical to it): per token and KV head, the value row's
  * codebook codes and fp16 group scales (or the exact value row), the exact key row (fp16/fp32
- * sides), and the fp16 staging rows of K (and V with a sink or window). One pass over the new
+ * sides), and the staging rows of K (and V with a sink or window): fp16, or with @krows<b> /
+ * @vrows<b> b-bit codes and an fp16 scale per row (row_quantize). One pass over the new
  * rows; nothing else of the block is read or rewritten.
  *
  * The fast path covers the tokens whose write changes no staging bookkeeping: at an offset other
@@ -15,6 +16,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__F16C__) && defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 typedef struct {
     int64_t bs, hkv, d, sink;
@@ -27,6 +31,8 @@ typedef struct {
     uint16_t *v_scale;                /* fp16 [slots, hkv, d / v_group] */
     const int32_t *map;               /* staging host map [num_blocks] (NULL: the layer stages nothing) */
     uint16_t *sk, *sv;                /* staging rows fp16 [stage slots, bs, hkv, d]; sv NULL: K only */
+    int64_t sk_bits, sv_bits;         /* 2..8 (@krows<b> / @vrows<b>): that side's staging rows are codes */
+    uint16_t *sk_scale, *sv_scale;    /* ... uint8 [stage slots, bs, hkv, b * d / 8], fp16 scales [.., hkv] */
 } wspec_t;
 
 static inline uint16_t f2h(float f) {
@@ -114,6 +120,78 @@ static void cb_row(const wspec_t *w, const float *x, uint8_t *dst, uint16_t *sca
     for (; out < w->v_row_bytes; out++) dst[out] = 0;
 }
 
+/* fp16(x) as a float (IEEE round to nearest even both ways) */
+static inline float round16(float x) {
+#if defined(__FLT16_MAX__)
+    return (float)(_Float16)x;
+#else
+    return h2f(f2h(x));
+#endif
+}
+
+/* one staged row kept as codes (kernels/split_codec.py row_quantize of the fp16 row the reference
+ * stages): x rounded to fp16, s = fp16(absmax) (= fp16(max |x|): rounding is monotone), u = x / s
+ * (s = 0 divides by 1), code = clamp(round_even((u + 1) * (n - 1) / 2), 0, n - 1) with n = 2^bits,
+ * packed at bit c * bits; a NaN (an fp16 overflow to inf in the row) codes 0, as the reference's
+ * int64 cast leaves it. Chunks of 64 channels (whole bytes at any width): codes, then packing */
+static void row_codes(const float *x, int64_t d, int64_t bits, uint8_t *dst, uint16_t *scale) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < d; c++) {
+        float a = fabsf(x[c]);
+        amax = a > amax ? a : amax;
+    }
+    uint16_t s = f2h(amax);
+    float sf = h2f(s), top = (float)((1 << bits) - 1), half = top * 0.5f;  /* (n - 1) / 2: exact */
+    if (sf == 0.0f) sf = 1.0f;
+    *scale = s;
+    int64_t out = 0;
+    for (int64_t c0 = 0; c0 < d; c0 += 64) {
+        int64_t m = d - c0 < 64 ? d - c0 : 64;
+        uint8_t code[64];
+        int64_t c = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+        /* 8 at a time, the same IEEE operations (each correctly rounded); max_ps returns its second
+         * operand (0) for a NaN; this also avoids the scalar conversions' false dependency chain */
+        __m256 vs = _mm256_set1_ps(sf), one = _mm256_set1_ps(1.0f), vh = _mm256_set1_ps(half);
+        __m256 vt = _mm256_set1_ps(top), zero = _mm256_setzero_ps();
+        for (; c + 8 <= m; c += 8) {
+            __m256 v = _mm256_loadu_ps(x + c0 + c);
+            v = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+            v = _mm256_mul_ps(_mm256_add_ps(_mm256_div_ps(v, vs), one), vh);
+            v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v = _mm256_min_ps(_mm256_max_ps(v, zero), vt);
+            int32_t q[8];
+            _mm256_storeu_si256((__m256i *)q, _mm256_cvttps_epi32(v));
+            for (int j = 0; j < 8; j++) code[c + j] = (uint8_t)q[j];
+        }
+#endif
+        for (; c < m; c++) {
+            float q = rintf((round16(x[c0 + c]) / sf + 1.0f) * half);  /* torch.round (default mode) */
+            q = q > 0.0f ? q : 0.0f;  /* a NaN fails the test: 0 */
+            code[c] = (uint8_t)(q < top ? q : top);
+        }
+        if (bits == 8) {
+            memcpy(dst + out, code, (size_t)m);
+            out += m;
+            continue;
+        }
+        uint32_t acc = 0;
+        int nacc = 0;
+        for (int64_t c = 0; c < m; c++) {
+            acc |= (uint32_t)code[c] << nacc;
+            nacc += (int)bits;
+            while (nacc >= 8) { dst[out++] = (uint8_t)acc; acc >>= 8; nacc -= 8; }
+        }
+        if (nacc) dst[out++] = (uint8_t)acc;  /* only in a last chunk of m * bits not a multiple of 8 */
+    }
+}
+
+/* staging row `row` of one side: fp16 (bits 0 / 16) or codes and scale (bits 2..8) */
+static void stage_row(int64_t bits, uint16_t *base, uint16_t *scale, int64_t row, int64_t d, const float *x) {
+    if (bits >= 2 && bits <= 8) row_codes(x, d, bits, (uint8_t *)base + row * (bits * d / 8), scale + row);
+    else store_row(1, base, row, d, x);
+}
+
 int64_t split_write_f32(const float *key, const float *val, const float *val_rot, const int64_t *slots,
                         const int64_t *pos, int64_t n, const wspec_t *w, uint8_t *slow) {
     int64_t bs = w->bs, hkv = w->hkv, d = w->d, n_slow = 0;
@@ -137,8 +215,8 @@ int64_t split_write_f32(const float *key, const float *val, const float *val_rot
             if (w->k_dtype >= 0) store_row(w->k_dtype, w->k, r, d, kx);
             if (w->map) {
                 int64_t row = ((int64_t)w->map[blk] * bs + off) * hkv + h;
-                store_row(1, w->sk, row, d, kx);
-                if (w->sv) store_row(1, w->sv, row, d, vx);
+                stage_row(w->sk_bits, w->sk, w->sk_scale, row, d, kx);
+                if (w->sv) stage_row(w->sv_bits, w->sv, w->sv_scale, row, d, vx);
             }
         }
     }

@@ -1,5 +1,6 @@
 """The compiled quantize-on-write of split formats (``quant_write.c``): the new tokens' value codes
-and scales, exact rows and fp16 staging rows, in one pass over those rows only.
+and scales, exact rows and staging rows (fp16, or ``@krows``/``@vrows`` codes with their scales),
+in one pass over those rows only.
 
 :func:`write_split` takes the blocks whose write changes no staging bookkeeping (no token at
 the block's offset 0 or last offset, the block already staged where the layer stages, no sink
@@ -29,19 +30,24 @@ class _Spec(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("bs", "hkv", "d", "sink", "k_dtype", "v_dtype", "v_bits", "v_group",
                                               "v_row_bytes", "n_levels")] + \
                [("bounds", ctypes.c_void_p), ("max_level", ctypes.c_float)] + \
-               [(n, ctypes.c_void_p) for n in ("k", "v", "v_scale", "map", "sk", "sv")]
+               [(n, ctypes.c_void_p) for n in ("k", "v", "v_scale", "map", "sk", "sv")] + \
+               [(n, ctypes.c_int64) for n in ("sk_bits", "sv_bits")] + \
+               [(n, ctypes.c_void_p) for n in ("sk_scale", "sv_scale")]
 
 
 def supports(layer: KVCacheLayer) -> bool:
     """Whether :func:`write_split` can take writes into ``layer`` (a split format on CPU whose exact
-    sides are fp32 or fp16 and whose value side, if coded, is a codebook)."""
+    sides are fp32 or fp16, whose value side, if coded, is a codebook, and whose staging rows are
+    fp16 or ``@krows``/``@vrows`` codes)."""
     fmt = layer.kv_format
     if not fmt.split or layer.device.type != "cpu" or not available():
         return False
     ks, vs = fmt.k_side, fmt.v_side
     k_ok = layer.k.dtype in _EXACT if ks.exact else layer.staging is not None
     v_ok = layer.v.dtype in _EXACT if vs.exact else vs.code == CODE_CB
-    pool_ok = layer.staging is None or layer.staging.k.dtype == torch.float16
+    pool = layer.staging  # fp16 rows, or codes (@krows<b>/@vrows<b>) with fp16 scales
+    pool_ok = pool is None or all(t is None or bits < 16 or t.dtype == torch.float16
+                                  for t, bits in ((pool.k, pool.k_bits), (pool.v, pool.v_bits)))
     return k_ok and v_ok and pool_ok and (not fmt.sink or layer.sink is not None)
 
 
@@ -61,6 +67,9 @@ def _spec(layer: KVCacheLayer, keep: list) -> _Spec:
     if pool is not None:
         s.map, s.sk = pool.map_host.data_ptr(), pool.k.data_ptr()
         s.sv = pool.v.data_ptr() if pool.v is not None else None
+        s.sk_bits, s.sv_bits = pool.k_bits, pool.v_bits
+        s.sk_scale = pool.k_scale.data_ptr() if pool.k_scale is not None else None
+        s.sv_scale = pool.v_scale.data_ptr() if pool.v is not None and pool.v_scale is not None else None
     return s
 
 
