@@ -23,8 +23,8 @@ taking turns per round; the ratio to its f16 step is llama.cpp's cost of its qua
 GPU part (no GPU needed: computed from the format table): the bytes the Triton decode kernel
 reads per cached token and layer at a context of 512, 2048 and 8192 tokens: codes, scales and
 zeros (per-block ones spread over the block), plus, per sequence, the exact rows of the sink and
-of the window (fp16 K and V) that the kernel loads beside the codes; decode attention is
-memory-bound, so this ratio to fp16 bounds its speed-up.
+of the window (fp16 K and V, or ``@krows``/``@vrows`` codes and scales) that the kernel loads beside the
+codes; decode attention is memory-bound, so this ratio to fp16 bounds its speed-up.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from paged.memory import memory_facts  # noqa: E402
 from paged.models import load_model  # noqa: E402
 
 LLAMA_BITS = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5}  # ggml blocks of 32: fp16 scale + 32 codes
-FORMATS = ["auto", "int8", "int4_kivi", "kvq4", "kvq34", "kvq3", "kvq32", "kvq2"]
+FORMATS = ["auto", "int8", "int4_kivi", "kvq4", "kvq34", "kvq3", "kvq32", "kvq2", "kvq25"]
 
 
 def kernel_bytes_per_token(fmt: str, heads: int, head_dim: int, context: int, block: int = 32) -> float:
@@ -55,7 +55,8 @@ def kernel_bytes_per_token(fmt: str, heads: int, head_dim: int, context: int, bl
     per = float(bytes_per_token(f, heads, head_dim, dtype=torch.float16, block_size=block))
     if f.split and (f.window or f.sink):
         exact_rows = min(context, f.window + f.sink)
-        per += exact_rows * heads * head_dim * 2 * 2 / context  # fp16 K and V rows of the window and sink
+        row = lambda bits: heads * (head_dim * 2 if bits == 16 else bits * head_dim // 8 + 2)  # noqa: E731
+        per += exact_rows * (row(f.k_rows) + row(f.v_rows)) / context  # K and V rows of the window and sink
     return per
 
 
