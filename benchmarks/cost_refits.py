@@ -248,23 +248,6 @@ class Evaluator:
         return cv._score(np.concatenate(self.ratios(costs)))
 
 
-def coordinate_search(score: Callable[[KernelCosts], float], start: KernelCosts, grid: dict[str, list],
-                      rounds: int = 3) -> tuple[KernelCosts, float]:
-    """As ``cv.fit_kernel_costs``: one field of ``grid`` at a time, keep any strict improvement."""
-    c, best = start, score(start)
-    for _ in range(rounds):
-        improved = False
-        for name, values in grid.items():
-            for v in values:
-                cand = c.with_(**{name: v})
-                s = score(cand)
-                if s < best - 1e-9:
-                    c, best, improved = cand, s, True
-        if not improved:
-            break
-    return c, best
-
-
 def best_variant(cls: type[KernelRoofline], groups: Sequence[Group], variants: Iterable[dict],
                  grid: dict[str, list], rounds: int = 3) -> KernelCosts:
     """Per variant (the attempt's discrete choices) the coordinate search from the shipped figures;
@@ -277,7 +260,7 @@ def best_variant(cls: type[KernelRoofline], groups: Sequence[Group], variants: I
         start = costs_cls(**{**{f: getattr(base, f) for f in _BASE_FIELDS}, **extra})
         if ev is None:
             ev = Evaluator(cls, groups, start)
-        c, s = coordinate_search(ev.score, start, grid, rounds)
+        c, s = cv.coordinate_search(ev.score, start, grid, rounds)
         if best is None or s < best[0]:
             best = (s, c)
     return best[1]

@@ -339,6 +339,10 @@ def _check_split(layer: KVCacheLayer) -> None:
             raise ShapeError(f"{fmt.name} needs v_scale as float16 [{nb}, {bs}, {h}, {g}]")
         if t.v_levels is None or t.v_levels.shape != (1 << fmt.v_side.bits,):
             raise ShapeError(f"{fmt.name} needs a codebook of {1 << fmt.v_side.bits} levels in its tables")
+    for pool in (layer.staging, layer.sink):  # every reader takes the pools' row codes from the format
+        if pool is not None and (pool.k_bits, pool.v_bits) != (fmt.k_rows, fmt.v_rows):
+            raise ShapeError(f"{fmt.name}: a staging pool keeps {pool.k_bits}/{pool.v_bits}-bit K/V rows, the "
+                             f"format {fmt.k_rows}/{fmt.v_rows}; allocate the layer with kernels.allocate_kv_cache")
     if fmt.sink and (layer.sink is None or layer.sink.row_shape != (fmt.sink, h, d)):
         raise ShapeError(f"{fmt.name} needs a sink pool of [slots, {fmt.sink}, {h}, {d}] (allocate the layer with "
                          "kernels.allocate_kv_cache)")

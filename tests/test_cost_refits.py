@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from paged.sim import cost_validation as cv
 from paged.sim.kernel_costs import KERNEL_COSTS, KernelCosts, KernelRoofline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +70,6 @@ def test_the_searches_find_a_known_minimum(cr):
                               iterations=200)
     np.testing.assert_allclose(x, [0.3, 2.0], atol=2e-3)
     c = KERNEL_COSTS["a40"]
-    best, score = cr.coordinate_search(lambda k: abs(k.gemm_mfu - 0.7) + abs(k.ew_mbu - 0.35), c,
+    best, score = cv.coordinate_search(lambda k: abs(k.gemm_mfu - 0.7) + abs(k.ew_mbu - 0.35), c,
                                        {"gemm_mfu": [0.6, 0.7, 0.8], "ew_mbu": [0.3, 0.35]})
     assert (best.gemm_mfu, best.ew_mbu, score) == (0.7, 0.35, 0.0)

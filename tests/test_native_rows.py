@@ -77,20 +77,12 @@ def test_native_write_of_coded_rows_is_bit_identical_to_the_reference(name, monk
     """Prompts in pieces, then one token per call: codes and scales of both pools, seals of KIVI
     blocks from coded staged rows (on the reference, reading what the native write staged)."""
     from kernels.native import quant_write
-    from test_native_write import _writes
+    from test_native_write import _writes, count_native_writes
     g = torch.Generator().manual_seed(5)
     bs, h, d, nb = 8, 2, 64, 48
     ref, nat = _layer(name, nb=nb, bs=bs, h=h, d=d, slots=nb), _layer(name, nb=nb, bs=bs, h=h, d=d, slots=nb)
     assert quant_write.supports(nat)
-    taken = []
-    real = quant_write.write_split
-
-    def counted(*a):
-        rest = real(*a)
-        taken.append(a[1].shape[0] - (0 if rest is None else rest.numel()))
-        return rest
-
-    monkeypatch.setattr(quant_write, "write_split", counted)
+    taken = count_native_writes(monkeypatch)
     lens, tabs = [5, 17, 30], [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
     for k, v, sl, pos in _writes(g, lens, tabs, bs, h, d, extreme=True):
         k[0, 1] = 0.0  # an all-zero row: scale 0, every code the middle level

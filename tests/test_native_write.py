@@ -43,19 +43,26 @@ def _writes(g, lens, tabs, bs, h, d, extreme=False):
         yield k, v, sl, torch.tensor(pos)
 
 
+def count_native_writes(monkeypatch) -> list[int]:
+    """A list that gets, per call of the compiled split write, the number of tokens it took."""
+    taken: list[int] = []
+    real = quant_write.write_split
+
+    def counted(*a):
+        rest = real(*a)
+        taken.append(a[1].shape[0] - (0 if rest is None else rest.numel()))
+        return rest
+    monkeypatch.setattr(quant_write, "write_split", counted)
+    return taken
+
+
 @pytest.mark.parametrize("name", SPLIT + ["fp16/cb3+rot@win16", "kivi3/cb2"])
 def test_native_split_write_is_bit_identical_to_the_reference(name, monkeypatch):
     g = torch.Generator().manual_seed(5)
     bs, h, d, nb = 8, 2, 64, 40
     ref, nat = _layer(name, nb=nb, bs=bs, h=h, d=d, slots=nb), _layer(name, nb=nb, bs=bs, h=h, d=d, slots=nb)
     assert quant_write.supports(nat)
-    taken = []
-    real = quant_write.write_split
-    def counted(*a):
-        rest = real(*a)
-        taken.append(a[1].shape[0] - (0 if rest is None else rest.numel()))
-        return rest
-    monkeypatch.setattr(quant_write, "write_split", counted)
+    taken = count_native_writes(monkeypatch)
     lens, tabs = [5, 17, 30], [[0, 1, 2, 3, 4, 5, 6, 7, 8], [10, 11, 12, 13, 14, 15, 16, 17, 18], list(range(20, 29))]
     for k, v, sl, pos in _writes(g, lens, tabs, bs, h, d, extreme=name.startswith("fp16")):
         kernels.write_kv(k, v, ref, sl.int(), positions=pos, backend="torch")

@@ -139,11 +139,7 @@ def _sides(layer: KVCacheLayer, keep: list) -> tuple[_Side, _Side, _Exact]:
 def _exact_rows(ex: _Exact, fmt: KVFormat, pool: StagingPool, sink: StagingPool | None, win: bool) -> None:
     """Fill ``ex`` from a split layer's staging pool (non-empty) and sink pool (None or empty: no
     sink rows); a coded side (``k_bits``/``v_bits`` < 16) carries its row bytes and both pools'
-    scales. The sink pool codes its rows as the staging pool does (kernels.cache allocates both)."""
-    if sink is not None and (sink.k_bits, sink.v_bits) != (pool.k_bits, pool.v_bits):
-        raise ShapeError(f"kv format {fmt.name!r}: the sink pool's rows ({sink.k_bits}/{sink.v_bits} bits) "
-                         f"differ from the staging pool's ({pool.k_bits}/{pool.v_bits}); allocate the layer "
-                         "with kernels.allocate_kv_cache")
+    scales. The sink pool codes its rows as the staging pool does (checked with the layer, kernels.cache)."""
     ex.k_bits, ex.v_bits = pool.k_bits, pool.v_bits
     ex.dtype = S_F16 if pool.k_bits < 16 else _PLAIN[pool.k.dtype]  # plain rows' dtype (split: fp16)
     if pool.k_bits < 16:

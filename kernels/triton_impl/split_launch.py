@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from ..cache import KVCacheLayer
-from ..errors import KVFormatError
 from ..format_table import CODE_PLAIN
 from .attention import decode_merge_kernel
 from .launch import decode_geometry, dot_code, pow2, prefill_geometry
@@ -18,11 +17,6 @@ def _args(layer: KVCacheLayer) -> tuple[list[torch.Tensor], dict]:
     ``@krows<b>``/``@vrows<b>`` codes with their per-row fp16 scales (``sks``/``svs``/``xks``/``xvs``)."""
     fmt, t, st = layer.kv_format, layer.tables, layer.staging
     sk = layer.sink
-    for pool in (st, sk):
-        if pool is not None and (pool.k_bits, pool.v_bits) != (fmt.k_rows, fmt.v_rows):
-            raise KVFormatError(f"kv format {fmt.name!r}: a staging pool keeps {pool.k_bits}/{pool.v_bits}"
-                                f"-bit K/V rows, the format {fmt.k_rows}/{fmt.v_rows}; allocate the layer "
-                                "for this format (kernels.allocate_kv_cache)")
     ks, vs = fmt.k_side, fmt.v_side
     d = layer.head_dim
     dummy = layer.k

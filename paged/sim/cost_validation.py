@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -29,7 +29,8 @@ from paged.sim.shapes import StepShape
 from paged.sim.specs import ModelSpec, get_gpu
 
 __all__ = ["LAYER_OPS", "SHAPE_COLUMNS", "VIDUR_GPUS", "read_mlp_profile", "find_profiles", "layer_model",
-           "predictions", "error_table", "fit_kernel_costs", "geo_error", "allreduce_table"]
+           "predictions", "error_table", "fit_kernel_costs", "coordinate_search", "geo_error",
+           "allreduce_table"]
 
 LAYER_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "mlp_act", "input_layernorm",
              "post_attention_layernorm", "add", "attn_rope")
@@ -170,10 +171,18 @@ def fit_kernel_costs(df: pd.DataFrame, gpu: str, start: KernelCosts | None = Non
             r.append(kr.layer_seconds(n) / y)
         return _score(np.concatenate(r))
 
-    best = score(c)
+    c, best = coordinate_search(score, c, _GRID, rounds)
+    return c.with_(source=source or c.source), best
+
+
+def coordinate_search(score: Callable[[KernelCosts], float], start: KernelCosts, grid: dict[str, list],
+                      rounds: int = 3) -> tuple[KernelCosts, float]:
+    """Deterministic: one field of ``grid`` at a time, in order, keeping any strict improvement of
+    ``score``; stops after ``rounds`` passes or a pass without one. Returns the figures and their score."""
+    c, best = start, score(start)
     for _ in range(rounds):
         improved = False
-        for name, values in _GRID.items():
+        for name, values in grid.items():
             for v in values:
                 cand = c.with_(**{name: v})
                 s = score(cand)
@@ -181,7 +190,7 @@ def fit_kernel_costs(df: pd.DataFrame, gpu: str, start: KernelCosts | None = Non
                     c, best, improved = cand, s, True
         if not improved:
             break
-    return c.with_(source=source or c.source), best
+    return c, best
 
 
 # -- tensor-parallel all-reduce --------------------------------------------------------------------
