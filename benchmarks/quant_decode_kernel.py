@@ -22,6 +22,7 @@ import kernels  # noqa: E402
 from kernels import native  # noqa: E402
 from kernels.native import quant as nq  # noqa: E402
 from benchmarks.harness import spread_widths  # noqa: E402
+from kernels.split import window_out_blocks  # noqa: E402
 
 FORMATS = ["int8", "int4", "fp8_e4m3", "int4_kivi", "kvq4", "kvq3", "kvq2"]
 
@@ -57,6 +58,8 @@ def main() -> None:
         for i, (k, v) in enumerate(kv):
             slots = tabs[i].long()[torch.arange(length) // bs] * bs + torch.arange(length) % bs
             kernels.write_kv(k, v, lay, slots.int(), positions=torch.arange(length), backend="torch")
+            # as the engine does after each step: free the staging of blocks past the window
+            kernels.release_window(lay, window_out_blocks(tabs[i:i + 1], lens[i:i + 1], fmt, bs))
         return lay
 
     f32 = layer("fp32")

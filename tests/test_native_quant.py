@@ -3,6 +3,8 @@ torch references compute, for every served format, and the engine's greedy outpu
 log-probs do not change when it takes that path."""
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -69,6 +71,56 @@ def test_plain_decode_matches_the_reference(name):
     got = nq.decode(q, layer, bt, sl, 0.125)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     assert torch.equal(got[5], torch.zeros(9, d))  # an empty context attends to nothing
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((ln for ln in f if ln.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+# instruction sets below -march=native that this CPU can run: each has its own code paths in
+# quant_decode.c (AVX-512 16 lanes, AVX2 8 lanes, portable C), and -march=native tests only one
+_NARROWER = [v for v, need in ((["-mavx2", "-mfma", "-mf16c"], {"avx2", "fma", "f16c"}), ([], set()))
+             if platform.machine() == "x86_64" and need <= _cpu_flags()]
+
+
+@pytest.mark.parametrize("flags", _NARROWER, ids=lambda v: " ".join(v) or "baseline")
+def test_every_instruction_set_path_matches_the_reference(flags, tmp_path, monkeypatch):
+    """The library built for a narrower instruction set than this CPU's (AVX2, or x86-64's
+    baseline) computes the same references: the paths -march=native does not take here."""
+    monkeypatch.setenv("PAGED_NATIVE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_VARIANTS", [flags])
+    native._library.cache_clear()
+    try:
+        g = torch.Generator().manual_seed(5)
+        bs, h, d, nb = 8, 2, 64, 24
+        lens = [1, 9, 23, 40]
+        for name in ["kvq3", "kvq25", "kivi4+pre/cb4", "int4_kivi", "int8"]:
+            fmt = kernels.get_format(name)
+            if fmt.split:
+                layer = _layer(fmt.name, nb=nb, bs=bs, h=h, d=d, slots=24)
+                tabs = _tables(g, len(lens), nb, 5)
+                _fill(layer, lens, tabs, seed=3, step=5)
+            else:
+                layer = kernels.allocate_kv_cache(nb, bs, h, d, name, dtype=torch.float32)
+                tabs = _tables(g, len(lens), nb, 5)
+                for L, tb in zip(lens, tabs):
+                    slots = torch.tensor(tb, dtype=torch.long)[torch.arange(L) // bs] * bs + torch.arange(L) % bs
+                    kernels.write_kv(torch.randn(L, h, d, generator=g), torch.randn(L, h, d, generator=g), layer,
+                                     slots.int(), backend="torch")
+            q = _q(g, len(lens), 3 * h, d)
+            bt, sl = torch.tensor(tabs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+            ref = (split_decode_ref(q, layer, bt, sl, 0.125) if fmt.split
+                   else decode_attention_ref(q, layer, bt, sl, 0.125, need_lse=False))[0]
+            torch.testing.assert_close(nq.decode(q, layer, bt, sl, 0.125), ref, atol=1e-5, rtol=1e-5)
+        built = list(tmp_path.glob("paged_native_*.so"))
+        assert len(built) == 1  # the narrower build was the one that ran
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
 
 
 def test_native_backend_is_selectable_and_says_when_it_cannot_run(monkeypatch):

@@ -147,6 +147,24 @@ static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, int3
         return;
     }
 #endif
+#ifdef __AVX512F__
+    if (l->ubits && l->ubits <= 4 && d % 16 == 0) {  /* 16 codes from two 32-bit words, stored as one register
+                                                        (the 16-lane readers load them whole) */
+        int32_t b = l->ubits;
+        __m512i sh = _mm512_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b,
+                                       0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+        __m512i m = _mm512_set1_epi32((1 << b) - 1);
+        for (int64_t c = 0; c < d; c += 16) {
+            uint32_t w0, w1;
+            memcpy(&w0, row + (c / 8) * b, 4);
+            memcpy(&w1, row + (c / 8 + 1) * b, 4);
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w0)),
+                                           _mm256_set1_epi32((int)w1), 1);
+            _mm512_storeu_si512((void *)(codes + c), _mm512_and_si512(_mm512_srlv_epi32(v, sh), m));
+        }
+        return;
+    }
+#endif
 #ifdef __AVX2__
     if (l->ubits && l->ubits <= 4) {  /* 8 codes in one 32-bit word: broadcast, shift per lane, mask */
         int32_t b = l->ubits;
@@ -375,17 +393,9 @@ static inline float hsum8(v8 a) {
     return s;
 }
 
-/* sc[j * t_max] = scale * q_j . row for n (a constant after inlining) query heads sharing each load */
-static inline __attribute__((always_inline)) void scores_n(const float *q, int64_t qhs, const float *row, int64_t d,
-                                                           float scale, float *sc, int64_t t_max, const int n) {
-    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (int64_t x = 0; x < d; x += 8) {
-        v8 kv = ld8(row + x);
-        a0 += ld8(q + x) * kv;
-        if (n > 1) a1 += ld8(q + qhs + x) * kv;
-        if (n > 2) a2 += ld8(q + 2 * qhs + x) * kv;
-        if (n > 3) a3 += ld8(q + 3 * qhs + x) * kv;
-    }
+/* sc[j * t_max] = scale * (the sum of a_j's lanes), j < n */
+static inline __attribute__((always_inline)) void store_sums(v8 a0, v8 a1, v8 a2, v8 a3, float scale, float *sc,
+                                                             int64_t t_max, const int n) {
 #ifdef __AVX__
     if (n > 1) {  /* the four sums at once: pairwise adds, then the two 128-bit halves */
         __m256 h = _mm256_hadd_ps(_mm256_hadd_ps((__m256)a0, (__m256)a1), _mm256_hadd_ps((__m256)a2, (__m256)a3));
@@ -400,6 +410,33 @@ static inline __attribute__((always_inline)) void scores_n(const float *q, int64
     if (n > 1) sc[t_max] = hsum8(a1) * scale;
     if (n > 2) sc[2 * t_max] = hsum8(a2) * scale;
     if (n > 3) sc[3 * t_max] = hsum8(a3) * scale;
+}
+
+#ifdef __AVX512F__
+/* 16 floats: one AVX-512 register */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+static inline v16 ld16(const float *p) { v16 r; memcpy(&r, p, sizeof r); return r; }
+static inline vi16 ldi16(const int32_t *p) { vi16 r; memcpy(&r, p, sizeof r); return r; }
+/* the low and high 8 lanes added: a 16-lane sum as an 8-lane one */
+static inline v8 fold16(v16 a) {
+    __m512 z = (__m512)a;
+    return (v8)_mm256_add_ps(_mm512_castps512_ps256(z), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1)));
+}
+#endif
+
+/* sc[j * t_max] = scale * q_j . row for n (a constant after inlining) query heads sharing each load */
+static inline __attribute__((always_inline)) void scores_n(const float *q, int64_t qhs, const float *row, int64_t d,
+                                                           float scale, float *sc, int64_t t_max, const int n) {
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t x = 0; x < d; x += 8) {
+        v8 kv = ld8(row + x);
+        a0 += ld8(q + x) * kv;
+        if (n > 1) a1 += ld8(q + qhs + x) * kv;
+        if (n > 2) a2 += ld8(q + 2 * qhs + x) * kv;
+        if (n > 3) a3 += ld8(q + 3 * qhs + x) * kv;
+    }
+    store_sums(a0, a1, a2, a3, scale, sc, t_max, n);
 }
 
 /* the g query heads of one KV head against one K row, 4 at a time */
@@ -426,8 +463,29 @@ static inline vi8 ldi8(const int32_t *p) { vi8 r; memcpy(&r, p, sizeof r); retur
 static inline __attribute__((always_inline)) void kivi_scores_n(
         const int32_t *codes, const float *a, const float *z, const float *cos, const float *sin, const float *q,
         int64_t qhs, int64_t d, float scale, float *sc, int64_t t_max, const int n, const int rope) {
-    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     int64_t half = d / 2;
+#ifdef __AVX512F__
+    if (half % 16 == 0) {  /* the same sums over 16 channels at a time */
+        v16 b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        for (int64_t x = 0; x < half; x += 16) {
+            int64_t y = x + half;
+            v16 lo = __builtin_convertvector(ldi16(codes + x), v16) * ld16(a + x) + ld16(z + x);
+            v16 hi = __builtin_convertvector(ldi16(codes + y), v16) * ld16(a + y) + ld16(z + y);
+            if (rope) {
+                v16 rl = lo * ld16(cos + x) + hi * ld16(sin + x);
+                hi = hi * ld16(cos + y) + lo * ld16(sin + y);
+                lo = rl;
+            }
+            b0 += ld16(q + x) * lo + ld16(q + y) * hi;
+            if (n > 1) b1 += ld16(q + qhs + x) * lo + ld16(q + qhs + y) * hi;
+            if (n > 2) b2 += ld16(q + 2 * qhs + x) * lo + ld16(q + 2 * qhs + y) * hi;
+            if (n > 3) b3 += ld16(q + 3 * qhs + x) * lo + ld16(q + 3 * qhs + y) * hi;
+        }
+        store_sums(fold16(b0), fold16(b1), fold16(b2), fold16(b3), scale, sc, t_max, n);
+        return;
+    }
+#endif
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     for (int64_t x = 0; x < half; x += 8) {
         int64_t y = x + half;
         v8 lo = __builtin_convertvector(ldi8(codes + x), v8) * ld8(a + x) + ld8(z + x);
@@ -442,10 +500,7 @@ static inline __attribute__((always_inline)) void kivi_scores_n(
         if (n > 2) a2 += ld8(q + 2 * qhs + x) * lo + ld8(q + 2 * qhs + y) * hi;
         if (n > 3) a3 += ld8(q + 3 * qhs + x) * lo + ld8(q + 3 * qhs + y) * hi;
     }
-    sc[0] = hsum8(a0) * scale;
-    if (n > 1) sc[t_max] = hsum8(a1) * scale;
-    if (n > 2) sc[2 * t_max] = hsum8(a2) * scale;
-    if (n > 3) sc[3 * t_max] = hsum8(a3) * scale;
+    store_sums(a0, a1, a2, a3, scale, sc, t_max, n);
 }
 
 /* the g query heads of one KV head against one KIVI key row (codes unpacked), 4 at a time */
@@ -473,6 +528,23 @@ static inline void kivi_scores_row(const int32_t *codes, const float *a, const f
 /* a[x] += sum_i w[i] * tile[i][x] over n rows of d, the sum over rows in order, 32 outputs in registers */
 static inline void axpy_tile(const float *tile, int64_t n, int64_t d, const float *w, float *a) {
     int64_t x = 0;
+#ifdef __AVX512F__
+    for (; x + 64 <= d; x += 64) {  /* 64 outputs in four 16-lane registers */
+        v16 a0 = ld16(a + x), a1 = ld16(a + x + 16), a2 = ld16(a + x + 32), a3 = ld16(a + x + 48);
+        for (int64_t i = 0; i < n; i++) {
+            const float *r = tile + i * d + x;
+            float wi = w[i];
+            a0 += wi * ld16(r);
+            a1 += wi * ld16(r + 16);
+            a2 += wi * ld16(r + 32);
+            a3 += wi * ld16(r + 48);
+        }
+        memcpy(a + x, &a0, 64);
+        memcpy(a + x + 16, &a1, 64);
+        memcpy(a + x + 32, &a2, 64);
+        memcpy(a + x + 48, &a3, 64);
+    }
+#endif
     for (; x + 32 <= d; x += 32) {
         v8 a0 = ld8(a + x), a1 = ld8(a + x + 8), a2 = ld8(a + x + 16), a3 = ld8(a + x + 24);
         for (int64_t i = 0; i < n; i++) {
