@@ -460,48 +460,37 @@ static inline void scores_row(const float *q, int64_t qhs, const float *row, int
  * rope_row computes), then dotted with each head's q; d a multiple of 16 */
 typedef int32_t vi8 __attribute__((vector_size(32)));
 static inline vi8 ldi8(const int32_t *p) { vi8 r; memcpy(&r, p, sizeof r); return r; }
+/* kivi_scores_n's loop for a vector type V of W floats (LD, LDI its float and int loads): the
+ * sums of each head j < n in acc[j] (one body for the 8- and 16-lane paths) */
+#define KIVI_SCORES_LOOP(V, W, LD, LDI, acc)                                                        \
+    for (int64_t x = 0; x < half; x += W) {                                                         \
+        int64_t y = x + half;                                                                       \
+        V lo = __builtin_convertvector(LDI(codes + x), V) * LD(a + x) + LD(z + x);                  \
+        V hi = __builtin_convertvector(LDI(codes + y), V) * LD(a + y) + LD(z + y);                  \
+        if (rope) {                                                                                 \
+            V rl = lo * LD(cos + x) + hi * LD(sin + x);                                             \
+            hi = hi * LD(cos + y) + lo * LD(sin + y);                                               \
+            lo = rl;                                                                                \
+        }                                                                                           \
+        for (int j = 0; j < n; j++) acc[j] += LD(q + j * qhs + x) * lo + LD(q + j * qhs + y) * hi; \
+    }
 static inline __attribute__((always_inline)) void kivi_scores_n(
         const int32_t *codes, const float *a, const float *z, const float *cos, const float *sin, const float *q,
         int64_t qhs, int64_t d, float scale, float *sc, int64_t t_max, const int n, const int rope) {
     int64_t half = d / 2;
 #ifdef __AVX512F__
     if (half % 16 == 0) {  /* the same sums over 16 channels at a time */
-        v16 b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-        for (int64_t x = 0; x < half; x += 16) {
-            int64_t y = x + half;
-            v16 lo = __builtin_convertvector(ldi16(codes + x), v16) * ld16(a + x) + ld16(z + x);
-            v16 hi = __builtin_convertvector(ldi16(codes + y), v16) * ld16(a + y) + ld16(z + y);
-            if (rope) {
-                v16 rl = lo * ld16(cos + x) + hi * ld16(sin + x);
-                hi = hi * ld16(cos + y) + lo * ld16(sin + y);
-                lo = rl;
-            }
-            b0 += ld16(q + x) * lo + ld16(q + y) * hi;
-            if (n > 1) b1 += ld16(q + qhs + x) * lo + ld16(q + qhs + y) * hi;
-            if (n > 2) b2 += ld16(q + 2 * qhs + x) * lo + ld16(q + 2 * qhs + y) * hi;
-            if (n > 3) b3 += ld16(q + 3 * qhs + x) * lo + ld16(q + 3 * qhs + y) * hi;
-        }
-        store_sums(fold16(b0), fold16(b1), fold16(b2), fold16(b3), scale, sc, t_max, n);
+        v16 b[4] = {{0}, {0}, {0}, {0}};
+        KIVI_SCORES_LOOP(v16, 16, ld16, ldi16, b)
+        store_sums(fold16(b[0]), fold16(b[1]), fold16(b[2]), fold16(b[3]), scale, sc, t_max, n);
         return;
     }
 #endif
-    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (int64_t x = 0; x < half; x += 8) {
-        int64_t y = x + half;
-        v8 lo = __builtin_convertvector(ldi8(codes + x), v8) * ld8(a + x) + ld8(z + x);
-        v8 hi = __builtin_convertvector(ldi8(codes + y), v8) * ld8(a + y) + ld8(z + y);
-        if (rope) {
-            v8 rl = lo * ld8(cos + x) + hi * ld8(sin + x);
-            hi = hi * ld8(cos + y) + lo * ld8(sin + y);
-            lo = rl;
-        }
-        a0 += ld8(q + x) * lo + ld8(q + y) * hi;
-        if (n > 1) a1 += ld8(q + qhs + x) * lo + ld8(q + qhs + y) * hi;
-        if (n > 2) a2 += ld8(q + 2 * qhs + x) * lo + ld8(q + 2 * qhs + y) * hi;
-        if (n > 3) a3 += ld8(q + 3 * qhs + x) * lo + ld8(q + 3 * qhs + y) * hi;
-    }
-    store_sums(a0, a1, a2, a3, scale, sc, t_max, n);
+    v8 acc[4] = {{0}, {0}, {0}, {0}};
+    KIVI_SCORES_LOOP(v8, 8, ld8, ldi8, acc)
+    store_sums(acc[0], acc[1], acc[2], acc[3], scale, sc, t_max, n);
 }
+#undef KIVI_SCORES_LOOP
 
 /* the g query heads of one KV head against one KIVI key row (codes unpacked), 4 at a time */
 static inline void kivi_scores_row(const int32_t *codes, const float *a, const float *z, const float *cos,
@@ -525,41 +514,33 @@ static inline void kivi_scores_row(const int32_t *codes, const float *a, const f
     }
 }
 
-/* a[x] += sum_i w[i] * tile[i][x] over n rows of d, the sum over rows in order, 32 outputs in registers */
+/* axpy_tile's 4-register block for a vector type V of W floats (LD its load): outputs x .. x + 4W,
+ * four named accumulators (an array of them measured 3-4% slower) */
+#define AXPY_BLOCK(V, W, LD)                                                                        \
+    for (; x + 4 * W <= d; x += 4 * W) {                                                            \
+        V a0 = LD(a + x), a1 = LD(a + x + W), a2 = LD(a + x + 2 * W), a3 = LD(a + x + 3 * W);       \
+        for (int64_t i = 0; i < n; i++) {                                                           \
+            const float *r = tile + i * d + x;                                                      \
+            float wi = w[i];                                                                        \
+            a0 += wi * LD(r);                                                                       \
+            a1 += wi * LD(r + W);                                                                   \
+            a2 += wi * LD(r + 2 * W);                                                               \
+            a3 += wi * LD(r + 3 * W);                                                               \
+        }                                                                                           \
+        memcpy(a + x, &a0, sizeof a0);                                                              \
+        memcpy(a + x + W, &a1, sizeof a1);                                                          \
+        memcpy(a + x + 2 * W, &a2, sizeof a2);                                                      \
+        memcpy(a + x + 3 * W, &a3, sizeof a3);                                                      \
+    }
+/* a[x] += sum_i w[i] * tile[i][x] over n rows of d, the sum over rows in order, 4 registers of
+ * outputs at a time (64 with AVX-512, then 32) */
 static inline void axpy_tile(const float *tile, int64_t n, int64_t d, const float *w, float *a) {
     int64_t x = 0;
 #ifdef __AVX512F__
-    for (; x + 64 <= d; x += 64) {  /* 64 outputs in four 16-lane registers */
-        v16 a0 = ld16(a + x), a1 = ld16(a + x + 16), a2 = ld16(a + x + 32), a3 = ld16(a + x + 48);
-        for (int64_t i = 0; i < n; i++) {
-            const float *r = tile + i * d + x;
-            float wi = w[i];
-            a0 += wi * ld16(r);
-            a1 += wi * ld16(r + 16);
-            a2 += wi * ld16(r + 32);
-            a3 += wi * ld16(r + 48);
-        }
-        memcpy(a + x, &a0, 64);
-        memcpy(a + x + 16, &a1, 64);
-        memcpy(a + x + 32, &a2, 64);
-        memcpy(a + x + 48, &a3, 64);
-    }
+    AXPY_BLOCK(v16, 16, ld16)
 #endif
-    for (; x + 32 <= d; x += 32) {
-        v8 a0 = ld8(a + x), a1 = ld8(a + x + 8), a2 = ld8(a + x + 16), a3 = ld8(a + x + 24);
-        for (int64_t i = 0; i < n; i++) {
-            const float *r = tile + i * d + x;
-            float wi = w[i];
-            a0 += wi * ld8(r);
-            a1 += wi * ld8(r + 8);
-            a2 += wi * ld8(r + 16);
-            a3 += wi * ld8(r + 24);
-        }
-        memcpy(a + x, &a0, 32);
-        memcpy(a + x + 8, &a1, 32);
-        memcpy(a + x + 16, &a2, 32);
-        memcpy(a + x + 24, &a3, 32);
-    }
+    AXPY_BLOCK(v8, 8, ld8)
+#undef AXPY_BLOCK
     for (; x < d; x += 8) {
         v8 a0 = ld8(a + x);
         for (int64_t i = 0; i < n; i++) a0 += w[i] * ld8(tile + i * d + x);
