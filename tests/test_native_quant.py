@@ -49,6 +49,23 @@ def test_split_decode_matches_the_reference(name, step):
     assert torch.equal(kernels.paged_decode_attention(q, layer, None, bt, sl, scale=0.125, backend="native"), got)
 
 
+@pytest.mark.parametrize("group", [1, 2, 4, 5])
+@pytest.mark.parametrize("name", ["kvq3", "kivi4+pre/cb4_g16"])
+def test_split_decode_for_each_query_group(name, group):
+    """Query heads per KV head 1-4 (the fused value path keeps that many heads' sums in registers)
+    and 5 (the tiled path): the same references."""
+    g = torch.Generator().manual_seed(9)
+    bs, h, d, nb = 8, 2, 64, 24
+    layer = _layer(kernels.get_format(name).name, nb=nb, bs=bs, h=h, d=d, slots=24)
+    lens = [1, 8, 23, 40]
+    tabs = _tables(g, len(lens), nb, 5)
+    _fill(layer, lens, tabs, seed=3, step=7)
+    q = _q(g, len(lens), group * h, d)
+    bt, sl = torch.tensor(tabs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+    ref = split_decode_ref(q, layer, bt, sl, 0.125)[0]
+    torch.testing.assert_close(nq.decode(q, layer, bt, sl, 0.125), ref, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", PLAIN)
 def test_plain_decode_matches_the_reference(name):
     g = torch.Generator().manual_seed(11)

@@ -548,6 +548,61 @@ static inline void axpy_tile(const float *tile, int64_t n, int64_t d, const floa
     }
 }
 
+#ifdef __AVX512F__
+/* acc[j * 64 ..] += sum_{i < n} w[j * t_max + i] * value(row slot0 + i) for the G query heads of KV
+ * head h: codebook values of <= 4 uniform bits, head_dim 64, decoded in registers and accumulated
+ * at once (decode_row's S_CB path and axpy_tile in one pass: the same products, summed over the rows
+ * in the same order, without the tile in memory) */
+static inline __attribute__((always_inline)) void cb_accumulate_n(const side_t *s, int64_t slot0, int64_t n,
+                                                                  int64_t h, int64_t hkv, const layout_t *lay,
+                                                                  const float *w, int64_t t_max, float *acc,
+                                                                  const int G) {
+    const int64_t d = 64;
+    int32_t b = lay->ubits;
+    __m512i sh = _mm512_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b,
+                                   0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+    __m512i m = _mm512_set1_epi32((1 << b) - 1);
+    __m512 levels = _mm512_loadu_ps(lay->lv);
+    __m512 A[4][4];
+    for (int j = 0; j < G; j++)
+        for (int k = 0; k < 4; k++) A[j][k] = _mm512_loadu_ps(acc + j * d + 16 * k);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = (slot0 + i) * hkv + h;
+        const uint8_t *row = s->data + r * s->row_bytes;
+        uint8_t cp[MAXD + 16];
+        if (r >= s->safe_rows) {  /* the words below read up to 3 bytes past the row: from a padded copy */
+            memcpy(cp, row, (size_t)s->row_bytes);
+            memset(cp + s->row_bytes, 0, 16);
+            row = cp;
+        }
+        for (int k = 0; k < 4; k++) {
+            uint32_t w0, w1;
+            memcpy(&w0, row + 2 * k * b, 4);
+            memcpy(&w1, row + (2 * k + 1) * b, 4);
+            __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w0)),
+                                           _mm256_set1_epi32((int)w1), 1);
+            c = _mm512_and_si512(_mm512_srlv_epi32(c, sh), m);
+            __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(c, levels),
+                                     _mm512_set1_ps(h2f(s->scale[r * s->groups + 16 * k / lay->gs])));
+            for (int j = 0; j < G; j++) A[j][k] = _mm512_fmadd_ps(_mm512_set1_ps(w[j * t_max + i]), v, A[j][k]);
+        }
+    }
+    for (int j = 0; j < G; j++)
+        for (int k = 0; k < 4; k++) _mm512_storeu_ps(acc + j * d + 16 * k, A[j][k]);
+}
+
+/* cb_accumulate_n for g query heads (a constant per call, so the accumulators stay in registers) */
+static void cb_accumulate(const side_t *s, int64_t slot0, int64_t n, int64_t h, int64_t hkv, int64_t g,
+                          const layout_t *lay, const float *w, int64_t t_max, float *acc) {
+    switch (g) {
+        case 1: cb_accumulate_n(s, slot0, n, h, hkv, lay, w, t_max, acc, 1); return;
+        case 2: cb_accumulate_n(s, slot0, n, h, hkv, lay, w, t_max, acc, 2); return;
+        case 3: cb_accumulate_n(s, slot0, n, h, hkv, lay, w, t_max, acc, 3); return;
+        default: cb_accumulate_n(s, slot0, n, h, hkv, lay, w, t_max, acc, 4);
+    }
+}
+#endif
+
 void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_stride, const side_t *ks,
                       const side_t *vs, const exact_t *ex, const int64_t *tables, int64_t width,
                       const int64_t *lens, int64_t n_seqs, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
@@ -626,6 +681,10 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         }
         /* 3. values */
         int vex = ex->windowed && ex->v != 0;  /* V rows of the sink and window are read exactly */
+        /* codebook values of <= 4 uniform bits at head_dim 64, <= 4 query heads per KV head: decoded
+         * and accumulated in registers (cb_accumulate) */
+        int cb_fused = vs->code == S_CB && vs->bits <= 4 && vlay[0].ubits && d == 64 && vlay[0].gs % 16 == 0 && g <= 4;
+        (void)cb_fused;
 #define V_EXACT(t) (vex && ((t) < ex->sink || len - 1 - (t) < ex->window))
         memset(oc, 0, sizeof(float) * hq * d);
         memset(oe, 0, sizeof(float) * hq * d);
@@ -637,6 +696,13 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
             if (!exact && vs->code == S_KIVI && blk != vblk) { kivi_block(vs, blk, hkv, d, vst, vzr); vblk = blk; }
             for (int64_t h = 0; h < hkv; h++) {
                 float *acc = exact ? oe : oc;
+#ifdef __AVX512F__
+                if (!exact && cb_fused) {
+                    cb_accumulate(vs, blk * bs + t0 - bi * bs, t1 - t0, h, hkv, g, vlay + h, sc + h * g * t_max + t0,
+                                  t_max, acc + h * g * d);
+                    continue;
+                }
+#endif
                 for (int64_t t = t0; t < t1; t++) {
                     if (exact) exact_row(ex, 1, &vxl, table, t, bs, h, hkv, d, tile + (t - t0) * d);
                     else decode_row(vs, blk * bs + t - bi * bs, h, hkv, d, vst, vzr, vlay + h, tile + (t - t0) * d);
