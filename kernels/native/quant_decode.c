@@ -620,6 +620,11 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
                     vs->code == S_INT4 ? 4 : vs->bits, d, vs->row_bytes, vs->groups, vlay + h);
         if (vs->code == S_CB && vs->bits <= 4) memcpy(vlay[h].lv, vs->lut, sizeof(float) << vs->bits);
     }
+#ifdef __AVX512F__
+    /* codebook values of <= 4 uniform bits at head_dim 64, <= 4 query heads per KV head: decoded and
+     * accumulated in registers (cb_accumulate) */
+    int cb_fused = vs->code == S_CB && vs->bits <= 4 && vlay[0].ubits && d == 64 && vlay[0].gs % 16 == 0 && g <= 4;
+#endif
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
     for (int64_t s = 0; s < n_seqs; s++) {
         int64_t len = lens[s];
@@ -681,10 +686,6 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         }
         /* 3. values */
         int vex = ex->windowed && ex->v != 0;  /* V rows of the sink and window are read exactly */
-        /* codebook values of <= 4 uniform bits at head_dim 64, <= 4 query heads per KV head: decoded
-         * and accumulated in registers (cb_accumulate) */
-        int cb_fused = vs->code == S_CB && vs->bits <= 4 && vlay[0].ubits && d == 64 && vlay[0].gs % 16 == 0 && g <= 4;
-        (void)cb_fused;
 #define V_EXACT(t) (vex && ((t) < ex->sink || len - 1 - (t) < ex->window))
         memset(oc, 0, sizeof(float) * hq * d);
         memset(oe, 0, sizeof(float) * hq * d);
