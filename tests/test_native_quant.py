@@ -66,6 +66,18 @@ def test_split_decode_for_each_query_group(name, group):
     torch.testing.assert_close(nq.decode(q, layer, bt, sl, 0.125), ref, atol=1e-5, rtol=1e-5)
 
 
+def _fill_plain(layer, lens, tabs, g):
+    """Random K/V (one outlier channel) written through the torch path in pieces of 6 tokens
+    (int4_kivi: blocks sealed and staged)."""
+    bs, h, d = layer.block_size, layer.num_kv_heads, layer.head_dim
+    for L, tb in zip(lens, tabs):
+        k, v = torch.randn(L, h, d, generator=g), torch.randn(L, h, d, generator=g)
+        k[:, :, 5] += 3
+        slots = torch.tensor(tb, dtype=torch.long)[torch.arange(L) // bs] * bs + torch.arange(L) % bs
+        for a in range(0, L, 6):
+            kernels.write_kv(k[a:a + 6], v[a:a + 6], layer, slots[a:a + 6].int(), backend="torch")
+
+
 @pytest.mark.parametrize("name", PLAIN)
 def test_plain_decode_matches_the_reference(name):
     g = torch.Generator().manual_seed(11)
@@ -76,12 +88,7 @@ def test_plain_decode_matches_the_reference(name):
         layer.v_scale[:] = torch.tensor([0.03, 0.01, 0.02])
     lens = [1, 15, 16, 17, 40, 0, 77]
     tabs = _tables(g, len(lens), nb, 5)
-    for L, tb in zip(lens, tabs):
-        k, v = torch.randn(L, h, d, generator=g), torch.randn(L, h, d, generator=g)
-        k[:, :, 5] += 3
-        slots = torch.tensor(tb, dtype=torch.long)[torch.arange(L) // bs] * bs + torch.arange(L) % bs
-        for a in range(0, L, 6):  # int4_kivi: blocks sealed and staged
-            kernels.write_kv(k[a:a + 6], v[a:a + 6], layer, slots[a:a + 6].int(), backend="torch")
+    _fill_plain(layer, lens, tabs, g)
     q = _q(g, len(lens), 9, d)
     bt, sl = torch.tensor(tabs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
     ref = decode_attention_ref(q, layer, bt, sl, 0.125, need_lse=False)[0]
@@ -90,18 +97,10 @@ def test_plain_decode_matches_the_reference(name):
     assert torch.equal(got[5], torch.zeros(9, d))  # an empty context attends to nothing
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next((ln for ln in f if ln.startswith("flags")), "").split())
-    except OSError:
-        return set()
-
-
 # instruction sets below -march=native that this CPU can run: each has its own code paths in
 # quant_decode.c (AVX-512 16 lanes, AVX2 8 lanes, portable C), and -march=native tests only one
 _NARROWER = [v for v, need in ((["-mavx2", "-mfma", "-mf16c"], {"avx2", "fma", "f16c"}), ([], set()))
-             if platform.machine() == "x86_64" and need <= _cpu_flags()]
+             if platform.machine() == "x86_64" and need <= set(native._cpu_key().split())]
 
 
 @pytest.mark.parametrize("flags", _NARROWER, ids=lambda v: " ".join(v) or "baseline")
@@ -117,17 +116,13 @@ def test_every_instruction_set_path_matches_the_reference(flags, tmp_path, monke
         lens = [1, 9, 23, 40]
         for name in ["kvq3", "kvq25", "kivi4+pre/cb4", "int4_kivi", "int8"]:
             fmt = kernels.get_format(name)
+            tabs = _tables(g, len(lens), nb, 5)
             if fmt.split:
                 layer = _layer(fmt.name, nb=nb, bs=bs, h=h, d=d, slots=24)
-                tabs = _tables(g, len(lens), nb, 5)
                 _fill(layer, lens, tabs, seed=3, step=5)
             else:
                 layer = kernels.allocate_kv_cache(nb, bs, h, d, name, dtype=torch.float32)
-                tabs = _tables(g, len(lens), nb, 5)
-                for L, tb in zip(lens, tabs):
-                    slots = torch.tensor(tb, dtype=torch.long)[torch.arange(L) // bs] * bs + torch.arange(L) % bs
-                    kernels.write_kv(torch.randn(L, h, d, generator=g), torch.randn(L, h, d, generator=g), layer,
-                                     slots.int(), backend="torch")
+                _fill_plain(layer, lens, tabs, g)
             q = _q(g, len(lens), 3 * h, d)
             bt, sl = torch.tensor(tabs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
             ref = (split_decode_ref(q, layer, bt, sl, 0.125) if fmt.split

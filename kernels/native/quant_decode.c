@@ -132,6 +132,24 @@ static void make_layout(const int32_t *wd, const int32_t *of, int64_t bits, int6
     memset(l->lv, 0, sizeof l->lv);
 }
 
+#ifdef __AVX512F__
+/* codes 16k .. 16k + 15 of a row of uniform b-bit codes (b <= 4): two 32-bit words of 8 codes each,
+ * one per 256-bit half, shifted per lane (sh: 0, b, .., 7b twice) and masked (m); reads 4 bytes
+ * from byte 2kb and from (2k + 1)b */
+static inline __m512i codes16(const uint8_t *row, int64_t k, int32_t b, __m512i sh, __m512i m) {
+    uint32_t w0, w1;
+    memcpy(&w0, row + 2 * k * b, 4);
+    memcpy(&w1, row + (2 * k + 1) * b, 4);
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w0)), _mm256_set1_epi32((int)w1), 1);
+    return _mm512_and_si512(_mm512_srlv_epi32(v, sh), m);
+}
+
+/* codes16's shift pattern and mask for b-bit codes */
+static inline __m512i codes16_shifts(int32_t b) {
+    return _mm512_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b, 0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+}
+#endif
+
 /* codes of a row; reads up to 4 bytes from each channel's byte and 16 from each base (the row is
  * padded: 16 readable bytes follow it) */
 static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, int32_t *codes) {
@@ -151,17 +169,8 @@ static inline void unpack(const uint8_t *row, const layout_t *l, int64_t d, int3
     if (l->ubits && l->ubits <= 4 && d % 16 == 0) {  /* 16 codes from two 32-bit words, stored as one register
                                                         (the 16-lane readers load them whole) */
         int32_t b = l->ubits;
-        __m512i sh = _mm512_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b,
-                                       0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
-        __m512i m = _mm512_set1_epi32((1 << b) - 1);
-        for (int64_t c = 0; c < d; c += 16) {
-            uint32_t w0, w1;
-            memcpy(&w0, row + (c / 8) * b, 4);
-            memcpy(&w1, row + (c / 8 + 1) * b, 4);
-            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w0)),
-                                           _mm256_set1_epi32((int)w1), 1);
-            _mm512_storeu_si512((void *)(codes + c), _mm512_and_si512(_mm512_srlv_epi32(v, sh), m));
-        }
+        __m512i sh = codes16_shifts(b), m = _mm512_set1_epi32((1 << b) - 1);
+        for (int64_t k = 0; k < d / 16; k++) _mm512_storeu_si512((void *)(codes + 16 * k), codes16(row, k, b, sh, m));
         return;
     }
 #endif
@@ -559,9 +568,7 @@ static inline __attribute__((always_inline)) void cb_accumulate_n(const side_t *
                                                                   const int G) {
     const int64_t d = 64;
     int32_t b = lay->ubits;
-    __m512i sh = _mm512_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b,
-                                   0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
-    __m512i m = _mm512_set1_epi32((1 << b) - 1);
+    __m512i sh = codes16_shifts(b), m = _mm512_set1_epi32((1 << b) - 1);
     __m512 levels = _mm512_loadu_ps(lay->lv);
     __m512 A[4][4];
     for (int j = 0; j < G; j++)
@@ -576,13 +583,7 @@ static inline __attribute__((always_inline)) void cb_accumulate_n(const side_t *
             row = cp;
         }
         for (int k = 0; k < 4; k++) {
-            uint32_t w0, w1;
-            memcpy(&w0, row + 2 * k * b, 4);
-            memcpy(&w1, row + (2 * k + 1) * b, 4);
-            __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w0)),
-                                           _mm256_set1_epi32((int)w1), 1);
-            c = _mm512_and_si512(_mm512_srlv_epi32(c, sh), m);
-            __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(c, levels),
+            __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(codes16(row, k, b, sh, m), levels),
                                      _mm512_set1_ps(h2f(s->scale[r * s->groups + 16 * k / lay->gs])));
             for (int j = 0; j < G; j++) A[j][k] = _mm512_fmadd_ps(_mm512_set1_ps(w[j * t_max + i]), v, A[j][k]);
         }
