@@ -66,6 +66,24 @@ def test_split_decode_for_each_query_group(name, group):
     torch.testing.assert_close(nq.decode(q, layer, bt, sl, 0.125), ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("name", ["kvq3", "kivi4+pre/cb4", "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win48"])
+def test_split_decode_in_long_blocks(name, d):
+    """Blocks of 32 tokens, so that a run of coded key rows spans whole and partial 16-token chunks
+    (the AVX-512 key scores reduce 16 tokens at a time) and stops at the window, at head_dim 64 and
+    128: the same references."""
+    g = torch.Generator().manual_seed(11)
+    bs, h, nb = 32, 2, 24
+    layer = _layer(kernels.get_format(name).name, nb=nb, bs=bs, h=h, d=d, slots=24)
+    lens = [1, 16, 17, 47, 64, 100, 129]
+    tabs = _tables(g, len(lens), nb, 5)
+    _fill(layer, lens, tabs, seed=5, step=13)
+    q = _q(g, len(lens), 3 * h, d)
+    bt, sl = torch.tensor(tabs, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+    ref = split_decode_ref(q, layer, bt, sl, 0.125)[0]
+    torch.testing.assert_close(nq.decode(q, layer, bt, sl, 0.125), ref, atol=1e-5, rtol=1e-5)
+
+
 def _fill_plain(layer, lens, tabs, g):
     """Random K/V (one outlier channel) written through the torch path in pieces of 6 tokens
     (int4_kivi: blocks sealed and staged)."""

@@ -523,6 +523,104 @@ static inline void kivi_scores_row(const int32_t *codes, const float *a, const f
     }
 }
 
+#ifdef __AVX512F__
+/* lane i: the sum of r[i]'s 16 lanes. A transposing tree of adds (halves, quarters, pairs, lanes)
+ * leaves lane L holding r[P(L)], P = (0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15), an involution that
+ * one permute undoes */
+static inline __m512 sums16(const __m512 *r) {
+    __m512 x[8], y[4], z[2];
+    for (int i = 0; i < 8; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[i], r[i + 8], 0x44), _mm512_shuffle_f32x4(r[i], r[i + 8], 0xEE));
+    for (int i = 0; i < 4; i++)
+        y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[i], x[i + 4], 0x88), _mm512_shuffle_f32x4(x[i], x[i + 4], 0xDD));
+    for (int i = 0; i < 2; i++)
+        z[i] = _mm512_add_ps(_mm512_shuffle_ps(y[i], y[i + 2], 0x44), _mm512_shuffle_ps(y[i], y[i + 2], 0xEE));
+    __m512 w = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), w);
+}
+
+/* sc[j * t_max + t] = scale * q_j . key(t) for G (<= 4) query heads j and the KIVI key rows
+ * t0 <= t < t1 of one block (slot slot0 + t - t0, KV head h), D channels (a constant): per token the
+ * key in registers as kivi_scores_n makes it (codes * step + zero, RoPE'd at min(t, n_pos - 1) when
+ * rope), dotted with each head's q in 16-lane partial sums, which sums16 reduces 16 tokens at a
+ * time (one reduction per 16 scores instead of one per score) */
+static inline __attribute__((always_inline)) void kivi_span_n(const side_t *ks, const layout_t *lay, int64_t slot0,
+                                                              int64_t t0, int64_t t1, int64_t h, int64_t hkv,
+                                                              const float *a, const float *z, const float *q,
+                                                              int64_t qhs, float scale, float *sc, int64_t t_max,
+                                                              const int G, const int rope, const int D) {
+    const int H = D / 2;
+    for (int64_t c0 = t0; c0 < t1; c0 += 16) {
+        int64_t m = t1 - c0 < 16 ? t1 - c0 : 16;
+        __m512 part[4][16];
+        for (int64_t u = 0; u < m; u++) {
+            int64_t t = c0 + u, r = (slot0 + t - t0) * hkv + h;
+            const uint8_t *src = ks->data + r * ks->row_bytes;
+            uint8_t cp[MAXD + 16];
+            int32_t codes[MAXD];
+            if (r >= ks->safe_rows) {  /* the unpackers read past the row: from a padded copy */
+                memcpy(cp, src, (size_t)ks->row_bytes);
+                memset(cp + ks->row_bytes, 0, 16);
+                src = cp;
+            }
+            unpack(src, lay, D, codes);
+            const float *cs = 0, *sn = 0;
+            if (rope) {
+                int64_t p = t < ks->n_pos ? t : ks->n_pos - 1;
+                cs = ks->cos + p * D;
+                sn = ks->sin + p * D;
+            }
+            __m512 v[4];
+            for (int j = 0; j < G; j++) v[j] = _mm512_setzero_ps();
+            for (int x = 0; x < H; x += 16) {
+                int y = x + H;
+                __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(codes + x))),
+                                            _mm512_loadu_ps(a + x), _mm512_loadu_ps(z + x));
+                __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(codes + y))),
+                                            _mm512_loadu_ps(a + y), _mm512_loadu_ps(z + y));
+                if (rope) {
+                    __m512 rl = _mm512_fmadd_ps(lo, _mm512_loadu_ps(cs + x), _mm512_mul_ps(hi, _mm512_loadu_ps(sn + x)));
+                    hi = _mm512_fmadd_ps(hi, _mm512_loadu_ps(cs + y), _mm512_mul_ps(lo, _mm512_loadu_ps(sn + y)));
+                    lo = rl;
+                }
+                for (int j = 0; j < G; j++)
+                    v[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * qhs + x), lo,
+                                           _mm512_fmadd_ps(_mm512_loadu_ps(q + j * qhs + y), hi, v[j]));
+            }
+            for (int j = 0; j < G; j++) part[j][u] = v[j];
+        }
+        for (int64_t u = m; u < 16; u++)
+            for (int j = 0; j < G; j++) part[j][u] = _mm512_setzero_ps();
+        __mmask16 mk = (__mmask16)((1u << m) - 1u);
+        for (int j = 0; j < G; j++)
+            _mm512_mask_storeu_ps(sc + j * t_max + c0, mk, _mm512_mul_ps(sums16(part[j]), _mm512_set1_ps(scale)));
+    }
+}
+
+/* kivi_span_n for the g query heads of KV head h, 4 at a time (d: 64 or 128) */
+static void kivi_span(const side_t *ks, const layout_t *lay, int64_t slot0, int64_t t0, int64_t t1, int64_t h,
+                      int64_t hkv, const float *a, const float *z, const float *q, int64_t qhs, int64_t g, int64_t d,
+                      float scale, float *sc, int64_t t_max) {
+    for (int64_t j = 0; j < g; j += 4) {
+        const float *qj = q + j * qhs;
+        float *sj = sc + j * t_max;
+        int n = g - j < 4 ? (int)(g - j) : 4, rope = ks->cos != 0;
+#define KIVI_SPAN(N, R, D) kivi_span_n(ks, lay, slot0, t0, t1, h, hkv, a, z, qj, qhs, scale, sj, t_max, N, R, D)
+#define KIVI_SPAN_D(N, R) if (d == 64) KIVI_SPAN(N, R, 64); else KIVI_SPAN(N, R, 128)
+#define KIVI_SPAN_R(N) if (rope) { KIVI_SPAN_D(N, 1); } else { KIVI_SPAN_D(N, 0); }
+        switch (n) {
+            case 1: KIVI_SPAN_R(1) break;
+            case 2: KIVI_SPAN_R(2) break;
+            case 3: KIVI_SPAN_R(3) break;
+            default: KIVI_SPAN_R(4)
+        }
+#undef KIVI_SPAN_R
+#undef KIVI_SPAN_D
+#undef KIVI_SPAN
+    }
+}
+#endif
+
 /* axpy_tile's 4-register block for a vector type V of W floats (LD its load): outputs x .. x + 4W,
  * four named accumulators (an array of them measured 3-4% slower) */
 #define AXPY_BLOCK(V, W, LD)                                                                        \
@@ -573,21 +671,34 @@ static inline __attribute__((always_inline)) void cb_accumulate_n(const side_t *
     __m512 A[4][4];
     for (int j = 0; j < G; j++)
         for (int k = 0; k < 4; k++) A[j][k] = _mm512_loadu_ps(acc + j * d + 16 * k);
-    for (int64_t i = 0; i < n; i++) {
+    /* rows below safe_rows are read in place, the tensor's last rows from a padded copy (the words
+     * read up to 3 bytes past a row): two loops, so that no copy (a call, which would push the
+     * accumulators out of registers) sits in the first */
+    int64_t fast = s->safe_rows - h <= 0 ? 0 : (s->safe_rows - h + hkv - 1) / hkv - slot0;
+    fast = fast < 0 ? 0 : fast > n ? n : fast;
+#define CB_ROW(ROW, R, I)                                                                               \
+    do {                                                                                                \
+        __m512 v[4];                                                                                    \
+        for (int k = 0; k < 4; k++)                                                                     \
+            v[k] = _mm512_mul_ps(_mm512_permutexvar_ps(codes16(ROW, k, b, sh, m), levels),              \
+                                 _mm512_set1_ps(h2f(s->scale[(R) * s->groups + 16 * k / lay->gs])));    \
+        for (int j = 0; j < G; j++) {                                                                   \
+            __m512 wj = _mm512_set1_ps(w[j * t_max + (I)]);                                             \
+            for (int k = 0; k < 4; k++) A[j][k] = _mm512_fmadd_ps(wj, v[k], A[j][k]);                   \
+        }                                                                                               \
+    } while (0)
+    for (int64_t i = 0; i < fast; i++) {
         int64_t r = (slot0 + i) * hkv + h;
-        const uint8_t *row = s->data + r * s->row_bytes;
-        uint8_t cp[MAXD + 16];
-        if (r >= s->safe_rows) {  /* the words below read up to 3 bytes past the row: from a padded copy */
-            memcpy(cp, row, (size_t)s->row_bytes);
-            memset(cp + s->row_bytes, 0, 16);
-            row = cp;
-        }
-        for (int k = 0; k < 4; k++) {
-            __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(codes16(row, k, b, sh, m), levels),
-                                     _mm512_set1_ps(h2f(s->scale[r * s->groups + 16 * k / lay->gs])));
-            for (int j = 0; j < G; j++) A[j][k] = _mm512_fmadd_ps(_mm512_set1_ps(w[j * t_max + i]), v, A[j][k]);
-        }
+        CB_ROW(s->data + r * s->row_bytes, r, i);
     }
+    for (int64_t i = fast; i < n; i++) {
+        int64_t r = (slot0 + i) * hkv + h;
+        uint8_t cp[MAXD + 16];
+        memcpy(cp, s->data + r * s->row_bytes, (size_t)s->row_bytes);
+        memset(cp + s->row_bytes, 0, 16);
+        CB_ROW(cp, r, i);
+    }
+#undef CB_ROW
     for (int j = 0; j < G; j++)
         for (int k = 0; k < 4; k++) _mm512_storeu_ps(acc + j * d + 16 * k, A[j][k]);
 }
@@ -641,12 +752,27 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         if (len == 0) continue;
         /* 1. scores */
         int fused = ks->code == S_KIVI && d % 16 == 0;
+#ifdef __AVX512F__
+        int kivi_spans = ks->code == S_KIVI && (d == 64 || d == 128);  /* KIVI keys scored 16 tokens at a time */
+#endif
         for (int64_t t = 0, bi = 0; t < len; t++) {
             if (t == (bi + 1) * bs) bi++;
             int64_t blk = table[bi], slot = blk * bs + t - bi * bs;
             int exact = ex->windowed ? (t < ex->sink || len - 1 - t < ex->window)
                                      : (ex->map != 0 && ex->map[blk] >= 0);
             if (!exact && ks->code == S_KIVI && blk != kblk) { kivi_block(ks, blk, hkv, d, kst, kzr); kblk = blk; }
+#ifdef __AVX512F__
+            if (!exact && kivi_spans) {  /* the run of coded rows from t to the block's end or the next exact row */
+                int64_t lim = (bi + 1) * bs < len ? (bi + 1) * bs : len, t1 = t + 1;
+                if (ex->windowed) while (t1 < lim && !(t1 < ex->sink || len - 1 - t1 < ex->window)) t1++;
+                else t1 = lim;  /* staging is per block */
+                for (int64_t h = 0; h < hkv; h++)
+                    kivi_span(ks, klay + h, slot, t, t1, h, hkv, kst + h * d, kzr + h * d, qs + h * g * q_head_stride,
+                              q_head_stride, g, d, scale, sc + h * g * t_max, t_max);
+                t = t1 - 1;
+                continue;
+            }
+#endif
             for (int64_t h = 0; h < hkv; h++) {
                 const float *key = row;
                 if (exact) exact_row(ex, 0, &kxl, table, t, bs, h, hkv, d, row);
