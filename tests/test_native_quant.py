@@ -67,11 +67,12 @@ def test_split_decode_for_each_query_group(name, group):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("name", ["kvq3", "kivi4+pre/cb4", "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win48"])
+@pytest.mark.parametrize("name", ["kvq3", "kivi4+pre/cb4", "kivi2.5+pre+alloc+q8/cb2+rot@sink4@win48",
+                                  "kivi5+alloc/cb5+rot@win32"])
 def test_split_decode_in_long_blocks(name, d):
     """Blocks of 32 tokens, so that a run of coded key rows spans whole and partial 16-token chunks
     (the AVX-512 key scores reduce 16 tokens at a time) and stops at the window, at head_dim 64 and
-    128: the same references."""
+    128 (5-bit keys at 128: rows over 64 bytes, unpacked through memory): the same references."""
     g = torch.Generator().manual_seed(11)
     bs, h, nb = 32, 2, 24
     layer = _layer(kernels.get_format(name).name, nb=nb, bs=bs, h=h, d=d, slots=24)

@@ -548,22 +548,45 @@ static inline __attribute__((always_inline)) void kivi_span_n(const side_t *ks, 
                                                               int64_t t0, int64_t t1, int64_t h, int64_t hkv,
                                                               const float *a, const float *z, const float *q,
                                                               int64_t qhs, float scale, float *sc, int64_t t_max,
-                                                              const int G, const int rope, const int D) {
+                                                              const int G, const int rope, const int D,
+                                                              const int REG) {
     const int H = D / 2;
+#if defined(__AVX512BW__) && defined(__AVX512VBMI__)
+    __m512i P[MAXD / 16], SH[MAXD / 16], M[MAXD / 16];  /* REG: the layout's permute, shifts and masks */
+    __mmask64 rmask = 0;
+    if (REG) {
+        rmask = lay->row_bytes == 64 ? ~0ULL : (1ULL << lay->row_bytes) - 1;
+        for (int x = 0; x < D; x += 16) {
+            P[x / 16] = _mm512_loadu_si512((const void *)(lay->pidx + 4 * x));
+            SH[x / 16] = _mm512_loadu_si512((const void *)(lay->sh + x));
+            M[x / 16] = _mm512_loadu_si512((const void *)(lay->mask + x));
+        }
+    }
+#endif
     for (int64_t c0 = t0; c0 < t1; c0 += 16) {
         int64_t m = t1 - c0 < 16 ? t1 - c0 : 16;
         __m512 part[4][16];
         for (int64_t u = 0; u < m; u++) {
             int64_t t = c0 + u, r = (slot0 + t - t0) * hkv + h;
             const uint8_t *src = ks->data + r * ks->row_bytes;
-            uint8_t cp[MAXD + 16];
-            int32_t codes[MAXD];
-            if (r >= ks->safe_rows) {  /* the unpackers read past the row: from a padded copy */
-                memcpy(cp, src, (size_t)ks->row_bytes);
-                memset(cp + ks->row_bytes, 0, 16);
-                src = cp;
+            __m512i C[MAXD / 16];  /* the codes, 16 per register */
+#if defined(__AVX512BW__) && defined(__AVX512VBMI__)
+            if (REG) {  /* the row in one masked load (nothing read past it), a byte permute per 16 codes */
+                __m512i rv = _mm512_maskz_loadu_epi8(rmask, src);
+                for (int x = 0; x < D; x += 16) C[x / 16] = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi8(P[x / 16], rv), SH[x / 16]), M[x / 16]);
+            } else
+#endif
+            {
+                uint8_t cp[MAXD + 16];
+                int32_t codes[MAXD];
+                if (r >= ks->safe_rows) {  /* the unpackers read past the row: from a padded copy */
+                    memcpy(cp, src, (size_t)ks->row_bytes);
+                    memset(cp + ks->row_bytes, 0, 16);
+                    src = cp;
+                }
+                unpack(src, lay, D, codes);
+                for (int x = 0; x < D; x += 16) C[x / 16] = _mm512_loadu_si512((const void *)(codes + x));
             }
-            unpack(src, lay, D, codes);
             const float *cs = 0, *sn = 0;
             if (rope) {
                 int64_t p = t < ks->n_pos ? t : ks->n_pos - 1;
@@ -574,9 +597,9 @@ static inline __attribute__((always_inline)) void kivi_span_n(const side_t *ks, 
             for (int j = 0; j < G; j++) v[j] = _mm512_setzero_ps();
             for (int x = 0; x < H; x += 16) {
                 int y = x + H;
-                __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(codes + x))),
+                __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(C[x / 16]),
                                             _mm512_loadu_ps(a + x), _mm512_loadu_ps(z + x));
-                __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(codes + y))),
+                __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(C[y / 16]),
                                             _mm512_loadu_ps(a + y), _mm512_loadu_ps(z + y));
                 if (rope) {
                     __m512 rl = _mm512_fmadd_ps(lo, _mm512_loadu_ps(cs + x), _mm512_mul_ps(hi, _mm512_loadu_ps(sn + x)));
@@ -605,8 +628,13 @@ static void kivi_span(const side_t *ks, const layout_t *lay, int64_t slot0, int6
         const float *qj = q + j * qhs;
         float *sj = sc + j * t_max;
         int n = g - j < 4 ? (int)(g - j) : 4, rope = ks->cos != 0;
-#define KIVI_SPAN(N, R, D) kivi_span_n(ks, lay, slot0, t0, t1, h, hkv, a, z, qj, qhs, scale, sj, t_max, N, R, D)
-#define KIVI_SPAN_D(N, R) if (d == 64) KIVI_SPAN(N, R, 64); else KIVI_SPAN(N, R, 128)
+#if defined(__AVX512BW__) && defined(__AVX512VBMI__)
+#define KIVI_SPAN(N, R, D) if (lay->row_bytes) kivi_span_n(ks, lay, slot0, t0, t1, h, hkv, a, z, qj, qhs, scale, sj, t_max, N, R, D, 1); \
+                           else kivi_span_n(ks, lay, slot0, t0, t1, h, hkv, a, z, qj, qhs, scale, sj, t_max, N, R, D, 0)
+#else
+#define KIVI_SPAN(N, R, D) kivi_span_n(ks, lay, slot0, t0, t1, h, hkv, a, z, qj, qhs, scale, sj, t_max, N, R, D, 0)
+#endif
+#define KIVI_SPAN_D(N, R) if (d == 64) { KIVI_SPAN(N, R, 64); } else { KIVI_SPAN(N, R, 128); }
 #define KIVI_SPAN_R(N) if (rope) { KIVI_SPAN_D(N, 1); } else { KIVI_SPAN_D(N, 0); }
         switch (n) {
             case 1: KIVI_SPAN_R(1) break;
