@@ -24,6 +24,7 @@ enum { S_F32 = 0, S_F16 = 1, S_BF16 = 2, S_LUT8 = 3, S_INT8 = 4, S_INT4 = 5, S_K
 #define MAXD 256
 #define MAXHD 8192
 #define TILE 16  /* V rows decoded together, then accumulated into each query head's output */
+#define IN_WINDOW(e, t, len) ((t) < (e)->sink || (len) - 1 - (t) < (e)->window)  /* a sink or window row */
 
 typedef struct {
     int64_t code, row_bytes, groups, bits, compact, n_pos, safe_rows;  /* rows < safe_rows: 16 bytes follow */
@@ -238,6 +239,14 @@ static void kivi_block(const side_t *s, int64_t blk, int64_t hkv, int64_t d, flo
     }
 }
 
+/* the unpackers read up to 16 bytes past a row: a copy of the row in buf, zero-padded, for rows
+ * that nothing follows (r >= safe_rows) */
+static inline const uint8_t *padded_row(const uint8_t *src, int64_t row_bytes, uint8_t *buf) {
+    memcpy(buf, src, (size_t)row_bytes);
+    memset(buf + row_bytes, 0, 16);
+    return buf;
+}
+
 /* row (slot, h) of side s as floats; KIVI uses the block's st/zr (kivi_block); lay: head h's layout */
 static inline __attribute__((always_inline)) void decode_row(const side_t *s, int64_t slot, int64_t h, int64_t hkv, int64_t d, const float *st,
                               const float *zr, const layout_t *lay, float *out) {
@@ -260,12 +269,7 @@ static inline __attribute__((always_inline)) void decode_row(const side_t *s, in
             return;
         }
     }
-    const uint8_t *rp = src;  /* the unpackers read up to 8 bytes past a group: from the next rows, or a copy */
-    if (r >= s->safe_rows) {
-        memcpy(row, src, (size_t)s->row_bytes);
-        memset(row + s->row_bytes, 0, 16);
-        rp = row;
-    }
+    const uint8_t *rp = r < s->safe_rows ? src : padded_row(src, s->row_bytes, row);
     switch (s->code) {
         case S_INT4: {
             int64_t gs = lay->gs;
@@ -344,11 +348,9 @@ static void coded_row(const uint8_t *data, const uint16_t *scale, int64_t r, int
         for (int64_t c = 0; c < d; c++) out[c] = ((float)(2 * (int32_t)src[c]) - nm1) * a;
         return;
     }
-    uint8_t row[MAXD + 16];  /* the unpackers read past a row: from a padded copy */
+    uint8_t row[MAXD + 16];
     int32_t codes[MAXD];
-    memcpy(row, src, (size_t)row_bytes);
-    memset(row + row_bytes, 0, 16);
-    unpack(row, lay, d, codes);
+    unpack(padded_row(src, row_bytes, row), lay, d, codes);
     for (int64_t c = 0; c < d; c++) out[c] = ((float)(2 * codes[c]) - nm1) * a;
 }
 
@@ -579,11 +581,7 @@ static inline __attribute__((always_inline)) void kivi_span_n(const side_t *ks, 
             {
                 uint8_t cp[MAXD + 16];
                 int32_t codes[MAXD];
-                if (r >= ks->safe_rows) {  /* the unpackers read past the row: from a padded copy */
-                    memcpy(cp, src, (size_t)ks->row_bytes);
-                    memset(cp + ks->row_bytes, 0, 16);
-                    src = cp;
-                }
+                if (r >= ks->safe_rows) src = padded_row(src, ks->row_bytes, cp);
                 unpack(src, lay, D, codes);
                 for (int x = 0; x < D; x += 16) C[x / 16] = _mm512_loadu_si512((const void *)(codes + x));
             }
@@ -722,9 +720,8 @@ static inline __attribute__((always_inline)) void cb_accumulate_n(const side_t *
     for (int64_t i = fast; i < n; i++) {
         int64_t r = (slot0 + i) * hkv + h;
         uint8_t cp[MAXD + 16];
-        memcpy(cp, s->data + r * s->row_bytes, (size_t)s->row_bytes);
-        memset(cp + s->row_bytes, 0, 16);
-        CB_ROW(cp, r, i);
+        const uint8_t *row = padded_row(s->data + r * s->row_bytes, s->row_bytes, cp);
+        CB_ROW(row, r, i);
     }
 #undef CB_ROW
     for (int j = 0; j < G; j++)
@@ -764,7 +761,9 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
     /* codebook values of <= 4 uniform bits at head_dim 64, <= 4 query heads per KV head: decoded and
      * accumulated in registers (cb_accumulate) */
     int cb_fused = vs->code == S_CB && vs->bits <= 4 && vlay[0].ubits && d == 64 && vlay[0].gs % 16 == 0 && g <= 4;
+    int kivi_spans = ks->code == S_KIVI && (d == 64 || d == 128);  /* KIVI keys scored 16 tokens at a time */
 #endif
+    int fused = ks->code == S_KIVI && d % 16 == 0;  /* KIVI keys dequantized in registers, row by row */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
     for (int64_t s = 0; s < n_seqs; s++) {
         int64_t len = lens[s];
@@ -779,20 +778,15 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         memset(o, 0, sizeof(float) * hq * d);
         if (len == 0) continue;
         /* 1. scores */
-        int fused = ks->code == S_KIVI && d % 16 == 0;
-#ifdef __AVX512F__
-        int kivi_spans = ks->code == S_KIVI && (d == 64 || d == 128);  /* KIVI keys scored 16 tokens at a time */
-#endif
         for (int64_t t = 0, bi = 0; t < len; t++) {
             if (t == (bi + 1) * bs) bi++;
             int64_t blk = table[bi], slot = blk * bs + t - bi * bs;
-            int exact = ex->windowed ? (t < ex->sink || len - 1 - t < ex->window)
-                                     : (ex->map != 0 && ex->map[blk] >= 0);
+            int exact = ex->windowed ? IN_WINDOW(ex, t, len) : (ex->map != 0 && ex->map[blk] >= 0);
             if (!exact && ks->code == S_KIVI && blk != kblk) { kivi_block(ks, blk, hkv, d, kst, kzr); kblk = blk; }
 #ifdef __AVX512F__
             if (!exact && kivi_spans) {  /* the run of coded rows from t to the block's end or the next exact row */
                 int64_t lim = (bi + 1) * bs < len ? (bi + 1) * bs : len, t1 = t + 1;
-                if (ex->windowed) while (t1 < lim && !(t1 < ex->sink || len - 1 - t1 < ex->window)) t1++;
+                if (ex->windowed) while (t1 < lim && !IN_WINDOW(ex, t1, len)) t1++;
                 else t1 = lim;  /* staging is per block */
                 for (int64_t h = 0; h < hkv; h++)
                     kivi_span(ks, klay + h, slot, t, t1, h, hkv, kst + h * d, kzr + h * d, qs + h * g * q_head_stride,
@@ -808,11 +802,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
                     int64_t r = slot * hkv + h;
                     const uint8_t *src = ks->data + r * ks->row_bytes;
                     uint8_t cp[MAXD + 16];
-                    if (r >= ks->safe_rows) {  /* the unpackers read past the row: from a padded copy */
-                        memcpy(cp, src, (size_t)ks->row_bytes);
-                        memset(cp + ks->row_bytes, 0, 16);
-                        src = cp;
-                    }
+                    if (r >= ks->safe_rows) src = padded_row(src, ks->row_bytes, cp);
                     int32_t codes[MAXD];
                     unpack(src, klay + h, d, codes);
                     int64_t p = ks->cos ? (t < ks->n_pos ? t : ks->n_pos - 1) : 0;
@@ -841,7 +831,7 @@ void quant_decode_f32(const float *q, int64_t q_tok_stride, int64_t q_head_strid
         }
         /* 3. values */
         int vex = ex->windowed && ex->v != 0;  /* V rows of the sink and window are read exactly */
-#define V_EXACT(t) (vex && ((t) < ex->sink || len - 1 - (t) < ex->window))
+#define V_EXACT(t) (vex && IN_WINDOW(ex, t, len))
         memset(oc, 0, sizeof(float) * hq * d);
         memset(oe, 0, sizeof(float) * hq * d);
         for (int64_t t0 = 0, t1; t0 < len; t0 = t1) {  /* tiles of <= TILE rows: one block, one kind */
