@@ -84,11 +84,22 @@ def front_vs_llamacpp(ours: pd.DataFrame, llama: pd.DataFrame | None = None, *, 
                              yaxis=dict(type="log", dtick=1), height=500)
 
 
+def _label_sides(x: list[float], y: list[float]) -> list[str]:
+    """Label positions of points sorted by ``x`` (log axis): above, except a point near its left
+    neighbour (``x`` within 25%, ``y`` within 0.05) takes the side the neighbour's label did not."""
+    sides: list[str] = []
+    for i in range(len(x)):
+        near = i > 0 and x[i] <= 1.25 * x[i - 1] and abs(y[i] - y[i - 1]) < 0.05
+        sides.append(("bottom center" if sides[-1] == "top center" else "top center") if near else "top center")
+    return sides
+
+
 def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFrame) -> go.Figure:
     """Two panels sharing the bits axis: left :func:`front_vs_llamacpp` (KLD, log), right the decode
     step of each format over its tool's base (``cost``: rows of ``benchmarks/quant_cost.py`` with
     ``tool``, ``prompt``, ``format``, ``bits_per_value``, ``x_base``; ours over fp32, llama.cpp over
-    its f16 cache), one marker series per tool and prompt length."""
+    its f16 cache), one marker series per tool and prompt length (our labels: :func:`_label_sides`;
+    llama.cpp's below)."""
     from plotly.subplots import make_subplots
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("quality: KLD vs fp32 (licence text, ctx 512; log)",
@@ -103,7 +114,8 @@ def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFram
         fig.add_scatter(x=g.bits_per_value, y=g.x_base, mode="markers+text", text=names, row=1, col=2,
                         name=f"{'ours (native C)' if mine else tool}, batch x {prompt}",
                         marker=dict(symbol=symbols.get(int(prompt), "circle") if mine else "diamond", size=9),
-                        textposition="top center" if int(prompt) == 512 else "bottom center",
+                        textposition=_label_sides(g.bits_per_value.tolist(), g.x_base.tolist()) if mine
+                        else "bottom center",
                         hovertemplate="%{text}<br>%{x:.3g} bits/value<br>step x base %{y:.2f}<extra></extra>")
     fig.add_hline(y=1.0, line=dict(dash="dot", width=1), row=1, col=2)
     fig.update_yaxes(type="log", dtick=1, title_text="mean KL divergence (log)", row=1, col=1)
