@@ -61,13 +61,23 @@ def test_front_vs_llamacpp_draws_both_rotations_and_our_front():
 def test_quality_and_speed_puts_the_step_ratios_beside_the_kld_panel():
     ours = pd.DataFrame({"format": ["kvq3", "int8"], "bits": [3.9, 8.25], "kld_mean": [0.006, 0.0013]})
     llama = pd.DataFrame({"format": ["q4_0/q4_0"], "bits_per_value": [4.5], "kld_mean": [0.074], "rotation": ["on"]})
-    cost = pd.DataFrame({"tool": ["ours", "ours", "ours", "llama.cpp 0.3.36", "llama.cpp 0.3.36"],
-                         "prompt": [512, 512, 2048, 512, 512], "format": ["auto", "kvq3", "kvq3", "f16/f16", "q4_0/q4_0"],
-                         "bits_per_value": [32, 3.9, 3.9, 16, 4.5], "x_base": [1.0, 1.4, 1.3, 1.0, 1.6]})
+    cost = pd.DataFrame({"tool": ["ours", "ours", "ours", "ours", "llama.cpp 0.3.36", "llama.cpp 0.3.36"],
+                         "prompt": [512, 512, 512, 2048, 512, 512],
+                         "format": ["auto", "kvq3", "int4_kivi", "kvq3", "f16/f16", "q4_0/q4_0"],
+                         "bits_per_value": [32, 3.4, 5.0, 3.4, 16, 4.5], "x_base": [1.0, 1.4, 0.9, 1.3, 1.0, 1.6]})
     fig = figures.quality_and_speed(ours, llama, cost)
     speed = [t for t in fig.data if t.xaxis == "x2"]
     assert [t.name for t in speed] == ["ours (native C), batch x 512", "ours (native C), batch x 2048",
                                        "llama.cpp 0.3.36, batch x 512"]
     assert list(speed[0].text) == ["kvq3", "fp32"] and list(speed[0].y) == [1.4, 1.0]  # sorted by bits
+    assert list(speed[0].x) == [3.9, 32]  # at the left panel's bits; int4_kivi, not on the left, left out
     assert list(speed[2].text) == ["q4_0", "f16"]
     assert len([t for t in fig.data if t.xaxis in (None, "x")]) == len(figures.front_vs_llamacpp(ours, llama).data)
+
+
+def test_near_labels_take_turns_above_and_below():
+    from paged.viz.quant import _label_sides
+    # 2.9 and 3.0 are near (x within 25%, y within 0.05); 4.9 is not near 3.0; 5.0 is near 4.9
+    assert _label_sides([2.9, 3.0, 4.9, 5.0, 8.25], [0.93, 0.95, 0.97, 0.93, 0.94]) == \
+        ["top center", "bottom center", "top center", "bottom center", "top center"]
+    assert _label_sides([2.9, 3.0], [0.5, 0.9]) == ["top center", "top center"]  # far apart in y

@@ -99,7 +99,8 @@ def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFram
     step of each format over its tool's base (``cost``: rows of ``benchmarks/quant_cost.py`` with
     ``tool``, ``prompt``, ``format``, ``bits_per_value``, ``x_base``; ours over fp32, llama.cpp over
     its f16 cache), one marker series per tool and prompt length (our labels: :func:`_label_sides`;
-    llama.cpp's below)."""
+    llama.cpp's below). Of our formats the right panel shows the base (``auto``) and those of the
+    left, at the left's bits (every byte counted, the window's rows included)."""
     from plotly.subplots import make_subplots
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("quality: KLD vs fp32 (licence text, ctx 512; log)",
@@ -107,9 +108,13 @@ def quality_and_speed(ours: pd.DataFrame, llama: pd.DataFrame, cost: pd.DataFram
     for tr in front_vs_llamacpp(ours, llama).data:
         fig.add_trace(tr, row=1, col=1)
     symbols = {512: "circle", 2048: "square"}
+    study_bits = ours.groupby("format")["bits_per_value" if "bits_per_value" in ours else "bits"].first()
     for (tool, prompt), g in cost.groupby(["tool", "prompt"], sort=False):
-        g = g.sort_values("bits_per_value")
         mine = tool == "ours"
+        if mine:
+            g = g[g.format.isin(study_bits.index) | (g.format == "auto")]
+            g = g.assign(bits_per_value=g.format.map(study_bits).fillna(g.bits_per_value))
+        g = g.sort_values("bits_per_value")
         names = g.format.replace({"auto": "fp32"}).str.partition("/")[0]
         fig.add_scatter(x=g.bits_per_value, y=g.x_base, mode="markers+text", text=names, row=1, col=2,
                         name=f"{'ours (native C)' if mine else tool}, batch x {prompt}",
